@@ -1,0 +1,1 @@
+"""Tool-environment service: episodes, tools, sandbox and answer verification over HTTP."""
