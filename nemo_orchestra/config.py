@@ -1,0 +1,337 @@
+"""Typed configuration: YAML base file + group files + ``key=value`` overrides.
+
+``conf/grpo_orchestrator.yaml`` holds every key with its default and a ``defaults`` table naming
+one file per group (``conf/<group>/<name>.yaml``, holding that section's keys). The dataclasses
+below are the schema: they declare types, the YAML declares values, and ``load_config`` merges
+the two so that an unknown key, a wrong type or a bad value is an error naming the key.
+Library code receives these objects; only recipes call ``load_config``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import yaml
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+GROUPS = ("model", "parallel", "reward", "tools")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "te")
+
+
+class ConfigError(ValueError):
+    """A configuration mistake; the message names the key."""
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = MISSING
+    seed: int = MISSING
+    log_level: str = MISSING
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    vocab_size: Optional[int] = MISSING  # null: taken from the tokenizer
+    hidden_size: int = MISSING
+    num_layers: int = MISSING
+    num_attention_heads: int = MISSING
+    num_query_groups: int = MISSING
+    head_dim: int = MISSING
+    ffn_hidden_size: int = MISSING
+    rope_theta: float = MISSING
+    norm_eps: float = MISSING
+    tie_embeddings: bool = MISSING
+    max_position_embeddings: int = MISSING
+    init_std: float = MISSING
+    attention_backend: str = MISSING
+    params_dtype: str = MISSING
+    fp8: Optional[str] = MISSING
+    init_from: Optional[str] = MISSING
+    tokenizer: Optional[str] = MISSING  # null: build the embedded tokenizer
+
+    def validate(self) -> None:
+        for k in ("hidden_size", "num_layers", "num_attention_heads", "num_query_groups", "head_dim",
+                  "ffn_hidden_size", "max_position_embeddings"):
+            _check(getattr(self, k) > 0, f"model.{k}", "must be > 0")
+        _check(self.num_attention_heads % self.num_query_groups == 0, "model.num_query_groups",
+               "must divide model.num_attention_heads")
+        _check(self.attention_backend in ATTENTION_BACKENDS, "model.attention_backend",
+               f"must be one of {ATTENTION_BACKENDS}")
+        _check(self.params_dtype in ("fp32", "bf16", "fp16"), "model.params_dtype", "must be fp32, bf16 or fp16")
+        _check(self.fp8 in (None, "hybrid", "e4m3"), "model.fp8", "must be null, hybrid or e4m3")
+
+
+@dataclass
+class ParallelConfig:
+    tp: int = MISSING
+    pp: int = MISSING
+    distributed_optimizer: bool = MISSING
+    sequence_parallel: bool = MISSING
+    microbatch_tokens: int = MISSING
+    backend: str = MISSING  # auto | nccl | gloo
+
+    def validate(self) -> None:
+        _check(self.tp >= 1, "parallel.tp", "must be >= 1")
+        _check(self.pp >= 1, "parallel.pp", "must be >= 1")
+        _check(self.microbatch_tokens > 0, "parallel.microbatch_tokens", "must be > 0")
+        _check(self.backend in ("auto", "nccl", "gloo"), "parallel.backend", "must be auto, nccl or gloo")
+
+
+@dataclass
+class DataConfig:
+    train_path: Optional[str] = MISSING  # null: generate the embedded default task set
+    eval_path: Optional[str] = MISSING
+    num_train_tasks: int = MISSING
+    num_eval_tasks: int = MISSING
+    prompts_per_step: int = MISSING
+
+    def validate(self) -> None:
+        _check(self.prompts_per_step >= 1, "data.prompts_per_step", "must be >= 1")
+        _check(self.num_train_tasks >= 1, "data.num_train_tasks", "must be >= 1")
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = MISSING
+    group_size: int = MISSING
+    max_turns: int = MISSING
+    max_new_tokens_per_turn: int = MISSING
+    max_context: int = MISSING
+    temperature: float = MISSING
+    top_p: float = MISSING
+    orchestrator_price_in: float = MISSING  # $/1M tokens the policy itself costs (Qwen3-8B: 0.2)
+    orchestrator_price_out: float = MISSING
+
+    def validate(self) -> None:
+        _check(self.engine in ("megatron",), "rollout.engine", "must be 'megatron'")
+        _check(self.group_size >= 2, "rollout.group_size", "must be >= 2 (GRPO compares rollouts within a group)")
+        _check(self.max_turns >= 1, "rollout.max_turns", "must be >= 1")
+        _check(self.max_new_tokens_per_turn >= 1, "rollout.max_new_tokens_per_turn", "must be >= 1")
+        _check(self.temperature > 0, "rollout.temperature", "must be > 0")
+        _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+
+
+@dataclass
+class RewardConfig:
+    name: str = MISSING
+    use_efficiency: bool = MISSING
+    use_preference: bool = MISSING
+    scalarization: str = MISSING  # linear | chebyshev
+    default_preference: Dict[str, float] = MISSING
+
+    def validate(self) -> None:
+        _check(self.scalarization in ("linear", "chebyshev"), "reward.scalarization", "must be linear or chebyshev")
+        for k, v in self.default_preference.items():
+            _check(v >= 0, f"reward.default_preference.{k}", "must be >= 0")
+
+
+@dataclass
+class AdvantageConfig:
+    mode: str = MISSING
+    eps: float = MISSING
+    clip: Optional[float] = MISSING
+    min_group_std: float = MISSING
+
+    def validate(self) -> None:
+        _check(self.mode in ("std", "mean", "loo"), "advantage.mode", "must be std, mean or loo")
+        _check(self.clip is None or self.clip > 0, "advantage.clip", "must be null or > 0")
+
+
+@dataclass
+class LossConfig:
+    clip_low: float = MISSING
+    clip_high: float = MISSING
+    dual_clip: Optional[float] = MISSING
+    kl_coef: float = MISSING
+
+    def validate(self) -> None:
+        _check(self.clip_low > 0 and self.clip_high > 0, "loss.clip_low", "clip ranges must be > 0")
+        _check(self.dual_clip is None or self.dual_clip > 1, "loss.dual_clip", "must be null or > 1")
+        _check(self.kl_coef >= 0, "loss.kl_coef", "must be >= 0")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = MISSING
+    weight_decay: float = MISSING
+    adam_beta1: float = MISSING
+    adam_beta2: float = MISSING
+    adam_eps: float = MISSING
+    grad_clip: float = MISSING
+
+    def validate(self) -> None:
+        _check(self.lr > 0, "optim.lr", "must be > 0")
+
+
+@dataclass
+class SftConfig:
+    steps: int = MISSING  # warm-start steps on synthetic tool-call trajectories; 0 disables
+    lr: float = MISSING
+    batch_size: int = MISSING
+
+    def validate(self) -> None:
+        _check(self.steps >= 0, "sft.steps", "must be >= 0")
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = MISSING
+
+    def validate(self) -> None:
+        _check(self.max_steps >= 1, "trainer.max_steps", "must be >= 1")
+
+
+@dataclass
+class CheckpointConfig:
+    save_every: int = MISSING  # 0: only at the end
+    keep: int = MISSING
+
+    def validate(self) -> None:
+        _check(self.keep >= 1, "checkpoint.keep", "must be >= 1")
+
+
+@dataclass
+class ExportConfig:
+    enabled: bool = MISSING
+    dir: Optional[str] = MISSING  # null: <run.output_dir>/hf
+
+
+@dataclass
+class ToolsConfig:
+    url: Optional[str] = MISSING  # null: start a local service; else comma-separated URLs
+    token: Optional[str] = MISSING
+    workers: int = MISSING
+    startup_timeout_s: float = MISSING
+    service: Dict[str, Any] = MISSING  # passed to the service as its config file
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
+
+    def validate(self) -> "Config":
+        for f in fields(self):
+            section = getattr(self, f.name)
+            if hasattr(section, "validate"):
+                section.validate()
+        return self
+
+
+def _read_yaml(path: Path):
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    return OmegaConf.load(path)
+
+
+def _group_file(group: str, name: str, conf_dir: Path) -> Path:
+    path = conf_dir / group / f"{name}.yaml"
+    if not path.is_file():
+        options = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+        raise ConfigError(f"{group}={name}: no such {group} group file; choose one of {options}")
+    return path
+
+
+def compose(overrides: List[str] = (), base: str = "grpo_orchestrator", conf_dir: Path = CONF_DIR):
+    """Compose the raw OmegaConf tree: base file, recipe delta, group files, then overrides."""
+    conf_dir = Path(conf_dir)
+    tree = _read_yaml(conf_dir / f"{base}.yaml")
+    pairs = []
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        key, value = item.split("=", 1)
+        pairs.append((key.strip(), value))
+    recipe = [v for k, v in pairs if k == "recipe"]
+    delta = OmegaConf.create()
+    if recipe:
+        delta = _read_yaml(conf_dir / "recipes" / f"{recipe[-1]}.yaml")
+    defaults = OmegaConf.to_container(tree.pop("defaults", OmegaConf.create()))
+    defaults.update(OmegaConf.to_container(delta.pop("defaults", OmegaConf.create())))
+    for key, value in pairs:
+        if key in GROUPS:
+            defaults[key] = value
+    for group in GROUPS:
+        if group not in defaults:
+            raise ConfigError(f"defaults.{group}: no {group} group chosen in {base}.yaml")
+        tree[group] = _read_yaml(_group_file(group, defaults[group], conf_dir))
+    tree = OmegaConf.merge(tree, delta)
+    dotlist = [f"{k}={v}" for k, v in pairs if k not in GROUPS and k != "recipe"]
+    return tree, dotlist
+
+
+def load_config(overrides: List[str] = (), base: str = "grpo_orchestrator", conf_dir: Path = CONF_DIR) -> Config:
+    """Build the typed config; raise ConfigError naming the key on any mistake."""
+    tree, dotlist = compose(overrides, base, conf_dir)
+    schema = OmegaConf.structured(Config)
+    try:
+        merged = OmegaConf.merge(schema, tree)
+        for item in dotlist:
+            key, value = item.split("=", 1)
+            if OmegaConf.select(merged, key, default="__absent__") == "__absent__" and not _is_open_dict_key(merged, key):
+                raise ConfigError(f"{key}: unknown config key")
+            OmegaConf.update(merged, key, yaml.safe_load(value) if value else value, merge=True)
+        missing = sorted(OmegaConf.missing_keys(merged))
+        if missing:
+            raise ConfigError(f"{missing[0]}: no value set (every key needs a default in {base}.yaml)")
+        cfg: Config = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or ""
+        raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
+    return cfg.validate()
+
+
+def _is_open_dict_key(merged, key: str) -> bool:
+    """Keys under a free-form ``Dict[str, Any]`` (tools.service.*, reward.default_preference.*)."""
+    parts = key.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        parent = ".".join(parts[:i])
+        node = OmegaConf.select(merged, parent, default=None)
+        if node is not None and OmegaConf.is_dict(node):
+            return parent in ("tools.service", "reward.default_preference") or parent.startswith("tools.service.")
+    return False
+
+
+def to_dict(cfg: Config) -> Dict[str, Any]:
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+
+
+def save_config(cfg: Config, path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    OmegaConf.save(OmegaConf.structured(cfg), path)
+
+
+def config_keys(cls=Config, prefix: str = "") -> List[str]:
+    """Every leaf key of the schema, dotted (used by the test that the base file sets them all)."""
+    out = []
+    for f in fields(cls):
+        sub = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        if is_dataclass(sub):
+            out += config_keys(type(sub), f"{prefix}{f.name}.")
+        else:
+            out.append(prefix + f.name)
+    return out
