@@ -1,0 +1,1 @@
+"""Task data: the embedded default task set and loading task files."""

@@ -1,0 +1,1 @@
+"""Hugging Face interop: Qwen3 weight-name mapping, config, export folder."""

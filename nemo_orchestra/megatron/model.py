@@ -1,0 +1,116 @@
+"""The Qwen3 architecture as a Megatron-Core ``GPTModel``.
+
+Qwen3 = pre-norm decoder with RMSNorm, SwiGLU MLP, RoPE, grouped-query attention, RMSNorm on
+queries and keys per head (QK-norm), no biases, tied or untied embeddings. Attention runs on
+packed THD input through our core attention (see ``attention.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from nemo_orchestra.config import ModelConfig, ParallelConfig
+from nemo_orchestra.megatron.attention import make_core_attention, resolve_attention_backend
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def transformer_config(model: ModelConfig, parallel: ParallelConfig):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    if parallel.sequence_parallel and not torch.cuda.is_available():
+        raise ValueError("parallel.sequence_parallel needs the TransformerEngine or Apex norm (GPU only)")
+    dtype = DTYPES[model.params_dtype]
+    fp8 = {}
+    if model.fp8 is not None:
+        _require_te("model.fp8")
+        fp8 = dict(fp8=model.fp8, fp8_recipe="delayed")
+    return TransformerConfig(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups,
+        kv_channels=model.head_dim,
+        ffn_hidden_size=model.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=model.norm_eps,
+        qk_layernorm=True,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=model.init_std,
+        tensor_model_parallel_size=parallel.tp,
+        pipeline_model_parallel_size=parallel.pp,
+        sequence_parallel=parallel.sequence_parallel,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        pipeline_dtype=dtype,
+        use_cpu_initialization=not torch.cuda.is_available(),
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        **fp8,
+    )
+
+
+def layer_spec(model: ModelConfig):
+    """Megatron's local layer spec with our packed core attention (or TE's full spec)."""
+    backend = resolve_attention_backend(model.attention_backend)
+    if model.fp8 is not None or backend == "te":
+        _require_te("model.attention_backend=te" if backend == "te" else "model.fp8")
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=True)
+        if backend != "te":
+            spec.submodules.self_attention.submodules.core_attention = make_core_attention(backend)
+        return spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = make_core_attention(backend)
+    return spec
+
+
+def build_gpt_model(model: ModelConfig, parallel: ParallelConfig, vocab_size: int, device: torch.device):
+    """One pipeline stage of the policy (pre/post-process flags from the PP rank)."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+
+    config = transformer_config(model, parallel)
+    gpt = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(model),
+        vocab_size=vocab_size,
+        max_sequence_length=model.max_position_embeddings,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=model.tie_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(model.rope_theta),
+        rotary_percent=1.0,
+    )
+    return gpt.to(device)
+
+
+def padded_vocab_size(vocab_size: int, tp: int, multiple: int = 128) -> int:
+    """Megatron shards the vocabulary over TP ranks: pad to a multiple of ``multiple * tp``."""
+    m = multiple * tp
+    return ((vocab_size + m - 1) // m) * m
+
+
+def _require_te(what: str) -> None:
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            f"{what} needs the 'transformer-engine' package, which is not installed "
+            "(CUDA machines: pip install 'nemo-orchestra[gpu]')"
+        ) from e

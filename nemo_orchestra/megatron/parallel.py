@@ -1,0 +1,87 @@
+"""Process groups: torch.distributed + Megatron-Core model parallel state, on GPU or CPU."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from nemo_orchestra.config import ParallelConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    tp: int
+    pp: int
+    dp: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(cfg: ParallelConfig, seed: int) -> DistInfo:
+    """Start torch.distributed (a 1-rank group without torchrun) and Megatron's parallel state."""
+    if not torch.cuda.is_available():
+        from nemo_orchestra.megatron import cpu_compat
+
+        cpu_compat.install()
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if world % (cfg.tp * cfg.pp) != 0:
+        raise ValueError(f"parallel.tp x parallel.pp = {cfg.tp * cfg.pp} must divide the world size {world}")
+    backend = cfg.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError("parallel.backend=nccl needs CUDA; use gloo on a CPU machine")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if world == 1 and "MASTER_PORT" not in os.environ:
+            os.environ["MASTER_PORT"] = str(_free_port())
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=30))
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp,
+        )
+    model_parallel_cuda_manual_seed(seed)
+    torch.manual_seed(seed)
+    info = DistInfo(rank, world, local_rank, cfg.tp, cfg.pp, world // (cfg.tp * cfg.pp), device)
+    log.info("distributed: %s", info)
+    return info
+
+
+def destroy_distributed() -> None:
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,55 @@
+"""Tokenizers: a real one from a local folder, or the embedded one built here without downloads.
+
+The embedded tokenizer is a byte-level BPE trained on text of the embedded default task set
+(problems, tool schemas, rendered trajectories), with Qwen3's special tokens and chat template,
+saved as a Hugging Face ``PreTrainedTokenizerFast`` so the run folder and the export carry it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Iterable
+
+from nemo_orchestra.chat import QWEN3_CHAT_TEMPLATE, SPECIAL_TOKENS
+
+log = logging.getLogger(__name__)
+
+
+def build_embedded_tokenizer(corpus: Iterable[str], vocab_size: int = 2048):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIAL_TOKENS[1:],
+    )
+    fast.chat_template = QWEN3_CHAT_TEMPLATE
+    log.info("built embedded tokenizer: %d tokens", len(fast))
+    return fast
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model.tokenizer: no tokenizer folder at {path}")
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if tok.chat_template is None:
+        raise ValueError(f"model.tokenizer: the tokenizer at {path} has no chat template")
+    missing = [t for t in ("<|im_end|>", "<tool_call>", "</tool_call>") if t not in tok.get_vocab()]
+    if missing:
+        raise ValueError(f"model.tokenizer: the tokenizer at {path} lacks Qwen3 tokens {missing}")
+    return tok
