@@ -57,6 +57,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig):
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
+        calculate_per_token_loss=True,  # DDP sums gradients; the loss divides by the global token count
         **fp8,
     )
 

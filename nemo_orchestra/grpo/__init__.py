@@ -1,0 +1,1 @@
+"""GRPO: composite reward, grouped advantages, the clipped policy loss."""

@@ -1,0 +1,49 @@
+r"""Token-level clipped policy loss with dual clip and a k3 KL penalty to a frozen reference.
+
+Per generated token t of a rollout with advantage A:
+
+    r_t    = exp(logp_t - old_logp_t)
+    pg_t   = max(-A r_t, -A clip(r_t, 1 - eps_low, 1 + eps_high))
+    pg_t   = min(pg_t, -A c)                 if A < 0   (dual clip, c = loss.dual_clip)
+    kl_t   = exp(ref_t - logp_t) - (ref_t - logp_t) - 1  (k3: unbiased, >= 0)
+    loss   = sum_t mask_t (pg_t + beta kl_t) / N
+
+N is the number of generated tokens in the whole step across every microbatch and data-parallel
+rank, so splitting the step into microbatches or ranks does not change the gradient. This
+function returns the microbatch's *sum* and its token count; Megatron-Core's
+``finalize_model_grads`` all-reduces the counts and scales the summed gradients by 1/N
+(``calculate_per_token_loss=True``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nemo_orchestra.config import LossConfig
+
+
+def policy_loss(logprobs_T: torch.Tensor, old_logprobs_T: torch.Tensor, ref_logprobs_T: torch.Tensor,
+                advantages_T: torch.Tensor, mask_T: torch.Tensor,
+                cfg: LossConfig) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Returns (sum of per-token losses, number of loss tokens, metrics)."""
+    mask = mask_T.float()
+    log_ratio = (logprobs_T - old_logprobs_T).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    pg1 = -advantages_T * ratio
+    pg2 = -advantages_T * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    pg = torch.maximum(pg1, pg2)
+    if cfg.dual_clip is not None:
+        pg = torch.where(advantages_T < 0, torch.minimum(pg, -advantages_T * cfg.dual_clip), pg)
+    delta = (ref_logprobs_T - logprobs_T).clamp(-20.0, 20.0)
+    kl = torch.exp(delta) - delta - 1.0
+    loss_sum = ((pg + cfg.kl_coef * kl) * mask).sum()
+    with torch.no_grad():
+        n = mask.sum().clamp_min(1.0)
+        metrics = {
+            "loss/pg": (pg * mask).sum() / n,
+            "loss/kl": (kl * mask).sum() / n,
+            "loss/clip_frac": ((pg2 > pg1).float() * mask).sum() / n,
+            "loss/ratio_mean": (ratio * mask).sum() / n,
+            "loss/tokens": mask.sum(),
+        }
+    return loss_sum, mask.sum(), metrics

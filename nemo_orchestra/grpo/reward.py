@@ -1,0 +1,78 @@
+r"""The composite reward of ToolOrchestra, with cost and latency *penalized*.
+
+For a group of n rollouts of one task, with outcome o_i in {0, 1}, cost c_i ($, orchestrator
+tokens + tools), latency l_i (s, tool wall-clock) and per-tool call counts m_ik:
+
+    mm(x_i) = (x_i - min_j x_j) / (max_j x_j - min_j x_j)      (0 when max = min)
+
+    u_i = { accuracy: 1,  cost: 1 - mm(c_i),  latency: 1 - mm(l_i),  tool k: mm(m_ik) }
+
+    linear:     R_i = o_i * sum_k w_k u_ik / sum_k |w_k|
+    chebyshev:  R_i = o_i * (1 - max_k (w_k / max_j w_j) (1 - u_ik))
+
+with w the task's preference vector (``accuracy``, ``cost``, ``latency``, ``tools``). An incorrect
+rollout earns 0. The reference implementation min-max normalizes the *negated* cost and latency
+but then adds the positive normalized values, so its reward grows with cost and latency unless
+the weights are negative; here the cheaper and faster of two correct rollouts always earns more
+(``tests/unit/test_reward.py`` checks the sign). Chebyshev scalarization reaches non-convex parts
+of the accuracy-cost front that a linear sum cannot.
+
+Ablations (``conf/reward``): ``outcome_only`` (R = o), ``outcome_efficiency`` (config weights for
+every task), ``full`` (the task's own preference vector).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from nemo_orchestra.config import RewardConfig
+from nemo_orchestra.types import Trajectory
+
+
+def _minmax(xs: Sequence[float]) -> list[float]:
+    lo, hi = min(xs), max(xs)
+    if hi - lo <= 1e-12:
+        return [0.0] * len(xs)
+    return [(x - lo) / (hi - lo) for x in xs]
+
+
+def group_rewards(group: Sequence[Trajectory], cfg: RewardConfig) -> list[float]:
+    """Rewards of one group's rollouts (same task), in order."""
+    outcome = [1.0 if t.correct else 0.0 for t in group]
+    if not cfg.use_efficiency:
+        return outcome
+    prefs = group[0].task.preference if cfg.use_preference and group[0].task.preference else cfg.default_preference
+    weights = {k: float(prefs.get(k, 0.0)) for k in ("accuracy", "cost", "latency")}
+    utilities = {
+        "accuracy": [1.0] * len(group),
+        "cost": [1.0 - x for x in _minmax([t.cost for t in group])],
+        "latency": [1.0 - x for x in _minmax([t.latency_s for t in group])],
+    }
+    if cfg.use_preference:
+        for tool, w in (prefs.get("tools") or {}).items():
+            weights[f"tool:{tool}"] = float(w)
+            utilities[f"tool:{tool}"] = _minmax([float(t.tool_counts.get(tool, 0)) for t in group])
+    return [o * scalarize({k: utilities[k][i] for k in weights}, weights, cfg.scalarization)
+            for i, o in enumerate(outcome)]
+
+
+def scalarize(u: dict[str, float], w: dict[str, float], how: str) -> float:
+    total = sum(abs(x) for x in w.values())
+    if total == 0:
+        return 1.0
+    if how == "linear":
+        return sum(w[k] * u[k] for k in w) / total
+    if how == "chebyshev":
+        top = max(w.values())
+        return 1.0 - max((w[k] / top) * (1.0 - u[k]) for k in w) if top > 0 else 1.0
+    raise ValueError(f"reward.scalarization: unknown {how!r}")
+
+
+def assign_rewards(trajectories: Sequence[Trajectory], cfg: RewardConfig) -> None:
+    """Fill ``reward`` on every trajectory, group by group."""
+    groups: dict[int, list[Trajectory]] = {}
+    for t in trajectories:
+        groups.setdefault(t.group, []).append(t)
+    for group in groups.values():
+        for t, r in zip(group, group_rewards(group, cfg)):
+            t.reward = r

@@ -1,0 +1,66 @@
+"""First-fit-decreasing packing of trajectories into THD microbatches of at most N tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from nemo_orchestra.types import PackedBatch, Trajectory
+
+
+def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Bins of indices; each bin's total length <= capacity (a longer item gets a bin alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        for b, free in enumerate(room):
+            if lengths[i] <= free:
+                bins[b].append(i)
+                room[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            room.append(capacity - lengths[i])
+    return bins
+
+
+def pack(trajectories: Sequence[Trajectory], capacity: int, pad_to_multiple: int = 1) -> list[PackedBatch]:
+    """Pack rollouts into microbatches. ``pad_to_multiple`` pads each pack (TP needs T % tp == 0)."""
+    bins = first_fit_decreasing([len(t.token_ids) for t in trajectories], capacity)
+    return [_pack_one([trajectories[i] for i in b], pad_to_multiple) for b in bins]
+
+
+def _pack_one(trajs: Sequence[Trajectory], pad_to_multiple: int) -> PackedBatch:
+    ids, pos, tgt, mask, adv, cu = [], [], [], [], [], [0]
+    for t in trajs:
+        n = len(t.token_ids)
+        ids += t.token_ids
+        pos += range(n)
+        tgt += t.token_ids[1:] + [0]
+        # loss_mask[i] marks token i as generated; as a *target* it is predicted at position i-1.
+        mask += t.loss_mask[1:] + [0]
+        adv += [t.advantage] * n
+        cu.append(cu[-1] + n)
+    pad = (-len(ids)) % pad_to_multiple
+    if pad:  # a padding "sequence" with no loss
+        ids += [0] * pad
+        pos += range(pad)
+        tgt += [0] * pad
+        mask += [0] * pad
+        adv += [0.0] * pad
+        cu.append(cu[-1] + pad)
+    T = len(ids)
+    lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    return PackedBatch(
+        input_ids_T=torch.tensor(ids, dtype=torch.long),
+        position_ids_T=torch.tensor(pos, dtype=torch.long),
+        target_ids_T=torch.tensor(tgt, dtype=torch.long),
+        loss_mask_T=torch.tensor(mask, dtype=torch.float32),
+        advantages_T=torch.tensor(adv, dtype=torch.float32),
+        old_logprobs_T=torch.zeros(T),
+        ref_logprobs_T=torch.zeros(T),
+        cu_seqlens_B1=torch.tensor(cu, dtype=torch.int32),
+        max_seqlen=max(lens) if lens else 0,
+    )

@@ -1,0 +1,1 @@
+"""Rollouts: the generation engine and the multi-turn loop against the tool service."""

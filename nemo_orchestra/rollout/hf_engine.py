@@ -1,0 +1,65 @@
+"""In-process generation engine: a KV-cached Hugging Face Qwen3 fed the trainer's weights.
+
+Token ids in, token ids and their logprobs out. After every optimizer step the trainer pushes
+its weights in place (``load_weights``) under Hugging Face names; the same mapping is what the
+export writes, so generator and export cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nemo_orchestra.config import ModelConfig
+from nemo_orchestra.hf.qwen3 import hf_config, megatron_to_hf
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]  # generated ids, up to and including the stop token when one was produced
+    logprobs: list[float]  # log p(token) under the sampling temperature, one per generated id
+    finished: bool  # ended with a stop token (False: hit max_new_tokens)
+
+
+class HFEngine:
+    def __init__(self, model_cfg: ModelConfig, vocab_size: int, tokenizer, device: torch.device):
+        from transformers import Qwen3ForCausalLM
+
+        self.model_cfg = model_cfg
+        self.pad_id = tokenizer.pad_token_id
+        self.model = Qwen3ForCausalLM(hf_config(model_cfg, vocab_size, tokenizer)).to(device).eval()
+        self.device = device
+
+    @torch.no_grad()
+    def load_weights(self, megatron_state: dict[str, torch.Tensor]) -> None:
+        hf = megatron_to_hf(megatron_state, self.model_cfg)
+        missing, unexpected = self.model.load_state_dict(hf, strict=False)
+        missing = [k for k in missing if not (k == "lm_head.weight" and self.model_cfg.tie_embeddings)]
+        assert not missing and not unexpected, f"weight sync mismatch: {missing[:3]} {unexpected[:3]}"
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                 stop_ids: list[int]) -> list[Generation]:
+        if not prompts:
+            return []
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):  # left padding
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        out = self.model.generate(
+            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), do_sample=True,
+            temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
+            eos_token_id=stop_ids, pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True,
+        )
+        new_BN = out.sequences[:, width:].cpu()
+        logits_BNV = torch.stack(out.logits, dim=1).float().cpu() / temperature
+        lp_BN = torch.log_softmax(logits_BNV, dim=-1).gather(-1, new_BN[..., None])[..., 0]
+        stops = set(stop_ids)
+        results = []
+        for row, lps in zip(new_BN.tolist(), lp_BN.tolist()):
+            n = next((j + 1 for j, t in enumerate(row) if t in stops), None)
+            results.append(Generation(row[: n or len(row)], lps[: n or len(row)], n is not None))
+        return results
