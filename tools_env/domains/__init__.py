@@ -1,0 +1,84 @@
+"""ToolScale-style domains: seeded SQLite databases, policies and typed tools over them.
+
+Each module holds one ``Domain`` (schema, seeded generator, policy, functions, task templates).
+A domain function ``f`` of domain ``d`` is the service tool ``d_f`` (``bank_transfer``); the
+tools are registered by ``tools_env.tools.domain``. A task record of a domain names the domain
+in ``domain``, its database seed in ``verifier.db_seed`` (default 0) and its gold actions as
+``[{"name": tool name, "arguments": {...}}]``.
+
+``verify_db_state(ctx, task)`` replays the gold actions on a fresh copy of the seeded database
+and compares every table with the episode's private copy.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from tools_env.domains import (
+    bank, basketball, ecommerce, medicine, movie, railway, restaurant, school, travel, weather,
+)
+from tools_env.domains.base import DB, Domain, DomainError, diff_state, dump_state, open_copy
+
+DOMAINS: dict[str, Domain] = {
+    m.DOMAIN.name: m.DOMAIN
+    for m in (bank, basketball, ecommerce, medicine, movie, railway, restaurant, school, travel, weather)
+}
+
+
+def get_domain(name: str) -> Domain:
+    if name not in DOMAINS:
+        raise KeyError(f"unknown domain '{name}'; known domains: {', '.join(sorted(DOMAINS))}")
+    return DOMAINS[name]
+
+
+def db_seed(task: Any) -> int:
+    verifier = getattr(task, "verifier", None) or {}
+    return int(verifier.get("db_seed", 0))
+
+
+def episode_db_path(workdir: str, domain: str) -> str:
+    return os.path.join(workdir, "domains", f"{domain}.sqlite")
+
+
+def episode_db(ctx: Any, domain: Domain) -> DB:
+    """The episode's private copy of the domain database, created on first use."""
+    return open_copy(domain, db_seed(ctx.task), episode_db_path(ctx.workdir, domain.name))
+
+
+def function_name(domain: Domain, tool_name: str) -> str:
+    prefix = f"{domain.name}_"
+    if not tool_name.startswith(prefix) or tool_name[len(prefix):] not in domain.functions:
+        raise KeyError(f"'{tool_name}' is not a tool of domain {domain.name}")
+    return tool_name[len(prefix):]
+
+
+def replay(domain: Domain, seed: int, actions: list[dict[str, Any]], db: DB | None = None) -> tuple[DB, list[Any]]:
+    """Run actions (tool names) on a fresh in-memory copy; a refused action's result is its error text."""
+    db = db or open_copy(domain, seed)
+    results = []
+    for action in actions:
+        fn = function_name(domain, action["name"])
+        try:
+            results.append(domain.call(db, fn, dict(action.get("arguments", {}))))
+        except DomainError as e:
+            results.append({"error": str(e)})
+    return db, results
+
+
+def verify_db_state(ctx: Any, task: Any) -> tuple[bool, str]:
+    """Compare the episode's database with the gold actions replayed on a fresh seeded copy."""
+    if not task.domain:
+        return False, "task has no domain"
+    try:
+        domain = get_domain(task.domain)
+        want_db, _ = replay(domain, db_seed(task), task.gold_actions)
+    except (KeyError, TypeError) as e:
+        return False, f"gold actions do not replay: {e}"
+    got_db = episode_db(ctx, domain)
+    try:
+        diff = diff_state(dump_state(want_db), dump_state(got_db))
+    finally:
+        want_db.conn.close()
+        got_db.conn.close()
+    return (diff == "", diff or "database state matches the gold actions")
