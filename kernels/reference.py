@@ -1,0 +1,103 @@
+"""PyTorch references of the kernels: the spec of each op, and the path used on CPU.
+
+Shapes (legend): T total tokens in a pack, Hq query heads, Hkv key/value heads, D head dim,
+B sequences (``cu_seqlens_B1`` holds B+1 offsets), N rewards, G groups.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.checks import check_advantage_inputs, check_varlen_inputs
+
+
+def varlen_attention_ref(q_THD, k_THD, v_THD, cu_seqlens_B1, max_seqlen, *, causal=True, softmax_scale=None,
+                         return_lse=True):
+    """Attention over packed sequences: one SDPA call per sequence (the fastest CPU path measured).
+
+    q_THD is [T, Hq, D], k_THD and v_THD are [T, Hkv, D] with Hq a multiple of Hkv (query head h
+    reads key/value head h // (Hq // Hkv)). Token i of a sequence attends to tokens j <= i of the
+    same sequence when ``causal``, to all of them otherwise; scores are scaled by ``softmax_scale``
+    (default D**-0.5). Returns ``(out_THD, lse_HT)``: out in q's dtype, and lse_HT[h, i] =
+    log(sum_j exp(score_ij)) in fp32 (natural log), or None when ``return_lse`` is False.
+    Differentiable by autograd.
+    """
+    cu = check_varlen_inputs(q_THD, k_THD, v_THD, cu_seqlens_B1, max_seqlen)
+    T, Hq, D = q_THD.shape
+    rep = Hq // k_THD.shape[1]
+    scale = D**-0.5 if softmax_scale is None else float(softmax_scale)
+    if T == 0:
+        lse = torch.empty(Hq, 0, dtype=torch.float32, device=q_THD.device) if return_lse else None
+        return q_THD.clone(), lse
+    q_HTD = q_THD.transpose(0, 1)
+    k_HTD, v_HTD = (x.transpose(0, 1).repeat_interleave(rep, dim=0) if rep > 1 else x.transpose(0, 1)
+                    for x in (k_THD, v_THD))
+    outs, lses = [], []
+    for s, e in zip(cu[:-1], cu[1:]):
+        if e == s:
+            continue
+        q_HLD, k_HLD, v_HLD = q_HTD[:, s:e], k_HTD[:, s:e], v_HTD[:, s:e]
+        o_HLD = F.scaled_dot_product_attention(q_HLD, k_HLD, v_HLD, is_causal=causal, scale=scale)
+        outs.append(o_HLD.transpose(0, 1))
+        if return_lse:
+            lses.append(_lse(q_HLD, k_HLD, scale, causal))
+    out_THD = torch.cat(outs, dim=0)
+    return out_THD, (torch.cat(lses, dim=1) if return_lse else None)
+
+
+def _lse(q_HLD, k_HLD, scale, causal):
+    scores_HLL = torch.matmul(q_HLD.float(), k_HLD.float().transpose(1, 2)) * scale
+    if causal:
+        L = scores_HLL.shape[-1]
+        future = torch.ones(L, L, dtype=torch.bool, device=q_HLD.device).triu_(1)
+        scores_HLL = scores_HLL.masked_fill(future, float("-inf"))
+    return torch.logsumexp(scores_HLL, dim=-1)
+
+
+def grouped_advantage_ref(rewards_N, *, group_ids=None, offsets=None, mode="std", eps=1e-6, clip=None):
+    """Group-relative advantages (GRPO) of ``rewards_N``, grouped by ``group_ids`` or ``offsets``.
+
+    Groups are given either as unsorted ids (``group_ids``, [N], any integer values) or as sorted
+    offsets (``offsets``, [G+1]: group g is rewards[offsets[g]:offsets[g+1]]). With mean and std
+    taken within the group of reward r_i (n rewards):
+
+    - ``mean`` (Dr. GRPO):  A_i = r_i - mean
+    - ``std`` (GRPO):       A_i = (r_i - mean) / (std + eps), std the SAMPLE standard deviation
+      sqrt(sum (r - mean)^2 / (n - 1)) (Bessel's correction, as ToolOrchestra uses)
+    - ``loo`` (leave-one-out baseline): A_i = r_i - mean of the other n-1 = n/(n-1) * (r_i - mean)
+
+    then, when ``clip`` is set, A_i is clamped to [-clip, clip]. A group of size 1 and a group whose
+    rewards are all equal give exactly 0 (never NaN): the mean is computed around a member of the
+    group (pivot + mean of (r - pivot)), so equal rewards give an exact zero deviation. Arithmetic is
+    fp32 (fp64 for fp64 rewards); the result has the dtype of ``rewards_N``.
+    """
+    check_advantage_inputs(rewards_N, group_ids, offsets, mode, eps, clip)
+    acc = torch.float64 if rewards_N.dtype == torch.float64 else torch.float32
+    r_N = rewards_N.to(acc)
+    if offsets is not None:
+        sizes_G = offsets[1:] - offsets[:-1]
+        G = sizes_G.numel()
+        gid_N = torch.repeat_interleave(torch.arange(G, device=r_N.device), sizes_G.long(), output_size=r_N.numel())
+    else:
+        uniq, gid_N = torch.unique(group_ids, return_inverse=True)
+        G = uniq.numel()
+    n_G = torch.zeros(G, dtype=acc, device=r_N.device).index_add_(0, gid_N, torch.ones_like(r_N))
+    # Pivot: any member of the group works; the largest is deterministic.
+    pivot_G = torch.zeros(G, dtype=acc, device=r_N.device).scatter_reduce_(0, gid_N, r_N, "amax", include_self=False)
+    shifted_N = r_N - pivot_G[gid_N]
+    mean_G = pivot_G + torch.zeros_like(n_G).index_add_(0, gid_N, shifted_N) / n_G.clamp(min=1)
+    dev_N = r_N - mean_G[gid_N]
+    many_G = n_G > 1
+    if mode == "mean":
+        adv_N = dev_N
+    elif mode == "loo":
+        adv_N = dev_N * torch.where(many_G, n_G / (n_G - 1).clamp(min=1), 0.0)[gid_N]
+    else:
+        ss_G = torch.zeros_like(n_G).index_add_(0, gid_N, dev_N * dev_N)
+        denom_G = torch.where(many_G, ss_G / (n_G - 1).clamp(min=1), 0.0).sqrt() + eps
+        denom_N = denom_G[gid_N]
+        adv_N = torch.where(denom_N > 0, dev_N / denom_N.clamp(min=torch.finfo(acc).tiny), 0.0)
+    if clip is not None:
+        adv_N = adv_N.clamp(-clip, clip)
+    return adv_N.to(rewards_N.dtype)
