@@ -94,6 +94,24 @@ def tool_call_message(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": name, "arguments": arguments}}]}
 
 
+def render_chat(template: str, messages, tools=None, add_generation_prompt: bool = False) -> str:
+    """Render with the same Jinja semantics as ``transformers``' ``apply_chat_template``."""
+    return _compile(template).render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
+
+
+_COMPILED: dict[str, Any] = {}
+
+
+def _compile(template: str):
+    if template not in _COMPILED:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+        _COMPILED[template] = env.from_string(template)
+    return _COMPILED[template]
+
+
 class ChatFormat:
     """Renders prompts and observation suffixes with a tokenizer's chat template."""
 
@@ -102,9 +120,7 @@ class ChatFormat:
         self.end_of_turn_id = tokenizer.convert_tokens_to_ids(END_OF_TURN)
 
     def render(self, messages, tools=None, add_generation_prompt=False) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False
-        )
+        return render_chat(self.tokenizer.chat_template, messages, tools, add_generation_prompt)
 
     def prompt_ids(self, messages, tools) -> list[int]:
         return self.encode(self.render(messages, tools, add_generation_prompt=True))

@@ -29,10 +29,10 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
 def pack(trajectories: Sequence[Trajectory], capacity: int, pad_to_multiple: int = 1) -> list[PackedBatch]:
     """Pack rollouts into microbatches. ``pad_to_multiple`` pads each pack (TP needs T % tp == 0)."""
     bins = first_fit_decreasing([len(t.token_ids) for t in trajectories], capacity)
-    return [_pack_one([trajectories[i] for i in b], pad_to_multiple) for b in bins]
+    return [_pack_one([trajectories[i] for i in b], b, pad_to_multiple) for b in bins]
 
 
-def _pack_one(trajs: Sequence[Trajectory], pad_to_multiple: int) -> PackedBatch:
+def _pack_one(trajs: Sequence[Trajectory], index: list[int], pad_to_multiple: int) -> PackedBatch:
     ids, pos, tgt, mask, adv, cu = [], [], [], [], [], [0]
     for t in trajs:
         n = len(t.token_ids)
@@ -51,6 +51,7 @@ def _pack_one(trajs: Sequence[Trajectory], pad_to_multiple: int) -> PackedBatch:
         mask += [0] * pad
         adv += [0.0] * pad
         cu.append(cu[-1] + pad)
+        index = list(index) + [-1]
     T = len(ids)
     lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
     return PackedBatch(
@@ -63,4 +64,5 @@ def _pack_one(trajs: Sequence[Trajectory], pad_to_multiple: int) -> PackedBatch:
         ref_logprobs_T=torch.zeros(T),
         cu_seqlens_B1=torch.tensor(cu, dtype=torch.int32),
         max_seqlen=max(lens) if lens else 0,
+        traj_index_B=list(index),
     )

@@ -70,6 +70,7 @@ class PackedBatch:
     ref_logprobs_T: torch.Tensor  # float32, from the frozen reference
     cu_seqlens_B1: torch.Tensor  # int32 [B+1]
     max_seqlen: int
+    traj_index_B: list[int] = field(default_factory=list)  # which input trajectory each sequence is (-1: padding)
 
     @property
     def num_tokens(self) -> int:

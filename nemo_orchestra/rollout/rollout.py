@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from dataclasses import dataclass
 
-from nemo_orchestra.chat import END_OF_TURN, ChatFormat, ToolCallParseError, parse_tool_call
+from nemo_orchestra.chat import ChatFormat, ToolCallParseError, parse_tool_call
 from nemo_orchestra.config import RewardConfig, RolloutConfig
 from nemo_orchestra.data.default_tasks import system_prompt
 from nemo_orchestra.types import StopReason, TaskRecord, Trajectory
@@ -86,18 +85,18 @@ async def _act(x: _Live, gen, client, chat: ChatFormat) -> bool:
         t.token_ids.append(chat.end_of_turn_id)
         t.loss_mask.append(0)
         t.gen_logprobs.append(0.0)
-    text = chat.decode(gen.token_ids)
+    call = None
     try:
-        call = parse_tool_call(text)
-        result = await client.step(x.episode_id, call.name, call.arguments)
+        call = parse_tool_call(chat.decode(gen.token_ids))
     except ToolCallParseError as e:
-        t.tool_errors += 1
         result = {"observation": f"Error: {e}. Call a tool as <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>.",
                   "done": False, "error": str(e)}
+    else:
+        result = await client.step(x.episode_id, call.name, call.arguments)
     if result.get("error"):
-        t.tool_errors += int(not isinstance(result.get("error"), str) or "<tool_call>" not in result["observation"])
+        t.tool_errors += 1
     if result.get("done"):
-        t.stop_reason = StopReason.ANSWER if call_is_answer(text) else StopReason.SERVICE_GUARD
+        t.stop_reason = StopReason.ANSWER if call is not None and call.name == "answer" else StopReason.SERVICE_GUARD
         t.correct = bool((result.get("outcome") or {}).get("correct", False))
         return True
     obs_ids = chat.encode(chat.observation_suffix(str(result.get("observation", ""))))
@@ -107,23 +106,15 @@ async def _act(x: _Live, gen, client, chat: ChatFormat) -> bool:
     return False
 
 
-_ANSWER_RE = re.compile(r'"name"\s*:\s*"answer"')
-
-
-def call_is_answer(text: str) -> bool:
-    return bool(_ANSWER_RE.search(text))
-
-
 async def _settle(x: _Live, client, cfg: RolloutConfig) -> None:
     """Read the episode's accounting from the service; add the orchestrator's own token cost."""
     status = await client.get_episode(x.episode_id)
     t = x.traj
-    t.tool_cost = float(status.get("cost", 0.0))
-    t.latency_s = float(status.get("latency_s", 0.0))
-    t.tool_counts = dict(status.get("tool_counts", {}))
+    t.tool_cost = float(status["total_cost"])
+    t.latency_s = float(status["total_latency_s"])
+    t.tool_counts = {**status.get("tool_counts", {}), **status.get("model_counts", {})}  # tools and expert aliases
     t.policy_cost = (x.tokens_read * cfg.orchestrator_price_in + x.tokens_written * cfg.orchestrator_price_out) / 1e6
     outcome = status.get("outcome") or {}
     if outcome:
         t.correct = bool(outcome.get("correct", False))
-    assert t.token_ids[-1] == t.token_ids[-1] and len(t.token_ids) == len(t.loss_mask) == len(t.gen_logprobs)
-    _ = END_OF_TURN
+    assert len(t.token_ids) == len(t.loss_mask) == len(t.gen_logprobs)

@@ -1,0 +1,77 @@
+"""Assembly of a run from its config: tokenizer, tasks, tool service, policy, engine, trainer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from contextlib import ExitStack
+
+from nemo_orchestra.chat import QWEN3_CHAT_TEMPLATE, ChatFormat
+from nemo_orchestra.config import Config, save_config
+from nemo_orchestra.data.default_tasks import generate_tasks
+from nemo_orchestra.megatron.model import padded_vocab_size
+from nemo_orchestra.megatron.parallel import DistInfo
+from nemo_orchestra.metrics import MetricLogger
+from nemo_orchestra.policy import build_policy
+from nemo_orchestra.rollout.hf_engine import HFEngine
+from nemo_orchestra.sft import render_text, scripted_episodes, to_trajectory
+from nemo_orchestra.tokenizer import build_embedded_tokenizer, load_tokenizer
+from nemo_orchestra.trainer import Trainer
+from tools_env.task import load_jsonl
+
+log = logging.getLogger(__name__)
+
+
+def load_tasks(cfg: Config):
+    if cfg.data.train_path:
+        return load_jsonl(cfg.data.train_path)
+    return generate_tasks(cfg.data.num_train_tasks, cfg.run.seed)
+
+
+def tool_service(cfg: Config, stack: ExitStack) -> list[str]:
+    """URLs of the tool service: the configured replicas, or one started here for this run."""
+    if cfg.tools.url:
+        return [u.strip() for u in cfg.tools.url.split(",") if u.strip()]
+    from tools_env.launch import start_service
+
+    handle = stack.enter_context(start_service(
+        dict(cfg.tools.service), workers=cfg.tools.workers, token=cfg.tools.token,
+        timeout_s=cfg.tools.startup_timeout_s))
+    log.info("tool service started at %s", ", ".join(handle.urls))
+    return list(handle.urls)
+
+
+def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
+    from tools_env.client import ToolsEnvClient
+
+    os.makedirs(cfg.run.output_dir, exist_ok=True)
+    if info.is_main:
+        save_config(cfg, os.path.join(cfg.run.output_dir, "config.yaml"))
+    tasks = load_tasks(cfg)
+    urls = tool_service(cfg, stack)
+    loop = asyncio.new_event_loop()
+    client = ToolsEnvClient(urls, token=cfg.tools.token or os.environ.get("TOOLS_ENV_TOKEN"))
+    n_sft = min(len(tasks), max(cfg.sft.batch_size * 8, 64))
+    log.info("scripted warm-start episodes: %d", n_sft)
+    scripted = loop.run_until_complete(scripted_episodes(tasks[:n_sft], client, cfg.run.seed))
+
+    if cfg.model.tokenizer:
+        tokenizer = load_tokenizer(cfg.model.tokenizer)
+    else:
+        corpus = [render_text(ep, QWEN3_CHAT_TEMPLATE, cfg.reward) for ep in scripted]
+        tokenizer = build_embedded_tokenizer(corpus)
+    if info.is_main:
+        tokenizer.save_pretrained(os.path.join(cfg.run.output_dir, "tokenizer"))
+    chat = ChatFormat(tokenizer)
+    vocab = cfg.model.vocab_size or padded_vocab_size(len(tokenizer), cfg.parallel.tp)
+
+    policy = build_policy(cfg, vocab, info.device)
+    engine = HFEngine(cfg.model, vocab, tokenizer, info.device)
+    logger = MetricLogger(cfg.run.output_dir, enabled=info.is_main)
+    trainer = Trainer(cfg, policy, engine, client, chat, tasks, logger, rank=info.rank,
+                      dp_rank=info.rank // (info.tp * info.pp), dp_size=info.dp, loop=loop)
+    trainer.sft_trajectories = [to_trajectory(ep, chat, cfg.reward) for ep in scripted]
+    trainer.tokenizer, trainer.vocab_size = tokenizer, vocab
+    return trainer
+

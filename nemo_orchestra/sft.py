@@ -1,0 +1,90 @@
+"""Warm start: teach the tool-call format by SFT on scripted trajectories from the real service.
+
+A scripted orchestrator picks a random valid tool for each task (the calculator with the
+problem's expression when it has one, else a random expert alias), reads the observation, and
+answers with what the tool said. The episodes run against the tool service, so observations are
+exactly what the policy will see; the assistant turns are the only trained tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+from dataclasses import dataclass
+
+from nemo_orchestra.chat import ChatFormat, format_tool_call, render_chat, tool_call_message
+from nemo_orchestra.config import RewardConfig
+from nemo_orchestra.rollout.rollout import prompt_messages
+from nemo_orchestra.types import TaskRecord, Trajectory
+
+_EXPR_RE = re.compile(r"What is (-?\d+ [-+*] -?\d+)\?")
+_ANSWER_RE = re.compile(r"The answer is (.+?)\.?\s*$", re.DOTALL)
+
+
+@dataclass
+class ScriptedEpisode:
+    task: TaskRecord
+    tools: list[dict]
+    turns: list[tuple[str, dict, str]]  # (tool name, arguments, observation) per turn
+
+
+def _choose(task: TaskRecord, tools: list[dict], rng: random.Random) -> tuple[str, dict]:
+    names = [t["function"]["name"] for t in tools]
+    m = _EXPR_RE.match(task.problem)
+    if "calculator" in names and m and rng.random() < 0.5:
+        return "calculator", {"expression": m.group(1)}
+    expert = next(t for t in tools if t["function"]["name"] == "expert")
+    aliases = expert["function"]["parameters"]["properties"]["model"]["enum"]
+    return "expert", {"model": rng.choice(aliases), "query": task.problem}
+
+
+def answer_from(observation: str) -> str:
+    m = _ANSWER_RE.search(observation.strip())
+    return (m.group(1) if m else observation).strip()
+
+
+async def scripted_episodes(tasks: list[TaskRecord], client, seed: int) -> list[ScriptedEpisode]:
+    rng = random.Random(seed)
+    choices = [rng.random() for _ in tasks]
+
+    async def one(task: TaskRecord, r: float) -> ScriptedEpisode:
+        ep = await client.create_episode(task.to_dict())
+        try:
+            name, args = _choose(task, ep["tools"], random.Random(r))
+            first = await client.step(ep["episode_id"], name, args)
+            obs = str(first["observation"])
+            final_args = {"answer": answer_from(obs)}
+            last = await client.step(ep["episode_id"], "answer", final_args)
+            return ScriptedEpisode(task, ep["tools"], [(name, args, obs), ("answer", final_args, str(last["observation"]))])
+        finally:
+            await client.delete_episode(ep["episode_id"])
+
+    return await asyncio.gather(*[one(t, r) for t, r in zip(tasks, choices)])
+
+
+def render_text(ep: ScriptedEpisode, template: str, reward_cfg: RewardConfig) -> str:
+    """The whole conversation as the chat template renders it (tokenizer training text)."""
+    msgs = prompt_messages(ep.task, reward_cfg)
+    for name, args, obs in ep.turns:
+        msgs.append(tool_call_message(name, args))
+        msgs.append({"role": "tool", "content": obs})
+    return render_chat(template, msgs, ep.tools)
+
+
+def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfig) -> Trajectory:
+    """Token ids built exactly as a rollout builds them: prompt, then (turn, observation)*."""
+    ids = chat.prompt_ids(prompt_messages(ep.task, reward_cfg), ep.tools)
+    traj = Trajectory(task=ep.task, group=0, token_ids=list(ids), loss_mask=[0] * len(ids),
+                      gen_logprobs=[0.0] * len(ids), prompt_len=len(ids))
+    for i, (name, args, obs) in enumerate(ep.turns):
+        turn = chat.encode(format_tool_call(name, args)) + [chat.end_of_turn_id]
+        traj.token_ids += turn
+        traj.loss_mask += [1] * len(turn)
+        if i + 1 < len(ep.turns):
+            suffix = chat.encode(chat.observation_suffix(obs))
+            traj.token_ids += suffix
+            traj.loss_mask += [0] * len(suffix)
+    traj.gen_logprobs = [0.0] * len(traj.token_ids)
+    traj.turns = len(ep.turns)
+    return traj

@@ -1,0 +1,183 @@
+"""The GRPO loop: each step is a sequence of short named stages.
+
+rollout -> reward -> advantages -> pack -> logprobs (old, reference) -> train -> sync -> log -> checkpoint
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from nemo_orchestra.chat import ChatFormat
+from nemo_orchestra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from nemo_orchestra.config import Config
+from nemo_orchestra.grpo.advantages import assign_advantages
+from nemo_orchestra.grpo.reward import assign_rewards
+from nemo_orchestra.hf.qwen3 import full_state_dict
+from nemo_orchestra.metrics import MetricLogger
+from nemo_orchestra.packing import pack
+from nemo_orchestra.policy import Policy, forward_logprobs, grpo_loss_fn, set_lr, sft_loss_fn, train_step
+from nemo_orchestra.rollout.rollout import run_rollouts
+from nemo_orchestra.types import PackedBatch, TaskRecord, Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Trainer:
+    cfg: Config
+    policy: Policy
+    engine: object  # generation engine: generate() and load_weights()
+    client: object  # tools_env client
+    chat: ChatFormat
+    tasks: list[TaskRecord]
+    logger: MetricLogger
+    rank: int = 0
+    dp_rank: int = 0
+    dp_size: int = 1
+    step: int = 0
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
+
+    # ---- data order: a seeded permutation per epoch; position = step --------------------------------
+    def batch_tasks(self, step: int) -> list[TaskRecord]:
+        n = self.cfg.data.prompts_per_step
+        per_epoch = len(self.tasks) // (n * self.dp_size)
+        if per_epoch == 0:
+            raise ValueError(f"data: {len(self.tasks)} tasks are fewer than one step's "
+                             f"{n} prompts x {self.dp_size} data-parallel ranks")
+        epoch, k = divmod(step, per_epoch)
+        order = list(range(len(self.tasks)))
+        random.Random(self.cfg.run.seed + epoch).shuffle(order)
+        start = (k * self.dp_size + self.dp_rank) * n
+        return [self.tasks[i] for i in order[start:start + n]]
+
+    # ---- stages ---------------------------------------------------------------------------------------
+    def rollout(self, tasks: list[TaskRecord]) -> list[Trajectory]:
+        return self.loop.run_until_complete(run_rollouts(
+            tasks, self.cfg.rollout.group_size, self.engine, self.client, self.chat, self.cfg.rollout, self.cfg.reward))
+
+    def fill_logprobs(self, batches: list[PackedBatch]) -> None:
+        """Old logprobs from the current policy (one PPO epoch: ratio starts at 1) and the reference's."""
+        for b in batches:
+            b.old_logprobs_T = forward_logprobs(self.policy.model, b, self.policy.device, self.cfg.rollout.temperature)
+            b.ref_logprobs_T = forward_logprobs(self.policy.reference, b, self.policy.device, self.cfg.rollout.temperature)
+
+    def sync_weights(self) -> float:
+        t0 = time.perf_counter()
+        self.engine.load_weights(full_state_dict(self.policy.module))
+        return time.perf_counter() - t0
+
+    def grpo_step(self) -> dict:
+        t0 = time.perf_counter()
+        trajs = self.rollout(self.batch_tasks(self.step))
+        t_rollout = time.perf_counter() - t0
+        assign_rewards(trajs, self.cfg.reward)
+        kept, metrics = assign_advantages(trajs, self.cfg.advantage)
+        metrics.update(rollout_metrics(trajs))
+        t1 = time.perf_counter()
+        batches = pack(kept, self.cfg.parallel.microbatch_tokens, pad_to_multiple=self.cfg.parallel.tp)
+        if batches and sum(float(b.loss_mask_T.sum()) for b in batches) > 0:
+            self.fill_logprobs(batches)
+            metrics.update(train_step(self.policy, batches, grpo_loss_fn(self.cfg.loss), self.cfg.rollout.temperature))
+            metrics["rollout/logprob_mismatch"] = logprob_mismatch(kept, batches)
+        else:
+            metrics["train/step_skipped"] = 1.0
+        t_train = time.perf_counter() - t1
+        t_sync = self.sync_weights()
+        step_s = time.perf_counter() - t0
+        tokens = sum(len(t.token_ids) for t in trajs)
+        metrics.update({"time/rollout_s": t_rollout, "time/train_s": t_train, "time/weight_sync_s": t_sync,
+                        "time/step_s": step_s, "perf/tokens_per_s": tokens / step_s,
+                        "perf/generated_tokens": sum(t.num_generated for t in trajs)})
+        return metrics
+
+    # ---- warm start -------------------------------------------------------------------------------------
+    def warm_start(self, sft_trajs: list[Trajectory]) -> None:
+        """SFT on scripted trajectories, then the reference policy becomes the warm-started one."""
+        sft = self.cfg.sft
+        if sft.steps > 0:
+            set_lr(self.policy.optimizer, sft.lr)
+            rng = random.Random(self.cfg.run.seed)
+            for i in range(sft.steps):
+                batch = rng.sample(sft_trajs, min(sft.batch_size, len(sft_trajs)))
+                m = train_step(self.policy, pack(batch, self.cfg.parallel.microbatch_tokens, self.cfg.parallel.tp),
+                               sft_loss_fn)
+                if i % 25 == 0 or i == sft.steps - 1:
+                    log.info("warm start %d/%d  nll=%.4f", i + 1, sft.steps, m.get("loss/nll", float("nan")))
+            set_lr(self.policy.optimizer, self.cfg.optim.lr)
+        self.policy.reference.load_state_dict(self.policy.module.state_dict())
+        self.sync_weights()
+
+    # ---- the loop -----------------------------------------------------------------------------------------
+    def resume(self, ckpt_root: str) -> bool:
+        folder = latest_checkpoint(ckpt_root)
+        if folder is None:
+            return False
+        state = load_checkpoint(folder, self.policy, self.rank)
+        self.step = state["step"]
+        self.sync_weights()
+        log.info("resumed from %s at step %d", folder, self.step)
+        return True
+
+    def fit(self, ckpt_root: str) -> None:
+        from tqdm import tqdm
+
+        bar = tqdm(total=self.cfg.trainer.max_steps, initial=self.step, desc="grpo", disable=self.rank != 0,
+                   dynamic_ncols=True)
+        while self.step < self.cfg.trainer.max_steps:
+            metrics = self.grpo_step()
+            self.step += 1
+            self.logger.log(self.step, metrics)
+            bar.update(1)
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['reward/outcome']:.2f}")
+            every = self.cfg.checkpoint.save_every
+            if (every and self.step % every == 0) or self.step == self.cfg.trainer.max_steps:
+                save_checkpoint(ckpt_root, self.step, self.policy, {"data_position": self.step},
+                                self.cfg.checkpoint.keep, self.rank)
+        bar.close()
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.client.aclose())
+        self.loop.close()
+
+
+def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    mean = statistics.fmean
+    n_calls = sum(sum(t.tool_counts.values()) for t in trajs) or 1
+    out = {
+        "reward/mean": mean(t.reward for t in trajs),
+        "reward/outcome": mean(float(t.correct) for t in trajs),
+        "rollout/cost_mean": mean(t.cost for t in trajs),
+        "rollout/tool_cost_mean": mean(t.tool_cost for t in trajs),
+        "rollout/latency_mean": mean(t.latency_s for t in trajs),
+        "rollout/turns_mean": mean(t.turns for t in trajs),
+        "rollout/length_mean": mean(len(t.token_ids) for t in trajs),
+        "rollout/tool_error_rate": sum(t.tool_errors for t in trajs) / max(sum(t.turns for t in trajs), 1),
+        "rollout/answered_rate": mean(float(t.stop_reason == "answer") for t in trajs),
+    }
+    tools = sorted({k for t in trajs for k in t.tool_counts})
+    for k in tools:
+        out[f"rollout/tool_share/{k}"] = sum(t.tool_counts.get(k, 0) for t in trajs) / n_calls
+    return out
+
+
+def logprob_mismatch(trajs: list[Trajectory], batches: list[PackedBatch]) -> float:
+    """Mean |trainer - generator| logprob over generated tokens."""
+    total, n = 0.0, 0
+    for b in batches:
+        for j, (s, e) in enumerate(zip(b.cu_seqlens_B1[:-1].tolist(), b.cu_seqlens_B1[1:].tolist())):
+            if b.traj_index_B[j] < 0:
+                continue
+            t = trajs[b.traj_index_B[j]]
+            mask = torch.tensor(t.loss_mask[1:], dtype=torch.bool)
+            gen = torch.tensor(t.gen_logprobs[1:])
+            total += float((b.old_logprobs_T[s:e - 1] - gen)[mask].abs().sum())
+            n += int(mask.sum())
+    return total / max(n, 1)

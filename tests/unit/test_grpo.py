@@ -1,0 +1,93 @@
+import math
+
+import pytest
+import torch
+
+from nemo_orchestra.config import AdvantageConfig
+from nemo_orchestra.grpo.advantages import assign_advantages
+from nemo_orchestra.grpo.loss import policy_loss
+from nemo_orchestra.packing import first_fit_decreasing, pack
+from tests.unit.helpers import loss_cfg, traj
+
+
+def _adv_cfg(**kw):
+    base = dict(mode="std", eps=1e-6, clip=3.0, min_group_std=0.0)
+    base.update(kw)
+    return AdvantageConfig(**base)
+
+
+def test_advantages_hand_computed_and_zero_variance_groups_dropped():
+    trajs = [traj(group=0), traj(group=0), traj(group=1), traj(group=1)]
+    for t, r in zip(trajs, [1.0, 0.0, 0.5, 0.5]):
+        t.reward = r
+    kept, m = assign_advantages(trajs, _adv_cfg())
+    std = math.sqrt(0.5)  # sample std of {1, 0}
+    assert trajs[0].advantage == pytest.approx(0.5 / (std + 1e-6))
+    assert trajs[1].advantage == pytest.approx(-0.5 / (std + 1e-6))
+    assert trajs[2].advantage == 0.0 and trajs[3].advantage == 0.0
+    assert kept == trajs[:2]
+    assert m["advantage/groups_dropped"] == 1
+
+
+def test_min_group_std_filters_low_variance_groups():
+    trajs = [traj(group=0), traj(group=0)]
+    trajs[0].reward, trajs[1].reward = 0.55, 0.5  # sample std 0.035
+    kept, _ = assign_advantages(trajs, _adv_cfg(min_group_std=0.1))
+    assert kept == []
+
+
+def test_loss_positive_advantage_at_ratio_one():
+    lp = torch.log(torch.tensor([0.5, 0.25, 0.5]))
+    mask = torch.tensor([1.0, 1.0, 0.0])
+    adv = torch.tensor([2.0, 2.0, 2.0])
+    loss, n, m = policy_loss(lp, lp.clone(), lp.clone(), adv, mask, loss_cfg())
+    assert n == 2
+    assert loss.item() == pytest.approx(-4.0)  # -A * 1 on two tokens, summed
+    assert m["loss/clip_frac"] == 0.0
+
+
+def test_loss_clips_ratio_above_one_plus_eps_high():
+    old = torch.zeros(1)
+    lp = torch.log(torch.tensor([2.0]))  # ratio 2
+    loss, _, m = policy_loss(lp, old, old, torch.tensor([1.0]), torch.ones(1), loss_cfg())
+    assert loss.item() == pytest.approx(-1.28)
+    assert m["loss/clip_frac"] == 1.0
+
+
+def test_dual_clip_bounds_negative_advantage_loss():
+    old = torch.zeros(1)
+    lp = torch.log(torch.tensor([50.0]))  # ratio 50, A = -1: unbounded PPO loss would be 50
+    loss, _, _ = policy_loss(lp, old, old, torch.tensor([-1.0]), torch.ones(1), loss_cfg(dual_clip=10.0))
+    assert loss.item() == pytest.approx(10.0)
+
+
+def test_k3_kl_matches_hand_value_and_gradient_flows():
+    lp = torch.tensor([math.log(0.5)], requires_grad=True)
+    ref = torch.tensor([math.log(0.25)])
+    loss, _, m = policy_loss(lp, lp.detach(), ref, torch.zeros(1), torch.ones(1), loss_cfg(kl_coef=1.0))
+    d = math.log(0.25) - math.log(0.5)
+    assert loss.item() == pytest.approx(math.exp(d) - d - 1)
+    loss.backward()
+    assert lp.grad.item() == pytest.approx(-math.exp(d) + 1)
+
+
+def test_first_fit_decreasing_respects_capacity():
+    bins = first_fit_decreasing([5, 4, 3, 3, 2, 9], capacity=9)
+    lengths = [5, 4, 3, 3, 2, 9]
+    assert sorted(i for b in bins for i in b) == list(range(6))
+    assert all(sum(lengths[i] for i in b) <= 9 for b in bins)
+    assert len(bins) == 3
+
+
+def test_pack_shifts_targets_and_masks_within_sequences():
+    a = traj(ids=[10, 11, 12], mask=[0, 1, 1])
+    b = traj(ids=[20, 21], mask=[0, 1])
+    a.advantage, b.advantage = 1.5, -0.5
+    (batch,) = pack([a, b], capacity=16, pad_to_multiple=4)
+    assert batch.input_ids_T.tolist() == [10, 11, 12, 20, 21, 0, 0, 0]
+    assert batch.target_ids_T.tolist()[:5] == [11, 12, 0, 21, 0]
+    assert batch.loss_mask_T.tolist() == [1, 1, 0, 1, 0, 0, 0, 0]
+    assert batch.position_ids_T.tolist() == [0, 1, 2, 0, 1, 0, 1, 2]
+    assert batch.cu_seqlens_B1.tolist() == [0, 3, 5, 8]
+    assert batch.advantages_T.tolist()[:5] == [1.5, 1.5, 1.5, -0.5, -0.5]
+    assert batch.traj_index_B == [0, 1, -1]

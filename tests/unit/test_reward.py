@@ -1,0 +1,67 @@
+import pytest
+
+from nemo_orchestra.grpo.reward import assign_rewards, group_rewards
+from tests.unit.helpers import reward_cfg, task, traj
+
+
+def test_incorrect_rollouts_earn_zero():
+    g = [traj(correct=False, cost=0.0), traj(correct=True, cost=1.0)]
+    assert group_rewards(g, reward_cfg())[0] == 0.0
+
+
+def test_cost_and_latency_are_penalties():
+    # Two correct rollouts; the second is more expensive and slower: it must earn less.
+    t = task({"accuracy": 1.0, "cost": 1.0, "latency": 1.0})
+    g = [traj(cost=0.01, latency=1.0, t=t), traj(cost=0.05, latency=9.0, t=t)]
+    cheap, dear = group_rewards(g, reward_cfg())
+    assert cheap > dear
+    # hand-computed: weights sum 3; cheap gets (1 + 1 + 1)/3, dear gets (1 + 0 + 0)/3
+    assert cheap == pytest.approx(1.0)
+    assert dear == pytest.approx(1 / 3)
+
+
+def test_cost_weight_zero_ignores_cost():
+    t = task({"accuracy": 1.0, "cost": 0.0, "latency": 0.0})
+    g = [traj(cost=0.01, t=t), traj(cost=0.05, t=t)]
+    assert group_rewards(g, reward_cfg()) == [1.0, 1.0]
+
+
+def test_equal_costs_give_full_efficiency_credit():
+    t = task({"accuracy": 1.0, "cost": 1.0, "latency": 0.0})
+    g = [traj(cost=0.02, t=t), traj(cost=0.02, t=t), traj(correct=False, cost=0.02, t=t)]
+    assert group_rewards(g, reward_cfg()) == [1.0, 1.0, 0.0]
+
+
+def test_outcome_only_ablation():
+    g = [traj(correct=True, cost=5.0), traj(correct=False)]
+    assert group_rewards(g, reward_cfg("outcome_only", efficiency=False, preference=False)) == [1.0, 0.0]
+
+
+def test_task_preference_versus_config_default():
+    t = task({"accuracy": 1.0, "cost": 0.0, "latency": 0.0})
+    g = [traj(cost=0.0, t=t), traj(cost=1.0, t=t)]
+    assert group_rewards(g, reward_cfg()) == [1.0, 1.0]  # task says cost does not matter
+    eff = reward_cfg("outcome_efficiency", preference=False, accuracy=1.0, cost=1.0)
+    assert group_rewards(g, eff) == [1.0, 0.5]  # config weights apply to every task
+
+
+def test_tool_preference_rewards_preferred_tool_use():
+    t = task({"accuracy": 1.0, "tools": {"expert-small": 1.0}})
+    g = [traj(t=t, counts={"expert-small": 1}), traj(t=t, counts={"expert-large": 1})]
+    r = group_rewards(g, reward_cfg())
+    assert r[0] == pytest.approx(1.0) and r[1] == pytest.approx(0.5)
+
+
+def test_chebyshev_is_limited_by_worst_weighted_objective():
+    t = task({"accuracy": 1.0, "cost": 1.0, "latency": 0.5})
+    g = [traj(cost=0.0, latency=10.0, t=t), traj(cost=1.0, latency=0.0, t=t)]
+    r = group_rewards(g, reward_cfg(scalarization="chebyshev"))
+    # first: worst term is latency 0.5 * (1 - 0) = 0.5 -> 0.5; second: cost 1.0 * 1 -> 0.0
+    assert r == pytest.approx([0.5, 0.0])
+
+
+def test_assign_rewards_normalizes_within_each_group_only():
+    t = task({"accuracy": 1.0, "cost": 1.0})
+    trajs = [traj(cost=1.0, group=0, t=t), traj(cost=2.0, group=0, t=t), traj(cost=100.0, group=1, t=t)]
+    assign_rewards(trajs, reward_cfg())
+    assert [x.reward for x in trajs] == pytest.approx([1.0, 0.5, 1.0])
