@@ -1,0 +1,62 @@
+import json
+
+import pytest
+
+from nemo_orchestra.chat import (QWEN3_CHAT_TEMPLATE, ChatFormat, ToolCallParseError, format_tool_call,
+                                 parse_tool_call, render_chat, tool_call_message)
+from nemo_orchestra.tokenizer import build_embedded_tokenizer
+
+TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Arithmetic.",
+                                           "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
+CONVO = [
+    {"role": "system", "content": "You are an orchestrator."},
+    {"role": "user", "content": "What is 2 + 3?"},
+    tool_call_message("calculator", {"expression": "2 + 3"}),
+    {"role": "tool", "content": "5"},
+    tool_call_message("answer", {"answer": "5"}),
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    corpus = [render_chat(QWEN3_CHAT_TEMPLATE, CONVO, TOOLS)] * 4
+    return build_embedded_tokenizer(corpus, vocab_size=400)
+
+
+def test_template_renders_qwen3_format():
+    text = render_chat(QWEN3_CHAT_TEMPLATE, CONVO, TOOLS)
+    assert text.startswith("<|im_start|>system\nYou are an orchestrator.\n\n# Tools\n")
+    assert '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n</tool_call><|im_end|>' in text
+    assert "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n" in text
+    assert json.dumps(TOOLS[0]) in text
+
+
+def test_our_renderer_equals_transformers_apply_chat_template(tokenizer):
+    ours = render_chat(QWEN3_CHAT_TEMPLATE, CONVO, TOOLS, add_generation_prompt=True)
+    theirs = tokenizer.apply_chat_template(CONVO, tools=TOOLS, add_generation_prompt=True, tokenize=False)
+    assert ours == theirs
+
+
+def test_special_tokens_are_single_ids(tokenizer):
+    for tok in ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>"):
+        assert len(tokenizer.encode(tok, add_special_tokens=False)) == 1
+
+
+def test_incremental_ids_equal_tokenizing_the_whole_conversation(tokenizer):
+    """prompt + turn + observation suffix + turn, encoded piecewise, decodes to the full render."""
+    chat = ChatFormat(tokenizer)
+    ids = chat.prompt_ids(CONVO[:2], TOOLS)
+    ids += chat.encode(format_tool_call("calculator", {"expression": "2 + 3"})) + [chat.end_of_turn_id]
+    ids += chat.encode(chat.observation_suffix("5"))
+    ids += chat.encode(format_tool_call("answer", {"answer": "5"})) + [chat.end_of_turn_id]
+    full = chat.render(CONVO, TOOLS)
+    assert chat.decode(ids) + "\n" == full
+
+
+def test_parse_tool_call():
+    call = parse_tool_call('<think>x</think><tool_call>\n{"name": "answer", "arguments": {"answer": "7"}}\n</tool_call>')
+    assert call.name == "answer" and call.arguments == {"answer": "7"}
+    for bad in ("no call here", "<tool_call>{not json}</tool_call>", '<tool_call>{"arguments": {}}</tool_call>',
+                '<tool_call>{"name": "x", "arguments": [1]}</tool_call>'):
+        with pytest.raises(ToolCallParseError):
+            parse_tool_call(bad)
