@@ -1,0 +1,350 @@
+"""The tool-environment HTTP service (aiohttp). See tools_env/README.md for the API.
+
+    python -m tools_env.server --host 127.0.0.1 --port 8700 [--config FILE.yaml|json]
+                               [--workers N] [--token T] [--ready-file PATH]
+
+Binds 127.0.0.1 unless told otherwise; any other address needs a bearer token (``--token`` or
+``TOOLS_ENV_TOKEN``). ``--workers N`` runs N independent worker processes on ports
+port..port+N-1 (or N free ports with ``--port 0``); clients shard episodes across the URLs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from aiohttp import web
+
+from tools_env import tools as _plugins  # noqa: F401  (registers the tool plug-ins)
+from tools_env.config import ServiceConfig
+from tools_env.episodes import EpisodeStore, ServiceError
+from tools_env.metrics import Metrics
+from tools_env.tools.base import TOOL_REGISTRY, Tool
+
+try:
+    import orjson
+
+    dumps, loads = orjson.dumps, orjson.loads
+except ImportError:  # pragma: no cover - the plain-json fallback
+    def dumps(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+    loads = json.loads
+
+log = logging.getLogger("tools_env.server")
+
+STORE = web.AppKey("store", EpisodeStore)
+METRICS = web.AppKey("metrics", Metrics)
+TOOLS = web.AppKey("tools", dict)
+
+
+def json_response(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=dumps(data), status=status, content_type="application/json")
+
+
+def error_response(status: int, code: str, message: str, metrics: Metrics | None = None) -> web.Response:
+    if metrics is not None:
+        metrics.http_errors[code] += 1
+    return json_response({"error": {"code": code, "message": message}}, status)
+
+
+async def read_json(request: web.Request) -> Any:
+    body = await request.read()  # raises 413 beyond client_max_size
+    try:
+        return loads(body)
+    except (ValueError, RecursionError) as e:
+        raise ServiceError(400, "bad_json", f"request body is not valid JSON: {e}") from None
+
+
+# ---- handlers ------------------------------------------------------------------------------
+
+
+async def create_episode(request: web.Request) -> web.Response:
+    record = await read_json(request)
+    ep, schemas = request.app[STORE].create(record, request.query.get("episode_id"))
+    return json_response({"episode_id": ep.id, "tools": schemas})
+
+
+async def step(request: web.Request) -> web.Response:
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise ServiceError(400, "bad_request", 'step body must be a JSON object {"name": ..., "arguments": {...}}')
+    if len(body) > 2 or any(k not in ("name", "arguments") for k in body):
+        extra = sorted(k for k in body if k not in ("name", "arguments"))
+        raise ServiceError(400, "bad_request", f"unknown step field(s): {', '.join(extra)}")
+    result = await request.app[STORE].step(request.match_info["episode_id"], body.get("name"),
+                                           body.get("arguments", {}))
+    return json_response(result)
+
+
+async def get_episode(request: web.Request) -> web.Response:
+    return json_response(request.app[STORE].lookup(request.match_info["episode_id"]))
+
+
+async def delete_episode(request: web.Request) -> web.Response:
+    summary = await request.app[STORE].delete(request.match_info["episode_id"])
+    return json_response({**summary, "deleted": True})
+
+
+async def list_tools(request: web.Request) -> web.Response:
+    return json_response({"tools": [tool.schema(None) for tool in request.app[TOOLS].values()]})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    store = request.app[STORE]
+    return json_response({"status": "ok", "worker": store.worker_index, "episodes": len(store.episodes)})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    store = request.app[STORE]
+    active = sum(1 for ep in store.episodes.values() if ep.status == "active")
+    text = request.app[METRICS].render({"episodes_active": active, "episodes_held": len(store.episodes)})
+    return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                        headers={"X-Prometheus-Format": "0.0.4"})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return json_response(openapi_spec())
+
+
+# ---- OpenAPI -------------------------------------------------------------------------------
+
+
+def _obj(props: dict[str, Any], required: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": props, "required": required or list(props), **extra}
+
+
+_S, _N, _B, _I = {"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "integer"}
+_REF = {k: {"$ref": f"#/components/schemas/{k}"} for k in
+        ("TaskRecord", "EpisodeCreated", "StepRequest", "StepResponse", "Outcome", "EpisodeSummary", "Error")}
+
+
+def _op(summary: str, ok: dict[str, Any] | None, body: str | None = None, errors: str = "400 404 409 410",
+        params: list[str] = ()) -> dict[str, Any]:
+    content = {"application/json": {"schema": ok}} if ok else {"text/plain": {"schema": _S}}
+    op: dict[str, Any] = {"summary": summary, "responses": {"200": {"description": "OK", "content": content}}}
+    for status in errors.split():
+        op["responses"][status] = {"description": "structured error",
+                                   "content": {"application/json": {"schema": _REF["Error"]}}}
+    if body:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _REF[body]}}}
+    op["parameters"] = [{"name": p, "in": "query" if p == "episode_id?" else "path",
+                         "required": not p.endswith("?"), "schema": _S} for p in params]
+    for prm in op["parameters"]:
+        prm["name"] = prm["name"].rstrip("?")
+    return op
+
+
+def openapi_spec() -> dict[str, Any]:
+    counts = {"type": "object", "additionalProperties": _I}
+    schemas = {
+        "TaskRecord": _obj({"problem": _S, "answer": _S, "category": _S, "tools": {"type": "array", "items": _S},
+                            "id": _S, "prices": {"type": "object"}, "preference": {"type": "object"},
+                            "verifier": {"type": "object"}, "domain": _S, "gold_actions": {"type": "array"},
+                            "meta": {"type": "object"}}, ["problem", "answer", "category", "tools"],
+                           additionalProperties=False),
+        "EpisodeCreated": _obj({"episode_id": _S, "tools": {"type": "array", "items": {"type": "object"}}}),
+        "StepRequest": _obj({"name": _S, "arguments": {"type": "object"}}, ["name"]),
+        "Outcome": _obj({"correct": _B, "score": _N, "reason": _S}),
+        "StepResponse": _obj({"observation": _S, "cost": _N, "latency_s": _N, "done": _B,
+                              "error": {"type": "string", "nullable": True}, "outcome": _REF["Outcome"]},
+                             ["observation", "cost", "latency_s", "done", "error"]),
+        "EpisodeSummary": _obj({"episode_id": _S, "task_id": _S, "status": {"enum": ["active", "done", "expired"]},
+                                "turns": _I, "total_cost": _N, "total_latency_s": _N, "tool_counts": counts,
+                                "model_counts": counts, "error_count": _I, "ended_by": _S,
+                                "outcome": _REF["Outcome"], "age_s": _N}),
+        "Error": _obj({"error": _obj({"code": _S, "message": _S})}),
+    }
+    eid = "/v1/episodes/{episode_id}"
+    paths = {
+        "/v1/episodes": {"post": _op("create an episode from a task record", _REF["EpisodeCreated"], "TaskRecord",
+                                     "400 409 413 503", ["episode_id?"])},
+        eid + "/step": {"post": _op("call a tool; bad calls are 200s with `error` set", _REF["StepResponse"],
+                                    "StepRequest", "400 404 409 410 413", ["episode_id"])},
+        eid: {"get": _op("episode status and totals", _REF["EpisodeSummary"], params=["episode_id"]),
+              "delete": _op("drop an episode and its workdir", _REF["EpisodeSummary"], errors="404",
+                            params=["episode_id"])},
+        "/v1/tools": {"get": _op("schemas of every tool of the service", _obj({"tools": {"type": "array"}}), errors="")},
+        "/healthz": {"get": _op("liveness (no auth)", _obj({"status": _S, "worker": _I, "episodes": _I}), errors="")},
+        "/metrics": {"get": _op("Prometheus text format", None, errors="")},
+    }
+    return {"openapi": "3.0.3",
+            "info": {"title": "nemo-orchestra tool environment", "version": "1"},
+            "components": {"schemas": schemas, "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+            "security": [{"bearer": []}], "paths": paths}
+
+
+# ---- errors and auth -----------------------------------------------------------------------
+
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+
+
+def make_middleware(token: str | None, metrics: Metrics):
+    expected = f"Bearer {token}".encode() if token else None
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+        if expected is not None and request.path != "/healthz":
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                resp = error_response(401, "unauthorized", "missing or wrong bearer token", metrics)
+                resp.headers["WWW-Authenticate"] = "Bearer"
+                return resp
+        try:
+            return await handler(request)
+        except ServiceError as e:
+            return error_response(e.status, e.code, e.message, metrics)
+        except web.HTTPException as e:  # router 404/405, 413 from read(), ...
+            if e.status < 400:
+                raise
+            code = _HTTP_CODES.get(e.status, "http_error")
+            message = e.text if e.text and not e.text.startswith(f"{e.status}:") else e.reason
+            if e.status == 413:
+                message = f"request body larger than {request.app._client_max_size} bytes"
+            return error_response(e.status, code, f"{message} ({request.method} {request.path[:200]})", metrics)
+        except Exception as e:  # last resort: a structured 500 rather than a dropped connection
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            return error_response(500, "internal", f"{type(e).__name__}: {e}", metrics)
+
+    return middleware
+
+
+# ---- app -----------------------------------------------------------------------------------
+
+
+def build_tools(cfg: ServiceConfig) -> dict[str, Tool]:
+    typed = {"expert": {"experts": cfg.experts, "seed": cfg.seed}, "python": {"python": cfg.python},
+             "answer": {"judge": cfg.judge}}
+    unknown = sorted(set(cfg.tools) - set(TOOL_REGISTRY))
+    if unknown:
+        raise ValueError(f"config 'tools' names unknown tool(s) {unknown}; registered: {sorted(TOOL_REGISTRY)}")
+    return {name: cls(typed.get(name, cfg.tools.get(name, {}))) for name, cls in TOOL_REGISTRY.items()}
+
+
+def build_app(cfg: ServiceConfig, *, token: str | None = None, worker_index: int = 0) -> web.Application:
+    metrics_ = Metrics()
+    tools = build_tools(cfg)
+    app = web.Application(middlewares=[make_middleware(token, metrics_)], client_max_size=cfg.max_request_bytes)
+    app[METRICS] = metrics_
+    app[TOOLS] = tools
+    app[STORE] = EpisodeStore(cfg, tools, metrics_, worker_index)
+    app.router.add_post("/v1/episodes", create_episode)
+    app.router.add_post("/v1/episodes/{episode_id}/step", step)
+    app.router.add_get("/v1/episodes/{episode_id}", get_episode)
+    app.router.add_delete("/v1/episodes/{episode_id}", delete_episode)
+    app.router.add_get("/v1/tools", list_tools)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)
+
+    async def lifecycle(app: web.Application):
+        gc_task = asyncio.get_running_loop().create_task(app[STORE].run_gc())
+        yield
+        gc_task.cancel()
+        for tool in tools.values():
+            if hasattr(tool, "aclose"):
+                await tool.aclose()
+        await app[STORE].close()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app
+
+
+async def serve(cfg: ServiceConfig, host: str, port: int, *, token: str | None = None, worker_index: int = 0,
+                ready_file: str | None = None) -> None:
+    """Serve until SIGTERM/SIGINT; announces ``READY <url>`` on stdout once listening."""
+    app = build_app(cfg, token=token, worker_index=worker_index)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=75.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
+    await site.start()
+    bound_port = runner.addresses[0][1]
+    url = f"http://{_url_host(host)}:{bound_port}"
+    print(f"READY {url}", flush=True)
+    if ready_file:
+        write_ready_file(ready_file, [url])
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+def write_ready_file(path: str, urls: list[str]) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump({"urls": urls, "pid": os.getpid()}, f)
+    os.replace(tmp, path)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tools_env.server", description=__doc__.split("\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8700, help="first port; 0 picks free ports")
+    p.add_argument("--config", default=None, help="service config, .yaml/.yml or .json")
+    p.add_argument("--workers", type=int, default=1, help="independent worker processes, one port each")
+    p.add_argument("--token", default=None, help="bearer token (default: env TOOLS_ENV_TOKEN)")
+    p.add_argument("--ready-file", default=None, help="write {'urls': [...]} here once listening")
+    p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--log-level", default="WARNING")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    token = args.token or os.environ.get("TOOLS_ENV_TOKEN") or None
+    if not is_loopback(args.host) and not token:
+        print(f"error: refusing to bind {args.host} without a bearer token; pass --token or set TOOLS_ENV_TOKEN "
+              "(only loopback addresses may run without one)", file=sys.stderr)
+        return 2
+    if args.workers < 1:
+        print("error: --workers must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        cfg = ServiceConfig.load(args.config)
+        build_tools(cfg)  # fail fast on a bad tools section, before any worker starts
+    except (OSError, ValueError) as e:
+        print(f"error: bad config {args.config}: {e}", file=sys.stderr)
+        return 2
+    if args.workers > 1:
+        from tools_env.launch import supervise_workers
+
+        return supervise_workers(args, token)
+    _run(serve(cfg, args.host, args.port, token=token, worker_index=args.worker_index, ready_file=args.ready_file))
+    return 0
+
+
+def _run(coro: Any) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)
+    else:
+        uvloop.run(coro)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""`python`: run code in the sandbox (``tools_env.sandbox``), in the episode's private workdir.
+
+Cost is ``price_per_s`` x the sandbox's wall seconds ($0.0000083/s, ToolOrchestra), latency is
+those wall seconds. At most ``max_concurrency`` sandboxes run at once per process (queueing
+beyond that), so 512 episodes do not fork 512 interpreters on a small machine. The sandbox
+module is imported at the first call, so the service starts without it; if it is missing the
+call is an error observation. An exception in the user's code is an ordinary observation (its
+traceback); a timeout or a kill by the sandbox is an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from tools_env.config import PythonConfig
+from tools_env.tools.base import EpisodeContext, Tool, ToolResult, register_tool
+
+MAX_CODE_CHARS = 100_000
+
+
+def _format(result: Any) -> str:
+    parts = []
+    if result.stdout:
+        parts.append(result.stdout.rstrip("\n"))
+    if result.stderr:
+        parts.append("[stderr]\n" + result.stderr.rstrip("\n"))
+    if result.timed_out:
+        parts.append("[timed out]")
+    elif result.killed_reason:
+        parts.append(f"[killed: {result.killed_reason}]")
+    elif result.exit_code:
+        parts.append(f"[exit code {result.exit_code}]")
+    if result.truncated:
+        parts.append("[output truncated]")
+    return "\n".join(parts) if parts else "[no output]"
+
+
+@register_tool
+class Python(Tool):
+    name = "python"
+    description = (
+        "Run a Python 3 program and see its stdout/stderr. Print what you want to see. No network; "
+        "files persist in the working directory for this task. Costs $0.0000083 per second of execution."
+    )
+    parameters: dict[str, Any] = {
+        "type": "object",
+        "properties": {"code": {"type": "string", "description": "a complete Python program"}},
+        "required": ["code"],
+    }
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        super().__init__(config)
+        cfg = self.config.get("python")
+        if cfg is None:
+            cfg = PythonConfig()
+        elif not isinstance(cfg, PythonConfig):
+            cfg = PythonConfig.from_dict(cfg)
+        self.cfg: PythonConfig = cfg
+        self._slots = asyncio.Semaphore(cfg.max_concurrency or 2 * (os.cpu_count() or 1))
+        self._limits = None
+
+    async def call(self, arguments: dict[str, Any], ctx: EpisodeContext) -> ToolResult:
+        code = arguments["code"]
+        if len(code) > MAX_CODE_CHARS:
+            msg = f"code longer than {MAX_CODE_CHARS} characters"
+            return ToolResult(observation=f"python error: {msg}", error=msg)
+        try:
+            from tools_env.sandbox import SandboxLimits, run_python
+        except ImportError as e:
+            msg = f"python tool unavailable: cannot import tools_env.sandbox ({e})"
+            return ToolResult(observation=msg, error=msg)
+        if self._limits is None:
+            self._limits = SandboxLimits(**self.cfg.sandbox_limits())
+        async with self._slots:
+            result = await run_python(code, ctx.workdir, self._limits)
+        error = None
+        if result.timed_out:
+            error = "python: timed out"
+        elif result.killed_reason:
+            error = f"python: killed ({result.killed_reason})"
+        return ToolResult(observation=_format(result), cost=result.wall_s * self.cfg.price_per_s,
+                          latency_s=result.wall_s, error=error,
+                          meta={"exit_code": result.exit_code, "truncated": result.truncated})

@@ -1,0 +1,168 @@
+"""Answer verification: the outcome of an episode.
+
+A task's ``verifier`` picks the check:
+
+- ``exact`` (default): normalized exact match — lower case, punctuation dropped, the
+  articles a/an/the dropped, whitespace collapsed (the SQuAD normalization). Optional
+  ``aliases: [str]`` are further accepted answers.
+- ``numeric``: ``math.isclose(pred, gold, rel_tol, abs_tol)`` (defaults 1e-6, 1e-9). Numbers
+  parse from "1,234", "3.0", "-2.5e3", "3/4", "$12", "50%" (-> 50), "\\boxed{7}"; an answer
+  that is not a number as a whole is judged by the last number in it ("x = 42" -> 42).
+- ``db_state``: domain tasks; delegated to ``tools_env.domains.verify_db_state(ctx, task)``.
+- ``judge``: exact match first (free); otherwise an OpenAI-compatible LLM judge from the
+  service config is asked whether the prediction matches the gold answer.
+
+Every failure to verify (no judge configured, judge unreachable, domain module missing) is an
+incorrect outcome whose ``reason`` says why, never an exception.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+import string
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from typing import Any
+
+from tools_env.task import TaskRecord
+
+
+@dataclass
+class Outcome:
+    correct: bool
+    score: float
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ok(reason: str) -> Outcome:
+    return Outcome(True, 1.0, reason)
+
+
+def _wrong(reason: str) -> Outcome:
+    return Outcome(False, 0.0, reason)
+
+
+_PUNCT = str.maketrans("", "", string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalize_answer(s: str) -> str:
+    s = s.lower().translate(_PUNCT)
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def exact_match(pred: str, gold: str, aliases: list[str] = ()) -> Outcome:
+    p = normalize_answer(pred)
+    for g in (gold, *aliases):
+        if p == normalize_answer(g):
+            return _ok("exact match" if g == gold else f"exact match with alias {g!r}")
+    return _wrong(f"normalized {p!r} != {normalize_answer(gold)!r}")
+
+
+_NUM = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+)?"
+_FULL_NUMBER = re.compile(rf"^\s*({_NUM})\s*(?:/\s*({_NUM}))?\s*%?\s*$")
+_ANY_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?")
+
+
+def _to_float(num: str, den: str | None) -> float | None:
+    num = num.replace(",", "")
+    if not num or not any(c.isdigit() for c in num):
+        return None
+    try:
+        if den is None:
+            value = float(num)
+        else:
+            den = den.replace(",", "")
+            if "." in num + den or "e" in (num + den).lower():
+                value = float(num) / float(den)
+            else:
+                value = float(Fraction(int(num), int(den)))
+    except (ValueError, ZeroDivisionError, OverflowError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def parse_number(s: str) -> float | None:
+    """The number a whole answer string denotes, or None (see the module docstring)."""
+    s = s.strip()
+    m = re.fullmatch(r"\\boxed\{(.*)\}", s)
+    if m:
+        s = m.group(1)
+    m = re.fullmatch(r"\\frac\{([^{}]*)\}\{([^{}]*)\}", s.strip())
+    if m:
+        s = f"{m.group(1)}/{m.group(2)}"
+    s = s.strip().lstrip("$").rstrip(".").strip()
+    m = _FULL_NUMBER.match(s)
+    return _to_float(m.group(1), m.group(2)) if m else None
+
+
+def extract_number(s: str) -> float | None:
+    """``parse_number`` of the whole string, else the last number found in it."""
+    value = parse_number(s)
+    if value is not None:
+        return value
+    found = _ANY_NUMBER.findall(s)
+    return parse_number(found[-1]) if found else None
+
+
+def numeric_match(pred: str, gold: str, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> Outcome:
+    g = extract_number(gold)
+    if g is None:
+        return _wrong(f"gold answer {gold!r} is not a number")
+    p = extract_number(pred)
+    if p is None:
+        return _wrong(f"could not parse a number from {pred!r}")
+    if math.isclose(p, g, rel_tol=rel_tol, abs_tol=abs_tol):
+        return _ok(f"{p!r} matches {g!r} within tolerance")
+    return _wrong(f"{p!r} != {g!r} (rel_tol={rel_tol}, abs_tol={abs_tol})")
+
+
+async def db_state_match(ctx: Any, task: TaskRecord) -> Outcome:
+    try:
+        from tools_env.domains import verify_db_state
+    except ImportError as e:
+        return _wrong(f"db_state verifier unavailable: cannot import tools_env.domains.verify_db_state ({e})")
+    try:
+        result = verify_db_state(ctx, task)
+        if inspect.isawaitable(result):
+            result = await result
+        correct, reason = result
+    except Exception as e:  # a domain bug must not lose the episode
+        return _wrong(f"db_state verifier failed: {type(e).__name__}: {e}")
+    return Outcome(bool(correct), 1.0 if correct else 0.0, f"db_state: {reason}")
+
+
+async def verify(answer: str, task: TaskRecord, ctx: Any = None, judge: Any = None) -> Outcome:
+    """Judge ``answer`` against ``task`` according to ``task.verifier``.
+
+    ``judge`` is an object with ``async grade(problem, gold, pred) -> (bool, str)`` (see
+    ``tools_env.tools.answer.LLMJudge``) or None when no judge endpoint is configured.
+    """
+    spec = task.verifier or {"type": "exact"}
+    kind = spec.get("type", "exact")
+    if kind == "exact":
+        return exact_match(answer, task.answer, spec.get("aliases", []))
+    if kind == "numeric":
+        rel_tol = float(spec.get("rel_tol", 1e-6))
+        abs_tol = float(spec.get("abs_tol", 1e-9))
+        return numeric_match(answer, task.answer, rel_tol, abs_tol)
+    if kind == "db_state":
+        return await db_state_match(ctx, task)
+    if kind == "judge":
+        first = exact_match(answer, task.answer, spec.get("aliases", []))
+        if first.correct:
+            return first
+        if judge is None:
+            return _wrong("judge verifier requested but no judge endpoint is configured (config 'judge')")
+        try:
+            correct, reason = await judge.grade(task.problem, task.answer, answer)
+        except Exception as e:
+            return _wrong(f"judge failed: {type(e).__name__}: {e}")
+        return Outcome(correct, 1.0 if correct else 0.0, f"judge: {reason}")
+    return _wrong(f"unknown verifier type {kind!r}")
