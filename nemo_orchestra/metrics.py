@@ -45,3 +45,4 @@ def setup_logging(level: str, rank: int) -> None:
         level=getattr(logging, level.upper(), logging.INFO) if rank == 0 else logging.WARNING,
         format=f"%(asctime)s [rank{rank}] %(name)s: %(message)s", datefmt="%H:%M:%S",
     )
+    logging.getLogger("megatron").setLevel(logging.WARNING)  # it logs every parameter name at INFO

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -38,7 +37,8 @@ def build_policy(cfg: Config, vocab_size: int, device: torch.device, init_state:
         missing = [k for k in missing if "_extra_state" not in k]
         if missing or unexpected:
             raise ValueError(f"model.init_from: weights do not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    reference = copy.deepcopy(gpt).eval()
+    reference = build_gpt_model(cfg.model, cfg.parallel, vocab_size, device).eval()
+    reference.load_state_dict(gpt.state_dict())
     for p in reference.parameters():
         p.requires_grad_(False)
     ddp = DistributedDataParallel(

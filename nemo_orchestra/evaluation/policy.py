@@ -1,0 +1,195 @@
+"""The policy interface of evaluation, the fixed routing baselines and the policy registry.
+
+A policy sees what an orchestrator sees — the problem, the episode's tool schemas, the prices
+and preference of the record, and the conversation so far — and returns the next tool call.
+It never sees the gold answer (the ``oracle`` check policy is built from the task file instead).
+
+Policies by spec (``POLICIES``, a plain dict of builders; ``build_policy("name:arg")``):
+
+- ``strongest``: ask the expert alias with the highest output price (price stands in for
+  strength, as in the paper's tables), then answer with what it said.
+- ``cheapest``: the same with the alias of the lowest input + output price.
+- ``random[:SEED]``: the same with a uniformly drawn alias.
+- ``oracle``: replays each record's gold actions and submits its gold answer (a data check:
+  every record must come out correct).
+- ``openai:URL:MODEL``: an OpenAI-compatible chat model (see ``openai_policy``).
+- ``checkpoint:DIR``: a trained checkpoint; not available yet.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+class PolicyFormatError(ValueError):
+    """The policy's turn holds no valid tool call; the runner counts it and tells the policy."""
+
+
+class PolicyUnavailableError(RuntimeError):
+    pass
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+    text: str = ""  # the assistant turn's text, when the policy is a language model
+    usage: dict[str, int] = field(default_factory=dict)  # the policy's own tokens this turn
+    cost: float = 0.0  # $ for those tokens
+
+
+@dataclass
+class PolicyInput:
+    task_id: str
+    problem: str
+    category: str
+    tools: list[dict[str, Any]]  # OpenAI function schemas, as the service returned them
+    messages: list[dict[str, Any]]  # OpenAI-format conversation: user problem, assistant calls, tool results
+    prices: dict[str, dict[str, float]]
+    preference: dict[str, Any]
+    turn: int
+    sample: int = 0  # index of this attempt when a task is run several times (pass@k)
+
+    def tool_names(self) -> list[str]:
+        return [t["function"]["name"] for t in self.tools]
+
+    def expert_aliases(self) -> list[str]:
+        for t in self.tools:
+            if t["function"]["name"] == "expert":
+                return list(t["function"]["parameters"]["properties"]["model"].get("enum", []))
+        return []
+
+    def last_observation(self) -> str:
+        for m in reversed(self.messages):
+            if m["role"] == "tool":
+                return m["content"]
+        return ""
+
+
+class Policy:
+    name = "policy"
+
+    async def act(self, inp: PolicyInput) -> ToolCall:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        pass
+
+
+_ANSWER_IS = re.compile(r"answer is\s*(.*?)\s*\.?\s*$", re.IGNORECASE | re.DOTALL)
+
+
+def expert_reply_answer(observation: str) -> str:
+    """The answer inside an expert's reply: after "answer is", else the text after "alias: "."""
+    m = _ANSWER_IS.search(observation)
+    if m:
+        return m.group(1)
+    return observation.split(": ", 1)[-1].strip()
+
+
+class FixedRouting(Policy):
+    """Ask one expert alias (chosen by ``choose``) the problem, then submit its answer."""
+
+    def __init__(self, name: str, choose: Callable[[PolicyInput], str]) -> None:
+        self.name, self.choose = name, choose
+
+    async def act(self, inp: PolicyInput) -> ToolCall:
+        aliases = inp.expert_aliases()
+        if inp.turn == 0 and aliases:
+            return ToolCall("expert", {"model": self.choose(inp), "query": inp.problem})
+        answer = expert_reply_answer(inp.last_observation()) if inp.turn > 0 else "I don't know"
+        return ToolCall("answer", {"answer": answer})
+
+
+def _price(inp: PolicyInput, alias: str) -> tuple[float, float]:
+    p = inp.prices.get(alias)
+    if p:
+        return float(p.get("input", 0.0)), float(p.get("output", 0.0))
+    return _price_from_table(inp, alias)
+
+
+def _price_from_table(inp: PolicyInput, alias: str) -> tuple[float, float]:
+    """Read ``| alias ... | in | out |`` from the expert tool's description (the service's table)."""
+    for t in inp.tools:
+        if t["function"]["name"] != "expert":
+            continue
+        for line in t["function"]["description"].splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) >= 3 and cells[0].split(" ")[0] == alias:
+                try:
+                    return float(cells[1]), float(cells[2])
+                except ValueError:
+                    pass
+    return 0.0, 0.0
+
+
+def strongest(inp: PolicyInput) -> str:
+    return max(inp.expert_aliases(), key=lambda a: (_price(inp, a)[1], _price(inp, a)[0], a))
+
+
+def cheapest(inp: PolicyInput) -> str:
+    return min(inp.expert_aliases(), key=lambda a: (sum(_price(inp, a)), a))
+
+
+class RandomRouting(FixedRouting):
+    def __init__(self, seed: int = 0) -> None:
+        def choose(inp: PolicyInput) -> str:  # per task and sample, so results do not depend on scheduling
+            return random.Random(f"{seed}|{inp.task_id}|{inp.sample}").choice(sorted(inp.expert_aliases()))
+
+        super().__init__("random", choose)
+
+
+class Oracle(Policy):
+    """Replays the gold actions of each record, then submits the gold answer (checks the data)."""
+
+    name = "oracle"
+
+    def __init__(self, tasks: list[dict[str, Any]]) -> None:
+        self.gold = {t["id"]: t for t in tasks}
+
+    async def act(self, inp: PolicyInput) -> ToolCall:
+        task = self.gold[inp.task_id]
+        actions = task.get("gold_actions") or []
+        if inp.turn < len(actions):
+            a = actions[inp.turn]
+            return ToolCall(a["name"], dict(a.get("arguments", {})))
+        return ToolCall("answer", {"answer": task["answer"] or "done"})
+
+
+def _checkpoint(arg: str | None, options: dict[str, Any]) -> Policy:
+    raise PolicyUnavailableError(
+        f"policy 'checkpoint:{arg or ''}' is not available yet: evaluating trained checkpoints is not "
+        "implemented (register a builder in nemo_orchestra.evaluation.policy.POLICIES['checkpoint'])")
+
+
+def _openai(arg: str | None, options: dict[str, Any]) -> Policy:
+    from nemo_orchestra.evaluation.openai_policy import OpenAIChatPolicy
+
+    if not arg or ":" not in arg.replace("://", ""):
+        raise ValueError("openai policy spec is openai:URL:MODEL, e.g. openai:http://127.0.0.1:8000/v1:qwen3-8b")
+    url, model = arg.rsplit(":", 1)
+    return OpenAIChatPolicy(url, model, **options.get("openai", {}))
+
+
+POLICIES: dict[str, Callable[[str | None, dict[str, Any]], Policy]] = {
+    "strongest": lambda arg, o: FixedRouting("strongest", strongest),
+    "cheapest": lambda arg, o: FixedRouting("cheapest", cheapest),
+    "random": lambda arg, o: RandomRouting(int(arg) if arg else o.get("seed", 0)),
+    "oracle": lambda arg, o: Oracle(o.get("tasks", [])),
+    "openai": _openai,
+    "checkpoint": _checkpoint,
+}
+
+
+def build_policy(spec: str, options: dict[str, Any] | None = None) -> Policy:
+    """``name`` or ``name:arg`` -> a Policy; an unknown name lists the known ones."""
+    name, _, arg = spec.partition(":")
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(POLICIES)}")
+    policy = POLICIES[name](arg or None, options or {})
+    if name == "random" and arg:
+        policy.name = spec
+    return policy

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Set up nemo-orchestra in ./.venv: torch first (the CPU build on a machine without an NVIDIA GPU,
+# the normal CUDA build elsewhere), then the project with its test extra.
+# Environment: PYTHON (default python3), VENV (default .venv), EXTRAS (default test; add gpu on CUDA).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+TORCH_VERSION=2.13.0
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+"$PY" -m pip install --quiet --upgrade pip
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  echo "setup: NVIDIA GPU found: installing the CUDA build of torch $TORCH_VERSION"
+  "$PY" -m pip install --quiet "torch==$TORCH_VERSION"
+  EXTRAS=${EXTRAS:-test}
+else
+  echo "setup: no NVIDIA GPU: installing the CPU build of torch $TORCH_VERSION"
+  if "$PY" -m pip download --quiet --no-deps --dest /tmp/nemo-orchestra-torch-probe \
+        --index-url https://download.pytorch.org/whl/cpu "torch==$TORCH_VERSION+cpu" --timeout 5 --retries 0 \
+        >/dev/null 2>&1; then
+    "$PY" -m pip install --quiet --index-url https://download.pytorch.org/whl/cpu "torch==$TORCH_VERSION+cpu"
+  else
+    # Without the CPU index, pip's configured sources must hold the CPU wheel (as on our CI machines).
+    "$PY" -m pip install --quiet "torch==$TORCH_VERSION"
+  fi
+  EXTRAS=${EXTRAS:-test}
+fi
+
+# torch is already satisfied, so the project's range (<=2.14.1) never pulls another build.
+"$PY" -m pip install --quiet -e ".[$EXTRAS]"
+"$PY" - <<'PYEOF'
+import torch, megatron.core, transformers
+print(f"setup: torch {torch.__version__} (cuda={torch.cuda.is_available()}), "
+      f"megatron-core {megatron.core.__version__}, transformers {transformers.__version__}")
+PYEOF

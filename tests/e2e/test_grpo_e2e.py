@@ -1,0 +1,75 @@
+"""The main job end to end: a real tool service, warm start, 2 GRPO steps, checkpoint, export."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUIRED = ["step", "reward/mean", "reward/outcome", "rollout/cost_mean", "rollout/latency_mean",
+            "rollout/turns_mean", "perf/tokens_per_s", "time/rollout_s", "time/train_s"]
+SMALL = ["sft.steps=10", "data.num_train_tasks=48", "data.prompts_per_step=2", "rollout.group_size=2",
+         "rollout.max_turns=2"]
+
+
+def _run(args, timeout=600):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    r = subprocess.run([sys.executable, str(ROOT / "recipes/grpo_orchestrator.py"), *args],
+                       capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return r
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    _run(["trainer.max_steps=2", f"run.output_dir={out}", *SMALL])
+    return out
+
+
+@pytest.mark.slow
+def test_metrics_per_step(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        missing = [k for k in REQUIRED if k not in r]
+        assert not missing, missing
+        assert r["rollout/turns_mean"] >= 1
+        assert r["perf/tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_checkpoint_and_tokenizer_saved(run_dir):
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert latest == "step_00000002"
+    assert (run_dir / "checkpoints" / latest / "rank_00000.pt").is_file()
+    assert (run_dir / "tokenizer" / "tokenizer.json").is_file()
+    assert (run_dir / "config.yaml").is_file()
+
+
+@pytest.mark.slow
+def test_export_loads_in_transformers_offline(run_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf = run_dir / "hf"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
+        assert (hf / name).is_file(), name
+    tok = AutoTokenizer.from_pretrained(hf, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(hf, local_files_only=True)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)["input_ids"]
+    out = model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] > ids.shape[1]
+    assert torch.isfinite(model(ids).logits).all()
+
+
+@pytest.mark.slow
+def test_resume_continues_from_the_last_checkpoint(run_dir):
+    r = _run(["trainer.max_steps=3", f"run.output_dir={run_dir}", *SMALL])
+    assert "resumed from" in r.stderr
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
