@@ -67,7 +67,12 @@ def replay(domain: Domain, seed: int, actions: list[dict[str, Any]], db: DB | No
 
 
 def verify_db_state(ctx: Any, task: Any) -> tuple[bool, str]:
-    """Compare the episode's database with the gold actions replayed on a fresh seeded copy."""
+    """Compare the episode's database with the gold actions replayed on a fresh seeded copy.
+
+    When the task also expects an answer (``task.answer`` non-empty), the answer submitted in
+    the episode (``ctx.state["final_answer"]``) must match it too: numerically when the gold
+    answer is a number, else by normalized exact match (``verifier.answer_check`` overrides).
+    """
     if not task.domain:
         return False, "task has no domain"
     try:
@@ -81,4 +86,20 @@ def verify_db_state(ctx: Any, task: Any) -> tuple[bool, str]:
     finally:
         want_db.conn.close()
         got_db.conn.close()
-    return (diff == "", diff or "database state matches the gold actions")
+    if diff:
+        return False, diff
+    if not task.answer:
+        return True, "database state matches the gold actions"
+    ok, reason = check_answer(str(ctx.state.get("final_answer", "")), task)
+    return ok, f"database state matches; answer: {reason}"
+
+
+def check_answer(pred: str, task: Any) -> tuple[bool, str]:
+    from tools_env.verify import exact_match, numeric_match, parse_number
+
+    mode = (task.verifier or {}).get("answer_check", "auto")
+    if mode == "numeric" or (mode == "auto" and parse_number(task.answer) is not None):
+        out = numeric_match(pred, task.answer, rel_tol=1e-9, abs_tol=1e-6)
+    else:
+        out = exact_match(pred, task.answer)
+    return out.correct, out.reason

@@ -1,0 +1,154 @@
+"""Aggregate episode results per (policy, preference): table, Pareto front, JSON/CSV/PNG.
+
+Per row: accuracy, mean cost ($), mean latency (s), mean turns, mean utility
+u = alpha * 1[correct] - (1 - alpha) * cost, the tool-use distribution (share of all calls
+per tool) and the expert-model distribution. The Pareto front is over the rows' points in the
+accuracy-cost plane: a point is on it when no other point is at most as expensive and at least
+as accurate, and strictly better in one of the two.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from nemo_orchestra.evaluation.runner import EpisodeResult
+
+
+@dataclass
+class Row:
+    policy: str
+    preference: str
+    n: int
+    accuracy: float
+    mean_cost: float
+    mean_latency_s: float
+    mean_turns: float
+    mean_utility: float
+    format_errors: int
+    tool_share: dict[str, float] = field(default_factory=dict)
+    model_share: dict[str, float] = field(default_factory=dict)
+    pareto: bool = False
+
+
+def _share(counts: list[dict[str, int]]) -> dict[str, float]:
+    total: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            total[k] = total.get(k, 0) + v
+    n = sum(total.values())
+    return {k: round(v / n, 4) for k, v in sorted(total.items())} if n else {}
+
+
+def summarize(results: list[EpisodeResult]) -> list[Row]:
+    groups: dict[tuple[str, str], list[EpisodeResult]] = {}
+    for r in results:
+        groups.setdefault((r.policy, r.preference), []).append(r)
+    rows = []
+    for (policy, pref), rs in groups.items():
+        n = len(rs)
+        rows.append(Row(
+            policy=policy, preference=pref, n=n,
+            accuracy=sum(r.correct for r in rs) / n,
+            mean_cost=sum(r.cost for r in rs) / n,
+            mean_latency_s=sum(r.latency_s for r in rs) / n,
+            mean_turns=sum(r.turns for r in rs) / n,
+            mean_utility=sum(r.utility for r in rs) / n,
+            format_errors=sum(r.format_errors for r in rs),
+            tool_share=_share([r.tool_counts for r in rs]),
+            model_share=_share([r.model_counts for r in rs]),
+        ))
+    for i in pareto_front([(r.mean_cost, r.accuracy) for r in rows]):
+        rows[i].pareto = True
+    return rows
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the (cost, accuracy) points no other point dominates, sorted by cost."""
+    front = []
+    for i, (c, a) in enumerate(points):
+        dominated = any(c2 <= c and a2 >= a and (c2 < c or a2 > a) for j, (c2, a2) in enumerate(points) if j != i)
+        if not dominated:
+            front.append(i)
+    return sorted(front, key=lambda i: points[i])
+
+
+def by_category(results: list[EpisodeResult]) -> dict[str, dict[str, float]]:
+    """Accuracy per (policy, preference) and task category."""
+    acc: dict[str, dict[str, list[int]]] = {}
+    for r in results:
+        acc.setdefault(f"{r.policy}|{r.preference}", {}).setdefault(r.category, []).append(int(r.correct))
+    return {k: {c: sum(v) / len(v) for c, v in sorted(cats.items())} for k, cats in acc.items()}
+
+
+CSV_FIELDS = ["policy", "preference", "n", "accuracy", "mean_cost", "mean_latency_s", "mean_turns", "mean_utility",
+              "format_errors", "pareto", "tool_share", "model_share"]
+
+
+def write_report(out_dir: str, rows: list[Row], results: list[EpisodeResult], meta: dict[str, Any]) -> dict[str, str]:
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {k: os.path.join(out_dir, v) for k, v in
+             (("json", "results.json"), ("csv", "results.csv"), ("episodes", "episodes.jsonl"), ("png", "pareto.png"))}
+    with open(paths["json"], "w") as f:
+        json.dump({"meta": meta, "rows": [r.__dict__ for r in rows], "accuracy_by_category": by_category(results)},
+                  f, indent=2, sort_keys=True)
+    with open(paths["csv"], "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w.writeheader()
+        for r in rows:
+            d = {k: getattr(r, k) for k in CSV_FIELDS}
+            d["tool_share"] = json.dumps(r.tool_share, sort_keys=True)
+            d["model_share"] = json.dumps(r.model_share, sort_keys=True)
+            w.writerow(d)
+    with open(paths["episodes"], "w") as f:
+        for r in results:
+            f.write(json.dumps(r.to_dict(), sort_keys=True) + "\n")
+    plot_pareto(rows, paths["png"], title=meta.get("title", "accuracy vs cost"))
+    return paths
+
+
+def plot_pareto(rows: list[Row], path: str, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.8), dpi=120)
+    policies = sorted({r.policy for r in rows})
+    prefs = sorted({r.preference for r in rows})
+    markers = "os^Dv<>Ph*X"
+    colors = plt.get_cmap("tab10")
+    for r in rows:
+        ax.scatter(r.mean_cost, r.accuracy, s=70, color=colors(policies.index(r.policy) % 10),
+                   marker=markers[prefs.index(r.preference) % len(markers)], edgecolor="black", linewidth=0.6,
+                   zorder=3)
+        label = r.policy if len(prefs) == 1 else f"{r.policy} / {r.preference}"
+        ax.annotate(label, (r.mean_cost, r.accuracy), textcoords="offset points", xytext=(6, 5), fontsize=8)
+    front = [r for r in rows if r.pareto]
+    front.sort(key=lambda r: r.mean_cost)
+    if front:
+        xs, ys = [front[0].mean_cost], [front[0].accuracy]
+        for r in front[1:]:  # staircase: what the best policy at or below each cost achieves
+            xs += [r.mean_cost, r.mean_cost]
+            ys += [ys[-1], r.accuracy]
+        ax.plot(xs, ys, color="gray", linestyle="--", linewidth=1.2, zorder=2, label="Pareto front")
+    costs = [r.mean_cost for r in rows if r.mean_cost > 0]
+    if costs and max(costs) / min(costs) > 20:
+        ax.set_xscale("log")
+    for i, p in enumerate(policies):
+        ax.scatter([], [], color=colors(i % 10), label=p)
+    if len(prefs) > 1:
+        for i, p in enumerate(prefs):
+            ax.scatter([], [], color="white", edgecolor="black", marker=markers[i % len(markers)], label=f"pref: {p}")
+    ax.set_xlabel("mean cost per task ($)")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(-0.03, 1.05)
+    ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
