@@ -4,7 +4,8 @@ Per row: accuracy, mean cost ($), mean latency (s), mean turns, mean utility
 u = alpha * 1[correct] - (1 - alpha) * cost, the tool-use distribution (share of all calls
 per tool) and the expert-model distribution. The Pareto front is over the rows' points in the
 accuracy-cost plane: a point is on it when no other point is at most as expensive and at least
-as accurate, and strictly better in one of the two.
+as accurate, and strictly better in one of the two. Reference policies that read the gold
+answer (``oracle``) are shown but never part of the front.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_orchestra.evaluation.runner import EpisodeResult
+
+
+REFERENCE_POLICIES = ("oracle",)  # read the gold answer: plotted for reference, never on the front
 
 
 @dataclass
@@ -61,8 +65,9 @@ def summarize(results: list[EpisodeResult]) -> list[Row]:
             tool_share=_share([r.tool_counts for r in rs]),
             model_share=_share([r.model_counts for r in rs]),
         ))
-    for i in pareto_front([(r.mean_cost, r.accuracy) for r in rows]):
-        rows[i].pareto = True
+    candidates = [i for i, r in enumerate(rows) if r.policy not in REFERENCE_POLICIES]
+    for j in pareto_front([(rows[i].mean_cost, rows[i].accuracy) for i in candidates]):
+        rows[candidates[j]].pareto = True
     return rows
 
 
@@ -121,12 +126,23 @@ def plot_pareto(rows: list[Row], path: str, title: str = "") -> None:
     prefs = sorted({r.preference for r in rows})
     markers = "os^Dv<>Ph*X"
     colors = plt.get_cmap("tab10")
+    costs = [r.mean_cost for r in rows if r.mean_cost > 0]
+    log_x = bool(costs) and max(costs) / min(costs) > 20
+    zero_x = min(costs) / 3 if costs else 0.0  # where a free policy sits on a log axis
+
+    def x_of(r: Row) -> float:
+        return zero_x if log_x and r.mean_cost <= 0 else r.mean_cost
+
     for r in rows:
-        ax.scatter(r.mean_cost, r.accuracy, s=70, color=colors(policies.index(r.policy) % 10),
+        ax.scatter(x_of(r), r.accuracy, s=70, color=colors(policies.index(r.policy) % 10),
                    marker=markers[prefs.index(r.preference) % len(markers)], edgecolor="black", linewidth=0.6,
                    zorder=3)
         label = r.policy if len(prefs) == 1 else f"{r.policy} / {r.preference}"
-        ax.annotate(label, (r.mean_cost, r.accuracy), textcoords="offset points", xytext=(6, 5), fontsize=8)
+        if r.policy in REFERENCE_POLICIES:
+            label += " (reads gold)"
+        if log_x and r.mean_cost <= 0:
+            label += ", $0"
+        ax.annotate(label, (x_of(r), r.accuracy), textcoords="offset points", xytext=(6, 5), fontsize=8)
     front = [r for r in rows if r.pareto]
     front.sort(key=lambda r: r.mean_cost)
     if front:
@@ -135,8 +151,7 @@ def plot_pareto(rows: list[Row], path: str, title: str = "") -> None:
             xs += [r.mean_cost, r.mean_cost]
             ys += [ys[-1], r.accuracy]
         ax.plot(xs, ys, color="gray", linestyle="--", linewidth=1.2, zorder=2, label="Pareto front")
-    costs = [r.mean_cost for r in rows if r.mean_cost > 0]
-    if costs and max(costs) / min(costs) > 20:
+    if log_x:
         ax.set_xscale("log")
     for i, p in enumerate(policies):
         ax.scatter([], [], color=colors(i % 10), label=p)

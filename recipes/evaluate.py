@@ -1,0 +1,166 @@
+"""Evaluate policies on a task file through the tool service: accuracy, cost, latency, utility, Pareto plot.
+
+Runs every policy under every preference vector on every task (``samples`` times), through a
+tool service it starts itself (or the one at ``tools_env.url``), and writes results.json,
+results.csv (one row per policy x preference), episodes.jsonl and pareto.png (the
+accuracy-cost plane with each row's point and the Pareto front). When the task file sits in a
+folder written by synthesize_data.py, the service's search tool is pointed at its corpus.
+
+Policies: strongest, cheapest, random[:SEED], oracle (replays the gold actions: a data check),
+openai:URL:MODEL (an OpenAI-compatible chat model), checkpoint:DIR (not available yet).
+Preferences: record (each record's own vector), accuracy (1/0/0), balanced (1/1/0.5),
+cost (0.5/1/0), or inline ACC/COST/LAT weights such as 1/0.2/0. The utility of a task is
+u = alpha * 1[correct] - (1 - alpha) * cost with alpha = w_acc / (w_acc + w_cost), or ``alpha=``.
+
+Launch:
+    python recipes/synthesize_data.py output=data/toolscale seed=0
+    python recipes/evaluate.py tasks=data/toolscale/eval.jsonl output=runs/eval \
+        policies=strongest,cheapest,random preferences=record,accuracy,cost
+    python recipes/evaluate.py tasks=data/toolscale/eval.jsonl output=runs/eval_qwen \
+        policies=openai:http://127.0.0.1:8000/v1:Qwen3-8B tools_env.url=http://127.0.0.1:8700
+Keys: tasks, output, policies, preferences, alpha, samples, limit, max_turns, concurrency, seed,
+tools_env.{url,token,config}, openai.{api_key_env,temperature,max_tokens,timeout_s,price_in,price_out}, progress.
+"""
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from nemo_orchestra.evaluation.policy import build_policy
+from nemo_orchestra.evaluation.report import summarize, write_report
+from nemo_orchestra.evaluation.runner import run_all
+from nemo_orchestra.synth.cli import apply_overrides, parse_key_values
+from tools_env.task import load_jsonl
+
+PRESETS = {"accuracy": {"accuracy": 1.0, "cost": 0.0, "latency": 0.0},
+           "balanced": {"accuracy": 1.0, "cost": 1.0, "latency": 0.5},
+           "cost": {"accuracy": 0.5, "cost": 1.0, "latency": 0.0}}
+
+
+@dataclass
+class ToolsEnvOptions:
+    url: Optional[str] = None  # comma-separated replica URLs; none: start a local service
+    token: Optional[str] = None
+    config: Optional[str] = None  # service config file (yaml/json) for the local service
+
+
+@dataclass
+class OpenAIOptions:
+    api_key_env: Optional[str] = None
+    temperature: float = 0.0
+    max_tokens: int = 1024
+    timeout_s: float = 120.0
+    price_in: float = 0.2
+    price_out: float = 0.2
+
+
+@dataclass
+class EvalConfig:
+    tasks: str = ""
+    output: str = ""
+    policies: str = "strongest,cheapest,random"
+    preferences: str = "record"
+    alpha: Optional[float] = None
+    samples: int = 1
+    limit: int = 0  # 0: every task
+    max_turns: int = 12
+    concurrency: int = 16
+    seed: int = 0
+    tools_env: ToolsEnvOptions = field(default_factory=ToolsEnvOptions)
+    openai: OpenAIOptions = field(default_factory=OpenAIOptions)
+    progress: bool = True
+
+
+def parse_preferences(spec: str) -> dict:
+    out = {}
+    for name in (s.strip() for s in spec.split(",") if s.strip()):
+        if name == "record":
+            out[name] = None
+        elif name in PRESETS:
+            out[name] = PRESETS[name]
+        elif name.count("/") == 2:
+            acc, cost, lat = (float(x) for x in name.split("/"))
+            out[name] = {"accuracy": acc, "cost": cost, "latency": lat}
+        else:
+            raise ValueError(f"preferences: unknown {name!r}; use record, {', '.join(PRESETS)} or ACC/COST/LAT")
+    return out
+
+
+def service_config(cfg: EvalConfig) -> dict:
+    """The local service's config: a given file, plus the synthesized folder's corpus for `search`."""
+    config: dict = {}
+    if cfg.tools_env.config:
+        import yaml
+
+        with open(cfg.tools_env.config) as f:
+            config = yaml.safe_load(f) or {}
+    manifest_path = os.path.join(os.path.dirname(os.path.abspath(cfg.tasks)), "manifest.json")
+    if os.path.exists(manifest_path):
+        with open(manifest_path) as f:
+            tools = json.load(f).get("service_tools", {})
+        base = os.path.dirname(manifest_path)
+        for name, section in tools.items():
+            section = dict(section)
+            if "corpus" in section:
+                section["corpus"] = os.path.join(base, section["corpus"])
+            config.setdefault("tools", {}).setdefault(name, {}).update(section)
+    return config
+
+
+async def evaluate(cfg: EvalConfig, urls: list, token: Optional[str]) -> list:
+    from tools_env.client import ToolsEnvClient
+
+    records = [r.to_dict() for r in load_jsonl(cfg.tasks)]
+    records = records[: cfg.limit] if cfg.limit else records
+    options = {"tasks": records, "seed": cfg.seed, "openai": asdict(cfg.openai)}
+    policies = [build_policy(spec.strip(), options) for spec in cfg.policies.split(",") if spec.strip()]
+    client = ToolsEnvClient(urls, token=token)
+    try:
+        return await run_all(client, policies, records, parse_preferences(cfg.preferences), samples=cfg.samples,
+                             max_turns=cfg.max_turns, alpha=cfg.alpha, concurrency=cfg.concurrency,
+                             progress=cfg.progress)
+    finally:
+        await client.aclose()
+        for p in policies:
+            await p.aclose()
+
+
+def main(argv: list) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = apply_overrides(EvalConfig(), parse_key_values(argv))
+        if not cfg.tasks or not cfg.output:
+            raise ValueError("tasks=FILE and output=DIR are required")
+        parse_preferences(cfg.preferences)
+        for spec in cfg.policies.split(","):  # fail on an unknown or unavailable policy before starting anything
+            build_policy(spec.strip(), {"tasks": [], "openai": asdict(cfg.openai)})
+    except Exception as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    if cfg.tools_env.url:
+        results = asyncio.run(evaluate(cfg, cfg.tools_env.url.split(","), cfg.tools_env.token))
+    else:
+        from tools_env.launch import start_service
+
+        with start_service(service_config(cfg)) as svc:
+            results = asyncio.run(evaluate(cfg, svc.urls, svc.token))
+    rows = summarize(results)
+    meta = {"tasks": cfg.tasks, "n_tasks": len({r.task_id for r in results}), "wall_s": time.perf_counter() - t0,
+            "title": f"{os.path.basename(cfg.tasks)}: accuracy vs cost", "config": asdict(cfg)}
+    paths = write_report(cfg.output, rows, results, meta)
+    print(f"{'policy':<24}{'pref':<12}{'n':>5}{'acc':>8}{'cost $':>11}{'lat s':>8}{'utility':>10}  pareto")
+    for r in rows:
+        print(f"{r.policy:<24}{r.preference:<12}{r.n:>5}{r.accuracy:>8.3f}{r.mean_cost:>11.6f}"
+              f"{r.mean_latency_s:>8.2f}{r.mean_utility:>10.4f}  {'*' if r.pareto else ''}")
+    print(f"wrote {', '.join(paths.values())} in {meta['wall_s']:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
