@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
-from nemo_orchestra.synth.candidates import DOMAIN_CATEGORY, GENERATORS, QA_CATEGORIES, Candidate
+from nemo_orchestra.synth.candidates import DOMAIN_CATEGORY, GENERATORS, Candidate
 from nemo_orchestra.synth.records import RecordOptions, content_hash, make_record, split, tool_pool
 from tools_env.corpus import build_world, write_corpus
 from tools_env.domains import DOMAINS
@@ -158,6 +158,9 @@ def synthesize(cfg: SynthConfig) -> dict:
         for c in candidates:
             by_cat.setdefault(c.category, []).append(c)
         candidates = [c for k, n in counts.items() for c in by_cat.get(k, [])[:n]]
+        short = {k: n - len(by_cat.get(k, [])) for k, n in counts.items() if len(by_cat.get(k, [])) < n}
+        if short:
+            log.warning("pass@k kept too few candidates; missing per category: %s (raise llm.oversample)", short)
     else:
         candidates = generate_candidates(cfg, counts)
     records = build_records(cfg, candidates)
