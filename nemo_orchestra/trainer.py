@@ -6,6 +6,7 @@ rollout -> reward -> advantages -> pack -> logprobs (old, reference) -> train ->
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
@@ -79,6 +80,7 @@ class Trainer:
         trajs = self.rollout(self.batch_tasks(self.step))
         t_rollout = time.perf_counter() - t0
         assign_rewards(trajs, self.cfg.reward)
+        self.write_samples(trajs)
         kept, metrics = assign_advantages(trajs, self.cfg.advantage)
         metrics.update(rollout_metrics(trajs))
         t1 = time.perf_counter()
@@ -97,6 +99,16 @@ class Trainer:
                         "time/step_s": step_s, "perf/tokens_per_s": tokens / step_s,
                         "perf/generated_tokens": sum(t.num_generated for t in trajs)})
         return metrics
+
+    def write_samples(self, trajs: list[Trajectory], n: int = 2) -> None:
+        """A few decoded rollouts per step in ``samples.jsonl``, to read what the policy does."""
+        if self.rank != 0:
+            return
+        with open(os.path.join(self.cfg.run.output_dir, "samples.jsonl"), "a") as f:
+            for t in trajs[:n]:
+                f.write(json.dumps({"step": self.step + 1, "task_id": t.task.id, "category": t.task.category,
+                                    "answer": t.task.answer, "correct": t.correct, "stop": t.stop_reason,
+                                    "text": self.chat.decode(t.token_ids[t.prompt_len:])}) + "\n")
 
     # ---- warm start -------------------------------------------------------------------------------------
     def warm_start(self, sft_trajs: list[Trajectory]) -> None:
