@@ -34,7 +34,7 @@ PARAPHRASE_SYSTEM = (
     "Keep every name, number, id, date, amount and quoted title exactly as written. "
     "Reply with the rewritten text only."
 )
-_PROTECTED = re.compile(r"'[^']+'|[A-Z]{1,4}-\d+[A-Z]?|\d[\d.,:/-]*\d|\d|\b[A-Z][a-z]+(?:\s[A-Z][a-z]+)*")
+_PROTECTED = re.compile(r"(?<![A-Za-z])'[^']+'(?![A-Za-z])|[A-Z]{1,4}-\d+[A-Z]?|\d[\d.,:/-]*\d|\d|\b[A-Z][a-z]+(?:\s[A-Z][a-z]+)*")
 
 
 def protected_tokens(text: str) -> set[str]:
