@@ -175,7 +175,7 @@ def reasoning(rng: random.Random) -> Candidate:
 # ---- domain tasks ------------------------------------------------------------------------
 
 DOMAIN_PROMPT = (
-    "[{domain}] You are the agent of a {description} service.\nPolicy: {policy}\n\n"
+    "[{domain}: {description}]\nPolicy: {policy}\n\n"
     "Customer: {scenario}\n\n"
     "Use the {domain} tools to handle the request within the policy. When you are done, call `answer` {ending}"
 )
