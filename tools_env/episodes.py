@@ -11,6 +11,11 @@ total cost above ``max_cost`` dollars, or more than ``max_wall_s`` seconds since
 running tool call is cut off at that point) end the episode with ``done=true`` and an incorrect
 outcome whose reason names the guard. Episodes idle for ``ttl_s`` expire: they are dropped with
 their workdir and leave a small tombstone so ``GET`` can still say "expired".
+
+Workdirs: ``ctx.workdir`` is ``<service temp root>/<episode id>``; it is not created up front
+(a mkdir costs ~0.3 ms on some filesystems and most episodes never touch disk): a tool that
+writes files creates it (``os.makedirs(ctx.workdir, exist_ok=True)``). It is removed when the
+episode ends, is deleted or expires, and the whole root when the service stops.
 """
 
 from __future__ import annotations
@@ -94,6 +99,7 @@ class EpisodeStore:
         self.cfg, self.guards, self.tools, self.metrics = cfg, cfg.guards, tools, metrics
         self.worker_index = worker_index
         self.root = tempfile.mkdtemp(prefix=f"tools_env-w{worker_index}-", dir=cfg.workdir_root)
+        os.chmod(self.root, 0o711)  # the sandbox's dropped uid must traverse it; nobody may list it
         self.episodes: dict[str, Episode] = {}
         self.tombstones: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._pending_rm: set[asyncio.Future] = set()
@@ -121,8 +127,7 @@ class EpisodeStore:
                                "not starting with '.'")
         if episode_id in self.episodes or episode_id in self.tombstones:
             raise ServiceError(409, "episode_exists", f"episode '{episode_id}' already exists")
-        workdir = os.path.join(self.root, episode_id)
-        os.mkdir(workdir, 0o700)
+        workdir = os.path.join(self.root, episode_id)  # created by the first tool that needs it
         rng = random.Random(f"{self.cfg.seed}|{task.id}|{task.meta.get('seed', '')}")
         ctx = EpisodeContext(episode_id=episode_id, task=task, workdir=workdir, rng=rng)
         now = time.monotonic()

@@ -73,6 +73,7 @@ class Python(Tool):
             return ToolResult(observation=msg, error=msg)
         if self._limits is None:
             self._limits = SandboxLimits(**self.cfg.sandbox_limits())
+        os.makedirs(ctx.workdir, mode=0o700, exist_ok=True)
         async with self._slots:
             result = await run_python(code, ctx.workdir, self._limits)
         error = None

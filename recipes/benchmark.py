@@ -1,0 +1,43 @@
+"""Benchmarks, one subcommand each.
+
+    python recipes/benchmark.py tools_env [--out FILE] [--workers N] [--seconds S]
+
+Subcommands live in ``BENCHMARKS`` (name -> (module path, one-line description)); each module
+provides ``add_args(parser)`` (optional) and ``main(args) -> int``, and is imported only when
+its subcommand runs, so one benchmark's dependencies never break another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "tools_env": ("tools_env.bench", "tool service: calls/s and p50/p99 at 1/64/512 episodes"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    valid = ", ".join(sorted(BENCHMARKS))
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        print("\nbenchmarks:\n" + "\n".join(f"  {k:<12} {v[1]}" for k, v in sorted(BENCHMARKS.items())))
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in BENCHMARKS:
+        print(f"error: unknown benchmark '{name}'; valid: {valid}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(BENCHMARKS[name][0])
+    parser = argparse.ArgumentParser(prog=f"benchmark.py {name}", description=BENCHMARKS[name][1])
+    if hasattr(module, "add_args"):
+        module.add_args(parser)
+    return module.main(parser.parse_args(rest))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

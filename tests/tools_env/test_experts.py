@@ -1,0 +1,153 @@
+"""Expert models: simulated ones in-process, real OpenAI-compatible endpoints through the service
+(a fake server subprocess on loopback: answers, retries, a hanging model, a dead port)."""
+
+import random
+import time
+
+import pytest
+
+from tools_env.config import ExpertsConfig
+from tools_env.launch import start_service
+from tools_env.task import TaskRecord
+from tools_env.tools.base import EpisodeContext
+from tools_env.tools.experts import Expert, wrong_answer
+from tools_env.verify import normalize_answer, parse_number
+from tools_env_helpers import http, qa_task, run
+
+
+def ctx_for(category="lookup", answer="Paris", turn=1, **kw):
+    task = TaskRecord.from_dict(qa_task(["expert"], answer=answer, category=category, **kw))
+    return EpisodeContext("e", task, "/nonexistent", random.Random(0), turn=turn)
+
+
+def test_simulated_accuracy_follows_the_configured_rate():
+    tool = Expert({"seed": 3})
+    hits = 0
+    for i in range(400):
+        r = run(tool.call({"model": "expert-small", "query": "capital of France?"}, ctx_for(tag=str(i))))
+        hits += r.observation == "expert-small: The answer is Paris."
+        assert r.meta["simulated"] and r.usage["completion_tokens"] == 40  # expert-small, lookup
+    assert 0.85 * 400 <= hits <= 0.95 * 400  # accuracy 0.9; 4 sigma is about +-0.06
+
+
+def test_unlisted_categories_use_default_and_the_draw_is_seeded():
+    tool = Expert({"seed": 1})
+    a = run(tool.call({"model": "expert-medium", "query": "q"}, ctx_for(category="poetry")))
+    b = run(tool.call({"model": "expert-medium", "query": "q"}, ctx_for(category="poetry")))
+    c = run(Expert({"seed": 2}).call({"model": "expert-medium", "query": "q"}, ctx_for(category="poetry")))
+    assert a.observation == b.observation and a.usage["completion_tokens"] == 250  # the default entry
+    assert 3.0 <= a.latency_s <= 4.0 and c.usage == a.usage
+
+
+def test_wrong_answers_are_plausible_and_wrong():
+    rng = random.Random(0)
+    for gold in ("42", "1,234", "0", "3.75", "-7", "Paris", "yes", "the Pacific Ocean"):
+        for _ in range(20):
+            w = wrong_answer(gold, rng)
+            assert normalize_answer(w) != normalize_answer(gold)
+            if parse_number(gold) is not None:
+                assert parse_number(w) is not None and parse_number(w) != parse_number(gold)
+
+
+def test_sleep_makes_simulated_latency_real():
+    cfg = ExpertsConfig.from_dict({"sleep": True, "sleep_scale": 0.01, "simulated": {"s": {
+        "price_in": 1, "price_out": 1, "accuracy": 1.0, "latency_s": 5.0, "output_tokens": 10}}})
+    t0 = time.perf_counter()
+    r = run(Expert({"experts": cfg}).call({"model": "s", "query": "q"}, ctx_for()))
+    assert r.latency_s == 5.0 and 0.04 <= time.perf_counter() - t0 < 1.0
+
+
+def test_schema_lists_aliases_marked_simulated():
+    schema = Expert({}).schema(None)["function"]
+    assert schema["parameters"]["properties"]["model"]["enum"] == ["expert-small", "expert-medium", "expert-large"]
+    assert "| expert-small (simulated) | 0.2 | 0.2 | 1.5 |" in schema["description"]
+
+
+# ---- real endpoints through the service -------------------------------------------------------
+
+
+def endpoint(base_url, model, **kw):
+    return {"base_url": base_url, "model": model, "price_in": 2.0, "price_out": 4.0, "backoff_s": 0.05, **kw}
+
+
+@pytest.fixture(scope="module")
+def svc(fake_openai):
+    config = {
+        "experts": {"endpoints": {
+            "echo": endpoint(fake_openai, "echo", latency_hint_s=0.5),
+            "nousage": endpoint(fake_openai, "nousage"),
+            "flaky": endpoint(fake_openai, "flaky", max_retries=3),
+            "hang": endpoint(fake_openai, "hang", timeout_s=1.0),
+            "dead": endpoint("http://127.0.0.1:9/v1", "x", timeout_s=2.0, max_retries=2),
+            "refuses": endpoint(fake_openai, "bad"),
+        }},
+        "judge": {"base_url": fake_openai, "model": "judge", "timeout_s": 5},
+    }
+    with start_service(config) as handle:
+        yield handle
+
+
+def ask(svc, alias, query="what is 6*7?", **task_kw):
+    url = svc.urls[0]
+    status, created = http(f"{url}/v1/episodes", "POST", qa_task(["expert", "answer"], **task_kw))
+    assert status == 200, created
+    eid = created["episode_id"]
+    t0 = time.perf_counter()
+    status, r = http(f"{url}/v1/episodes/{eid}/step", "POST",
+                     {"name": "expert", "arguments": {"model": alias, "query": query}})
+    assert status == 200, r
+    return r, time.perf_counter() - t0, created
+
+
+def test_endpoint_answer_cost_from_reported_usage(svc):
+    r, _, created = ask(svc, "echo")
+    assert r["observation"] == "echo: echo: what is 6*7?" and r["error"] is None
+    assert r["cost"] == pytest.approx((11 * 2.0 + 7 * 4.0) / 1e6)
+    assert "| echo | 2 | 4 | 0.5 |" in created["tools"][0]["function"]["description"]
+    r, _, _ = ask(svc, "echo", prices={"echo": {"output": 0}})
+    assert r["cost"] == pytest.approx(11 * 2.0 / 1e6)
+
+
+def test_missing_usage_is_estimated(svc):
+    r, _, _ = ask(svc, "nousage", query="x" * 40)
+    assert r["error"] is None and r["cost"] == pytest.approx((10 * 2.0 + len("echo: " + "x" * 40) // 4 * 4.0) / 1e6)
+
+
+def test_retries_with_backoff_until_success(svc, fake_openai):
+    r, _, _ = ask(svc, "flaky")
+    assert r["error"] is None and r["observation"].startswith("flaky: echo:")
+    assert http(fake_openai.rsplit("/v1", 1)[0] + "/stats")[1]["flaky"] == 3  # two 503s, then the answer
+
+
+def test_a_hanging_endpoint_costs_a_timeout_not_a_stuck_step(svc):
+    r, elapsed, _ = ask(svc, "hang")
+    assert r["error"] and "deadline" in r["observation"] and not r["done"] and r["cost"] == 0.0
+    assert 0.9 <= r["latency_s"] and elapsed < 3.0
+
+
+def test_a_dead_endpoint_is_an_error_observation(svc):
+    r, elapsed, _ = ask(svc, "dead")
+    assert r["error"] and "3 attempt(s)" in r["observation"] and elapsed < 3.0
+
+
+def test_a_refusal_is_not_retried(svc, fake_openai):
+    before = http(fake_openai.rsplit("/v1", 1)[0] + "/stats")[1].get("bad", 0)
+    r, _, _ = ask(svc, "refuses")
+    assert r["error"] and "HTTP 400" in r["observation"]
+    assert http(fake_openai.rsplit("/v1", 1)[0] + "/stats")[1]["bad"] == before + 1
+
+
+def test_llm_judge_verifier_through_the_service(svc):
+    url = svc.urls[0]
+    for pred, gold, want in (("forty two", "Forty Two", True), ("6 times 7", "42", False)):  # exact; judge
+        _, created = http(f"{url}/v1/episodes", "POST",
+                          qa_task(["answer"], answer=gold, verifier={"type": "judge"}, tag=pred))
+        status, r = http(f"{url}/v1/episodes/{created['episode_id']}/step", "POST",
+                         {"name": "answer", "arguments": {"answer": pred}})
+        assert status == 200 and r["outcome"]["correct"] is want, r
+    # exact match fails, the (fake) judge accepts: the gold answer occurs in the prediction
+    _, created = http(f"{url}/v1/episodes", "POST",
+                      qa_task(["answer"], answer="42", verifier={"type": "judge"}, tag="j3"))
+    r = http(f"{url}/v1/episodes/{created['episode_id']}/step", "POST",
+             {"name": "answer", "arguments": {"answer": "The answer: 42"}})[1]
+    assert r["outcome"] == {"correct": True, "score": 1.0, "reason": "judge: judge says CORRECT"}
