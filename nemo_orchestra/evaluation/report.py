@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_orchestra.evaluation.runner import EpisodeResult
+
+log = logging.getLogger(__name__)
 
 
 REFERENCE_POLICIES = ("oracle",)  # read the gold answer: plotted for reference, never on the front
@@ -111,12 +115,24 @@ def write_report(out_dir: str, rows: list[Row], results: list[EpisodeResult], me
     with open(paths["episodes"], "w") as f:
         for r in results:
             f.write(json.dumps(r.to_dict(), sort_keys=True) + "\n")
-    plot_pareto(rows, paths["png"], title=meta.get("title", "accuracy vs cost"))
+    if not plot_pareto(rows, paths["png"], title=meta.get("title", "accuracy vs cost")):
+        del paths["png"]
     return paths
 
 
-def plot_pareto(rows: list[Row], path: str, title: str = "") -> None:
-    import matplotlib
+def _x_fraction(x: float, xs: list[float], log_x: bool) -> float:
+    f = (lambda v: math.log(v)) if log_x else (lambda v: v)
+    lo, hi = f(min(xs)), f(max(xs))
+    return 0.0 if hi == lo else (f(x) - lo) / (hi - lo)
+
+
+def plot_pareto(rows: list[Row], path: str, title: str = "") -> bool:
+    """Draw the rows and the front; False (with a warning) when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        log.warning("matplotlib is not installed (the 'plot' extra): no %s written", path)
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -133,16 +149,22 @@ def plot_pareto(rows: list[Row], path: str, title: str = "") -> None:
     def x_of(r: Row) -> float:
         return zero_x if log_x and r.mean_cost <= 0 else r.mean_cost
 
+    groups: dict[tuple, list[Row]] = {}  # a policy that ignores the preference gives one point for all
     for r in rows:
-        ax.scatter(x_of(r), r.accuracy, s=70, color=colors(policies.index(r.policy) % 10),
-                   marker=markers[prefs.index(r.preference) % len(markers)], edgecolor="black", linewidth=0.6,
-                   zorder=3)
-        label = r.policy if len(prefs) == 1 else f"{r.policy} / {r.preference}"
-        if r.policy in REFERENCE_POLICIES:
+        groups.setdefault((r.policy, round(r.mean_cost, 12), round(r.accuracy, 9)), []).append(r)
+    for (policy, _, _), rs in groups.items():
+        r = rs[0]
+        marker = markers[prefs.index(r.preference) % len(markers)] if len(rs) == 1 else "o"
+        ax.scatter(x_of(r), r.accuracy, s=70, color=colors(policies.index(policy) % 10), marker=marker,
+                   edgecolor="black", linewidth=0.6, zorder=3)
+        label = policy if len(prefs) == 1 else f"{policy} / {', '.join(x.preference for x in rs)}"
+        if policy in REFERENCE_POLICIES:
             label += " (reads gold)"
         if log_x and r.mean_cost <= 0:
             label += ", $0"
-        ax.annotate(label, (x_of(r), r.accuracy), textcoords="offset points", xytext=(6, 5), fontsize=8)
+        right = _x_fraction(x_of(r), [x_of(x) for x in rows], log_x) > 0.6  # label leftwards near the right edge
+        ax.annotate(label, (x_of(r), r.accuracy), textcoords="offset points", xytext=(-6 if right else 6, 5),
+                    ha="right" if right else "left", fontsize=8)
     front = [r for r in rows if r.pareto]
     front.sort(key=lambda r: r.mean_cost)
     if front:
@@ -155,7 +177,7 @@ def plot_pareto(rows: list[Row], path: str, title: str = "") -> None:
         ax.set_xscale("log")
     for i, p in enumerate(policies):
         ax.scatter([], [], color=colors(i % 10), label=p)
-    if len(prefs) > 1:
+    if any(len(rs) == 1 for rs in groups.values()) and len(prefs) > 1:
         for i, p in enumerate(prefs):
             ax.scatter([], [], color="white", edgecolor="black", marker=markers[i % len(markers)], label=f"pref: {p}")
     ax.set_xlabel("mean cost per task ($)")
@@ -167,3 +189,4 @@ def plot_pareto(rows: list[Row], path: str, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+    return True
