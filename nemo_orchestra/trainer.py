@@ -116,13 +116,16 @@ class Trainer:
         sft = self.cfg.sft
         if sft.steps > 0:
             set_lr(self.policy.optimizer, sft.lr)
+            from tqdm import tqdm
+
             rng = random.Random(self.cfg.run.seed)
-            for i in range(sft.steps):
+            bar = tqdm(range(sft.steps), desc="warm start", disable=self.rank != 0, dynamic_ncols=True)
+            for i in bar:
                 batch = rng.sample(sft_trajs, min(sft.batch_size, len(sft_trajs)))
                 m = train_step(self.policy, pack(batch, self.cfg.parallel.microbatch_tokens, self.cfg.parallel.tp),
                                sft_loss_fn)
-                if i % 25 == 0 or i == sft.steps - 1:
-                    log.info("warm start %d/%d  nll=%.4f", i + 1, sft.steps, m.get("loss/nll", float("nan")))
+                bar.set_postfix(nll=f"{m.get('loss/nll', float('nan')):.3f}")
+            log.info("warm start done: %d steps, nll %.4f", sft.steps, m.get("loss/nll", float("nan")))
             set_lr(self.policy.optimizer, self.cfg.optim.lr)
         self.policy.reference.load_state_dict(self.policy.module.state_dict())
         self.sync_weights()
