@@ -77,6 +77,17 @@ def seqlen_bucket(max_seqlen: int) -> int:
     return min(triton.next_power_of_2(max(int(max_seqlen), 1)), 16384)
 
 
+@triton.jit
+def _to_output(x, OUT_DTYPE: tl.constexpr, UPCAST: tl.constexpr):
+    """Downcast for a store. The interpreter truncates fp32 -> bf16 (and ignores
+    fp_downcast_rounding), so under UPCAST round to nearest-even by hand, as the GPU does."""
+    if UPCAST:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(OUT_DTYPE)
+
+
 # ---------------------------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------------------------
@@ -148,7 +159,7 @@ def _fwd_kernel(Q, K, V, O, LSE, CU, qk_scale, seqlen_bucket,
                                full_hi, hi, qk_scale, BLOCK_N, CAUSAL, True, UPCAST)
     acc = acc / l_i[:, None]
     tl.store(O + (start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
-             acc.to(O.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+             _to_output(acc, O.dtype.element_ty, UPCAST), mask=mask_m[:, None] & mask_d[None, :])
     tl.store(LSE + h * stride_lh + start + offs_m, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, mask=mask_m)
 
 
@@ -258,9 +269,9 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, qk_scale, sm_scale, se
         dk, dv = _dkdv_inner(dk, dv, k, v, qT_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qt, stride_dot, offs_m,
                              offs_n, mask_d, L, full, L, qk_scale, BLOCK_M, CAUSAL, True, UPCAST)
     tl.store(DK + (start + offs_n)[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :],
-             (dk * sm_scale).to(DK.dtype.element_ty), mask=mask_nd)
+             _to_output(dk * sm_scale, DK.dtype.element_ty, UPCAST), mask=mask_nd)
     tl.store(DV + (start + offs_n)[:, None] * stride_dvt + hk * stride_dvh + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=mask_nd)
+             _to_output(dv, DV.dtype.element_ty, UPCAST), mask=mask_nd)
 
 
 @triton.jit
@@ -328,7 +339,7 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, qk_scale, sm_scale, seqlen_b
     dq = _dq_inner(dq, q, do, lse2, delta, kT_ptrs, vT_ptrs, stride_kt, stride_vt, offs_m, offs_n, mask_d, L,
                    full_hi, hi, qk_scale, BLOCK_N, CAUSAL, True, UPCAST)
     tl.store(DQ + (start + offs_m)[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :],
-             (dq * sm_scale).to(DQ.dtype.element_ty), mask=mask_md)
+             _to_output(dq * sm_scale, DQ.dtype.element_ty, UPCAST), mask=mask_md)
 
 
 # ---------------------------------------------------------------------------------------------
