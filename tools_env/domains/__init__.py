@@ -80,7 +80,8 @@ def verify_db_state(ctx: Any, task: Any) -> tuple[bool, str]:
         want_db, _ = replay(domain, db_seed(task), task.gold_actions)
     except (KeyError, TypeError) as e:
         return False, f"gold actions do not replay: {e}"
-    got_db = episode_db(ctx, domain)
+    path = episode_db_path(ctx.workdir, domain.name)
+    got_db = open_copy(domain, db_seed(task), path if os.path.exists(path) else None)  # untouched: pristine
     try:
         diff = diff_state(dump_state(want_db), dump_state(got_db))
     finally:

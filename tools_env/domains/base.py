@@ -166,7 +166,9 @@ def open_copy(domain: Domain, seed: int, path: str | None = None) -> DB:
         conn.deserialize(pristine_bytes(domain, seed))
         return DB(conn)
     if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        folder = os.path.dirname(path)
+        os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)  # the (lazily created) episode workdir
+        os.makedirs(folder, mode=0o700, exist_ok=True)
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "wb") as f:
             f.write(pristine_bytes(domain, seed))
