@@ -68,8 +68,7 @@ class ToolsEnvClient:
             # limit covers all replicas; keep-alive shorter than the server's 75 s so a pooled
             # connection is never reused just as the server closes it
             connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, keepalive_timeout=30)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout,
-                                                  json_serialize=lambda o: _dumps(o).decode())
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
         data = None if body is None else _dumps(body)
         try:
             async with self._session.request(method, url, data=data, headers=self._headers) as resp:

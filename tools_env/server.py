@@ -220,12 +220,17 @@ def make_middleware(token: str | None, metrics: Metrics):
 # ---- app -----------------------------------------------------------------------------------
 
 
-def build_tools(cfg: ServiceConfig) -> dict[str, Tool]:
-    typed = {"expert": {"experts": cfg.experts, "seed": cfg.seed}, "python": {"python": cfg.python},
-             "answer": {"judge": cfg.judge}}
+def check_tool_sections(cfg: ServiceConfig) -> None:
     unknown = sorted(set(cfg.tools) - set(TOOL_REGISTRY))
     if unknown:
         raise ValueError(f"config 'tools' names unknown tool(s) {unknown}; registered: {sorted(TOOL_REGISTRY)}")
+
+
+def build_tools(cfg: ServiceConfig) -> dict[str, Tool]:
+    """One instance of every registered tool; ours get typed config, others their `tools.<name>` section."""
+    typed = {"expert": {"experts": cfg.experts, "seed": cfg.seed}, "python": {"python": cfg.python},
+             "answer": {"judge": cfg.judge}}
+    check_tool_sections(cfg)
     return {name: cls(typed.get(name, cfg.tools.get(name, {}))) for name, cls in TOOL_REGISTRY.items()}
 
 
@@ -325,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         cfg = ServiceConfig.load(args.config)
-        build_tools(cfg)  # fail fast on a bad tools section, before any worker starts
+        check_tool_sections(cfg)  # fail fast, before any worker starts
     except (OSError, ValueError) as e:
         print(f"error: bad config {args.config}: {e}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""Fixtures for the tool-service tests: a real service subprocess and a fake OpenAI server."""
+"""Fixtures for the tool-service tests: a fake OpenAI-compatible server subprocess."""
 
 from __future__ import annotations
 
@@ -11,16 +11,7 @@ import time
 
 import pytest
 
-from tools_env.launch import start_service
-
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-@pytest.fixture(scope="module")
-def service():
-    """A default-config service (real subprocess) for one test module."""
-    with start_service({"max_request_bytes": 65536}) as svc:
-        yield svc
 
 
 @pytest.fixture(scope="session")
