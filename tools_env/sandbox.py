@@ -7,9 +7,10 @@ A run, step by step:
   1. A *launcher* (`python -I -S -c _LAUNCHER`, the service's own interpreter) starts in a new
      session with a minimal environment (no inherited secrets) and is put in a per-run cgroup;
      then the code is written to its stdin.
-  2. The launcher, still privileged, enters the isolation layers this host allows (below), sets
-     the rlimits, drops to a fresh uid and execs the sandbox interpreter
-     `python -I -B -u -c _BOOTSTRAP` with stdin on /dev/null.
+  2. The launcher, still privileged, enters the isolation layers this host allows (below); in the
+     pid namespace it forks pid 1, which forks the process that sets the rlimits, drops to a
+     fresh uid and execs the sandbox interpreter `python -I -B -u -c _BOOTSTRAP` with stdin on
+     /dev/null. The launcher waits outside and exits the way the code did.
   3. The bootstrap installs an audit hook, then runs the code as `__main__` with the workdir as
      cwd, HOME, TMPDIR and `sys.path[0]`.
   4. stdout+stderr stream into one buffer capped at `max_output_bytes`. The run ends when the
@@ -26,14 +27,18 @@ Layers, by their `sandbox_capabilities()` names, with what each stops and what i
                     namespaces below possible without root; RLIMIT_NPROC then counts per run.
   network_namespace a new, empty network namespace (loopback down): no TCP/UDP anywhere, host
                     loopback included. Unix sockets on the filesystem are not covered by it.
+  pid_namespace     the code runs as pid 2 under a small init (pid 1, the launcher) that reaps
+                    orphans and exits when the code's process does, and the kernel then kills
+                    everything left in the namespace, setsid or not. Other processes cannot be
+                    seen, signalled or ptraced, even by the same uid (which matters when not root).
   mount_namespace   a private mount tree in which every mount is re-mounted read-only and nosuid,
                     except the workdir (nosuid, nodev, noexec); a private tmpfs on /dev/shm and an
                     empty read-only one over /run (host unix sockets). Stops writes to /tmp,
                     /dev/shm and any other world-writable place, and running binaries or loading
                     .so files written by the code. Checked after set-up: a writable mount left is
                     an error.
-  proc_hidepid      root only: /proc re-mounted with hidepid=2, so other processes (and their
-                    command lines) are invisible.
+  private_proc      a fresh /proc for the pid namespace (hidepid=2 where allowed): only the run's
+                    processes, so no command line or environment of the service or other runs.
   no_new_privs      PR_SET_NO_NEW_PRIVS: setuid binaries (su, mount, ...) gain nothing.
   cgroup            a per-run cgroup v2 group: an exact process list and an atomic kill; it also
                     sets pids.max / memory.max where those controllers are delegated to us.
@@ -48,29 +53,34 @@ Layers, by their `sandbox_capabilities()` names, with what each stops and what i
                     a boundary: native code, C extensions (os.mkfifo, dbm, ...) and any child
                     program are not seen by it.
   audit_strict      when the kernel layers for network or filesystem are missing, the hook also
-                    refuses starting programs (subprocess, os.exec*, os.posix_spawn, os.system) and
-                    gc.get_objects/get_referrers/get_referents, so the code cannot simply run
-                    another interpreter without the hook. A deliberate attacker can still get
+                    refuses starting programs (subprocess, os.exec*, os.posix_spawn, os.system),
+                    gc.get_objects/get_referrers/get_referents and opening /proc/<pid>/ of other
+                    processes, so the code cannot simply run another interpreter without the hook. A deliberate attacker can still get
                     past it (e.g. `_posixsubprocess.fork_exec` raises no audit event): on such a
                     host the sandbox stops accidents and naive code only.
 
-Not root (CI, laptops): no uid drop. With user namespaces the network and mount namespaces are
-used as above; without them, only the rlimits and the strict audit hook remain, RLIMIT_NPROC is
-the user's current task count plus `max_processes` (shared with everything the user runs), and
-cleanup finds escaped processes by the marker variable, so one that both calls setsid and
-re-execs with a clean environment survives the run. Nothing here raises because a layer is
-missing; `sandbox_capabilities()` says what is active.
+Not root (CI, laptops): no uid drop. With unprivileged user namespaces the network, pid and
+mount namespaces are used as above, and they carry the weight the uid carries for root: the code
+still runs as the service's own uid, but it cannot see it, signal it or write outside the
+workdir. Without user namespaces only the rlimits and the strict audit hook remain: RLIMIT_NPROC
+is the user's current task count plus `max_processes` (shared with everything the user runs),
+signals to the user's other processes are not stopped, and cleanup finds escaped processes by
+the marker variable, so one that both calls setsid and re-execs with a clean environment
+survives the run. Nothing here raises because a layer is missing; `sandbox_capabilities()` says
+what is active.
 
 Other things to know:
   * The sandbox interpreter must be runnable by the dropped uid: NEMO_SANDBOX_PYTHON if set, else
     this interpreter when every directory above it is world-searchable, else /usr/local/bin or
     /usr/bin python3 (on this image the venv lives under /root, so code gets Debian's python3 and
     its packages). scipy imports ctypes and therefore fails to import in the sandbox.
-  * When root, the workdir's parents must be world-searchable (e.g. not under pytest's 0700
-    tmp_path), and each run takes ownership of the workdir tree, so two runs must not share a
-    workdir at the same time.
-  * No seccomp filter and no PID namespace: the kernel's syscall surface is the host's.
-  * NEMO_SANDBOX_DISABLE=uid,userns,netns,mountns,cgroup turns layers off (tests, debugging).
+  * When root, each run takes ownership of the workdir tree (chown to its uid), so two runs must
+    not share a workdir at the same time. A workdir below a directory others cannot search
+    (mkdtemp's 0700) is reached through the mount namespace; without one that is a ValueError.
+  * No seccomp filter: the kernel's syscall surface is the host's (ctypes is refused and the
+    workdir is noexec, so new native code cannot be loaded, but installed binaries can run).
+  * As pid 1's child the code's own pid is 2, and RLIMIT_CPU counts per process.
+  * NEMO_SANDBOX_DISABLE=uid,userns,netns,pidns,mountns,cgroup turns layers off (tests, debugging).
 """
 
 from __future__ import annotations
@@ -134,11 +144,11 @@ class SandboxResult:
 async def run_python(code: str, workdir: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
     """Run `code` in the sandbox with `workdir` as its only writable place; never raises for what the code does."""
     plan = _PLANS.get(_disabled()) or await asyncio.to_thread(_get_plan)
-    wd = _check_workdir(workdir, plan)
+    wd, closed = _check_workdir(workdir, plan)
     uid = _next_uid() if plan.layers["uid_drop"] else None
     marker = uuid.uuid4().hex
     nproc = await asyncio.to_thread(_prepare, wd, uid, plan, limits)
-    spec = _launch_spec(plan, wd, uid, limits, nproc)
+    spec = _launch_spec(plan, wd, uid, limits, nproc, closed)
     cgroup = _Cgroup.create(plan.cgroup_base, marker, limits)
     loop = asyncio.get_running_loop()
     status_r, spec["status_fd"] = os.pipe()
@@ -157,8 +167,9 @@ async def run_python(code: str, workdir: str, limits: SandboxLimits = SandboxLim
         os.close(spec["status_fd"])
     reason = None
     try:
-        if cgroup and not cgroup.add(transport.get_pid()):
-            cgroup = None  # before the code is sent: the launcher waits for it
+        if cgroup and not cgroup.add(transport.get_pid()):  # before the code is sent: the launcher waits for it
+            cgroup.remove()
+            cgroup = None
         stdin = transport.get_pipe_transport(0)
         stdin.write(code.encode("utf-8", "surrogateescape"))
         stdin.close()
@@ -202,7 +213,8 @@ def sandbox_capabilities() -> dict[str, bool]:
         "user_namespace": ly["userns"],
         "network_namespace": ly["netns"],
         "mount_namespace": ly["mountns"],
-        "proc_hidepid": ly["proc_hidepid"],
+        "pid_namespace": ly["pidns"],
+        "private_proc": ly["proc"],
         "no_new_privs": ly["nnp"],
         "cgroup": plan.cgroup_base is not None,
         "rlimits": True,
@@ -220,7 +232,7 @@ def sandbox_capabilities() -> dict[str, bool]:
 class _Plan:
     root: bool
     python: str  # the sandbox interpreter
-    layers: dict  # uid_drop, userns, netns, mountns, proc_hidepid, nnp -> entered by the probe
+    layers: dict  # uid_drop, userns, netns, pidns, mountns, proc, nnp -> entered by the probe
     python_ok: bool  # the probe's bootstrap ran under all the layers
     cgroup_base: str | None
 
@@ -249,6 +261,7 @@ def _get_plan() -> _Plan:
 def _key_layers(plan: _Plan) -> dict[str, bool]:
     return {"uid_drop or user_namespace": plan.layers["uid_drop"] or plan.layers["userns"],
             "network_namespace": plan.layers["netns"], "mount_namespace": plan.layers["mountns"],
+            "pid_namespace": plan.layers["pidns"], "private_proc": plan.layers["proc"],
             "cgroup": plan.cgroup_base is not None, "python": plan.python_ok}
 
 
@@ -257,14 +270,16 @@ def _probe(disabled: set[str]) -> _Plan:
     execs the bootstrap, which reports that the interpreter and the audit hook work."""
     root = os.geteuid() == 0
     want = {"uid_drop": root and "uid" not in disabled, "userns": not root and "userns" not in disabled,
-            "netns": "netns" not in disabled, "mountns": "mountns" not in disabled, "nnp": True}
+            "netns": "netns" not in disabled, "pidns": "pidns" not in disabled,
+            "mountns": "mountns" not in disabled, "nnp": True}
+    want["proc"] = want["mountns"]
     python = _sandbox_python(want["uid_drop"])
-    plan = _Plan(root, python, dict(want, proc_hidepid=False), False, None)
+    plan = _Plan(root, python, want, False, None)
     wd = tempfile.mkdtemp(prefix="nemo-sandbox-probe-")
     uid = _next_uid() if want["uid_drop"] else None
     marker = uuid.uuid4().hex
     try:
-        spec = _launch_spec(plan, wd, uid, SandboxLimits(), _nproc_limit(plan, uid, 16), probe=True)
+        spec = _launch_spec(plan, wd, uid, SandboxLimits(), _nproc_limit(plan, uid, 16), None, probe=True)
         _take_ownership(wd, uid)
         r, w = os.pipe()
         spec["status_fd"] = w
@@ -280,7 +295,7 @@ def _probe(disabled: set[str]) -> _Plan:
         _kill_strays(uid, marker)
         shutil.rmtree(wd, ignore_errors=True)
     entered = next((json.loads(line[7:]) for line in status if line.startswith("layers ")), {})
-    layers = {k: bool(want.get(k, True) and entered.get(k)) for k in (*want, "proc_hidepid")}
+    layers = {k: bool(want[k] and entered.get(k)) for k in want}
     cgroup = None if "cgroup" in disabled else _cgroup_base()
     return _Plan(root, python, layers, "probe-ok" in status, cgroup)
 
@@ -298,20 +313,13 @@ def _sandbox_python(drop_uid: bool) -> str:
 def _world_executable(path: str) -> bool:
     """Can a uid that is neither owner nor group run `path`?"""
     path = os.path.realpath(path)
-    return bool(os.stat(path).st_mode & stat.S_IXOTH) and _parents_searchable(path)
-
-
-def _parents_searchable(path: str) -> bool:
-    while path != "/":
-        path = os.path.dirname(path)
-        if not os.stat(path).st_mode & stat.S_IXOTH:
-            return False
-    return True
+    return all(os.stat(d).st_mode & stat.S_IXOTH for d in [*_ancestors(path), path])
 
 
 def _strict(plan: _Plan, network: bool) -> bool:
-    """The audit hook is the only barrier for network or filesystem, so it refuses more."""
-    return not (plan.layers["mountns"] and (network or plan.layers["netns"]))
+    """The audit hook is the only barrier for network, filesystem or other processes, so it refuses more."""
+    ly = plan.layers
+    return not (ly["mountns"] and (network or ly["netns"]) and (ly["uid_drop"] or ly["pidns"] and ly["proc"]))
 
 
 def _next_uid() -> int:
@@ -322,14 +330,30 @@ def _next_uid() -> int:
 # --------------------------------------------------------------------------- one run: preparation
 
 
-def _check_workdir(workdir: str, plan: _Plan) -> str:
+def _check_workdir(workdir: str, plan: _Plan) -> tuple[str, str | None]:
+    """The workdir's real path, and the highest directory above it that the run's uid cannot
+    search (the mount namespace then puts a tmpfs there holding just the workdir), if any."""
     wd = os.path.realpath(workdir)
     if not os.path.isdir(wd):
         raise ValueError(f"sandbox workdir {workdir!r} is not a directory")
-    if plan.layers["uid_drop"] and not _parents_searchable(wd):
-        raise ValueError(f"sandbox workdir {workdir!r}: a parent directory is not searchable by others, "
-                         "so the sandbox uid cannot enter it")
-    return wd
+    if not plan.layers["uid_drop"]:
+        return wd, None
+    closed = next((d for d in _ancestors(wd) if not os.stat(d).st_mode & stat.S_IXOTH), None)
+    if closed is not None and not plan.layers["mountns"]:
+        raise ValueError(f"sandbox workdir {workdir!r}: {closed} is not searchable by others, "
+                         "so the sandbox uid cannot reach the workdir")
+    if closed is not None and os.path.realpath(plan.python).startswith(closed + "/"):
+        raise ValueError(f"sandbox workdir {workdir!r} and the sandbox python share the private directory {closed}")
+    return wd, closed
+
+
+def _ancestors(path: str) -> list[str]:
+    """"/a/b/c" -> ["/", "/a", "/a/b"]"""
+    out = []
+    while path != "/":
+        path = os.path.dirname(path)
+        out.append(path)
+    return out[::-1]
 
 
 def _prepare(wd: str, uid: int | None, plan: _Plan, limits: SandboxLimits) -> int:
@@ -359,8 +383,10 @@ def _take_ownership(wd: str, uid: int | None) -> None:
 
 
 def _nproc_limit(plan: _Plan, uid: int | None, max_processes: int) -> int:
-    if uid is not None or plan.layers["userns"]:
-        return max_processes  # counted for this run only
+    if uid is not None:
+        return max_processes  # counted for this uid only
+    if plan.layers["userns"]:  # counted per user namespace, which also holds the launcher and pid 1
+        return max_processes + (2 if plan.layers["pidns"] else 0)
     me, tasks = os.getuid(), 0  # shared with everything this user runs: allow what exists plus the run
     for status in _proc_status():
         if status.get("Uid", "").split()[:1] == [str(me)]:
@@ -369,16 +395,17 @@ def _nproc_limit(plan: _Plan, uid: int | None, max_processes: int) -> int:
 
 
 def _launch_spec(plan: _Plan, wd: str, uid: int | None, limits: SandboxLimits, nproc: int,
-                 probe: bool = False) -> dict:
+                 closed_parent: str | None = None, probe: bool = False) -> dict:
     ly = plan.layers
     cpu = math.ceil(limits.cpu_time_s)
     mb = 1 << 20
     flags = [name for name, on in (("net", not limits.network), ("strict", _strict(plan, limits.network)),
                                    ("probe", probe)) if on]
     return {
-        "workdir": wd, "python": plan.python, "probe": probe, "bootstrap": _BOOTSTRAP, "flags": ",".join(flags),
-        "uid": uid, "userns": ly["userns"], "netns": ly["netns"] and not limits.network,
-        "mountns": ly["mountns"], "nnp": ly["nnp"], "shm_mb": min(64, limits.memory_mb),
+        "workdir": wd, "closed_parent": closed_parent, "python": plan.python, "probe": probe,
+        "bootstrap": _BOOTSTRAP, "flags": ",".join(flags),
+        "uid": uid, "userns": ly["userns"], "netns": ly["netns"] and not limits.network, "pidns": ly["pidns"],
+        "mountns": ly["mountns"], "proc": ly["proc"], "nnp": ly["nnp"], "shm_mb": min(64, limits.memory_mb),
         "rlimits": {"RLIMIT_CPU": [cpu, cpu + 1], "RLIMIT_AS": [limits.memory_mb * mb] * 2,
                     "RLIMIT_FSIZE": [limits.file_size_mb * mb] * 2, "RLIMIT_NOFILE": [256, 256],
                     "RLIMIT_CORE": [0, 0], "RLIMIT_NPROC": [nproc, nproc]},
@@ -494,24 +521,22 @@ def _proc_status():
 
 def _strays(uid: int | None, marker: str) -> list[int]:
     """Live processes of the run: its uid when it has one, else its marker variable in the environment."""
-    me, found = str(os.getuid()), []
-    needle = f"{_MARKER_VAR}={marker}\0".encode()
-    for st in _proc_status():
-        if st.get("State", "").startswith(("Z", "X")):
-            continue  # already dead
-        ruid = st.get("Uid", "").split()[:1]
-        pid = int(st.get("Pid", "0"))
-        if uid is not None:
-            if ruid == [str(uid)]:
-                found.append(pid)
-        elif ruid == [me] and pid != os.getpid():
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if needle in f.read(1 << 20):
-                        found.append(pid)
-            except OSError:
-                pass
-    return found
+    return [int(st["Pid"]) for st in _proc_status() if _is_ours(st, uid, marker)]
+
+
+def _is_ours(st: dict[str, str], uid: int | None, marker: str) -> bool:
+    if st.get("State", "").startswith(("Z", "X")):
+        return False  # already dead
+    ruid = st.get("Uid", "").split()[:1]
+    if uid is not None:
+        return ruid == [str(uid)]
+    if ruid != [str(os.getuid())] or st.get("Pid") == str(os.getpid()):
+        return False
+    try:
+        with open(f"/proc/{st['Pid']}/environ", "rb") as f:
+            return f"{_MARKER_VAR}={marker}\0".encode() in f.read(1 << 20)
+    except OSError:
+        return False
 
 
 def _kill_strays(uid: int | None, marker: str, timeout: float = 5.0) -> bool:
@@ -522,26 +547,26 @@ def _kill_strays(uid: int | None, marker: str, timeout: float = 5.0) -> bool:
             logger.error("sandbox: processes %s of a finished run survive SIGKILL", pids)
             return False
         for pid in pids:
-            _kill_pid(pid)
+            _kill_pid(pid, uid, marker)
         time.sleep(0.005)
     return True
 
 
-def _kill_pid(pid: int) -> None:
-    try:  # a pidfd pins the process, so a recycled pid is never hit
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        fd = None
+def _kill_pid(pid: int, uid: int | None, marker: str) -> None:
+    """SIGKILL `pid` if it is still the run's: checked through a pidfd, so a recycled pid is never hit."""
     try:
-        if fd is None:
-            os.kill(pid, signal.SIGKILL)
-        else:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            st = dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
+        if _is_ours(st, uid, marker):
             signal.pidfd_send_signal(fd, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+    except (OSError, ValueError):
         pass
     finally:
-        if fd is not None:
-            os.close(fd)
+        os.close(fd)
 
 
 def _cgroup_base() -> str | None:
@@ -611,8 +636,11 @@ class _Cgroup:
     def kill(self) -> None:
         if not self._write("cgroup.kill", "1"):  # Linux < 5.14: freeze, kill each, thaw
             self._write("cgroup.freeze", "1")
-            for pid in self.pids():
-                _kill_pid(pid)
+            for pid in self.pids():  # frozen: none can exit, so none of these pids is recycled
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             self._write("cgroup.freeze", "0")
 
     def pids(self) -> list[int]:
@@ -646,16 +674,19 @@ class _Cgroup:
 # argv[1] is the spec from _launch_spec; stdin carries the code; the status fd gets
 # "layers {json}" (probe) or "error <what>" lines.
 _LAUNCHER = r'''
-import ctypes, json, math, os, re, resource, sys
+import ctypes, json, os, re, resource, signal, sys
 
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+os.umask(0o022)
 spec = json.loads(sys.argv[1])
 status, wd, probe = spec["status_fd"], spec["workdir"], spec["probe"]
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-NEWNS, NEWUSER, NEWNET = 0x00020000, 0x10000000, 0x40000000
+NEWNS, NEWUSER, NEWPID, NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
 KEEP = NOSUID | NODEV | NOEXEC | 1024 | 2048 | (1 << 21)  # + noatime, nodiratime, relatime
 STRICTATIME = 1 << 24
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 PSEUDO = {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "mqueue", "debugfs", "tracefs", "securityfs",
           "pstore", "bpf", "fusectl", "configfs", "binfmt_misc", "autofs", "efivarfs", "rpc_pipefs", "nsfs"}
 
@@ -683,6 +714,15 @@ def mountpoints():
         f = line.split()
         yield re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), f[4]), f[f.index("-") + 1]
 
+def end_like(st):
+    """Exit the way a child with wait status `st` did."""
+    if os.WIFSIGNALED(st):
+        sig = os.WTERMSIG(st)
+        if sig != signal.SIGKILL:
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(os.WEXITSTATUS(st) if os.WIFEXITED(st) else 1)
+
 def enter_userns():
     uid, gid = os.getuid(), os.getgid()
     check(libc.unshare(NEWUSER))
@@ -690,10 +730,47 @@ def enter_userns():
         with open("/proc/self/" + name, "w") as f:
             f.write(text)
 
+def enter_pidns():
+    """Fork the namespace's pid 1. This process stays outside, waits, and ends as the code did."""
+    global to_outside
+    check(libc.unshare(NEWPID))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(w)
+        st = os.waitpid(pid, 0)[1]
+        got = os.read(r, 32)
+        end_like(int(got) if got else st)
+    os.close(r)
+    to_outside = w
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0))
+
+def become_init():
+    """As pid 1: fork the process that runs the code, reap orphans until it ends, report its
+    status outside and exit, which kills whatever is left in the namespace."""
+    pid = os.fork()
+    if pid == 0:
+        os.close(to_outside)
+        return
+    os.close(0), os.close(1), os.close(2)
+    while True:
+        got, st = os.waitpid(-1, 0)
+        if got == pid:
+            os.write(to_outside, str(st).encode())
+            os._exit(0)
+
 def enter_mountns():
     check(libc.unshare(NEWNS))
     mount(None, "/", None, REC | PRIVATE)
-    mount(wd, wd, None, BIND | REC)
+    closed = spec["closed_parent"]
+    if closed:  # the uid cannot search `closed`: a tmpfs over it holds only the workdir, same path
+        fd = os.open(wd, os.O_PATH | os.O_DIRECTORY)
+        mount("tmpfs", closed, "tmpfs", NOSUID | NODEV | NOEXEC, "size=16k,mode=755")
+        os.makedirs(wd)
+        mount(f"/proc/self/fd/{fd}", wd, None, BIND | REC)
+        os.close(fd)
+    else:
+        mount(wd, wd, None, BIND | REC)
     private = {wd}
     if os.path.isdir("/dev/shm"):
         mount("tmpfs", "/dev/shm", "tmpfs", NOSUID | NODEV | NOEXEC, f"size={spec['shm_mb']}m,mode=1777")
@@ -716,11 +793,14 @@ def enter_mountns():
                 continue  # hidden under another mount
             if writable:
                 raise OSError(f"{path} is still writable")
+
+def mount_proc():
+    """A /proc of our own: the pid namespace's processes only (hidepid=2: only the uid's own)."""
+    flags = NOSUID | NODEV | NOEXEC
     try:
-        mount("proc", "/proc", "proc", NOSUID | NODEV | NOEXEC, "hidepid=2")
-        done["proc_hidepid"] = True
+        mount("proc", "/proc", "proc", flags, "hidepid=2")
     except OSError:
-        done["proc_hidepid"] = False
+        mount("proc", "/proc", "proc", flags)
 
 def drop_uid():
     uid = spec["uid"]
@@ -758,8 +838,12 @@ os.lseek(code_fd, 0, os.SEEK_SET)
 os.set_inheritable(code_fd, True)
 layer("userns", enter_userns, spec["userns"])
 layer("netns", lambda: check(libc.unshare(NEWNET)), spec["netns"])
+layer("pidns", enter_pidns, spec["pidns"])
 layer("mountns", enter_mountns, spec["mountns"])
-layer("nnp", lambda: check(libc.prctl(38, 1, 0, 0, 0)), spec["nnp"])  # PR_SET_NO_NEW_PRIVS
+layer("proc", mount_proc, spec["proc"])
+if done.get("pidns"):
+    become_init()
+layer("nnp", lambda: check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)), spec["nnp"])
 layer("rlimits", set_rlimits, True)
 layer("uid_drop", drop_uid, spec["uid"] is not None)
 layer("chdir", lambda: os.chdir(wd), True)
@@ -782,7 +866,7 @@ except OSError as e:
 _BOOTSTRAP = r'''
 def _sandbox_hook(workdir, block_net, strict):
     import posix
-    lstat, readlink, getcwd, fspath = posix.lstat, posix.readlink, posix.getcwd, posix.fspath
+    lstat, readlink, getcwd, getpid, fspath = posix.lstat, posix.readlink, posix.getcwd, posix.getpid, posix.fspath
     isinstance_, type_, str_, bytes_, int_, OSError_, PermissionError_ = (
         isinstance, type, str, bytes, int, OSError, PermissionError)
     write = posix.O_WRONLY | posix.O_RDWR | posix.O_APPEND | posix.O_CREAT | posix.O_TRUNC
@@ -844,6 +928,14 @@ def _sandbox_hook(workdir, block_net, strict):
             return False
         return path == workdir or path.startswith(workdir + "/")
 
+    def other_process(path):
+        """Is `path` in /proc/<pid>/ of another process (same uid: environ, mem, ... are readable)?"""
+        try:
+            parts = real(path, None).split("/")
+        except OSError_:
+            return True
+        return len(parts) > 2 and parts[1] == "proc" and str_.isdigit(parts[2]) and parts[2] != "%d" % getpid()
+
     def deny(what, path=None):
         shown = " %r" % (path,) if type_(path) is str_ else ""
         raise PermissionError_(1, "sandbox: %s%s is not allowed" % (what, shown))
@@ -852,6 +944,8 @@ def _sandbox_hook(workdir, block_net, strict):
         if event == "open":
             if args[2] & write and not inside(args[0]):
                 deny("writing outside the working directory:", args[0])
+            if strict and type_(args[0]) is str_ and str_.startswith(args[0], "/proc/") and other_process(args[0]):
+                deny("reading another process's /proc entry:", args[0])
         elif event in paths:
             for i, d in paths[event]:
                 path = args[i]
