@@ -7,7 +7,7 @@ accuracy-cost plane with each row's point and the Pareto front). When the task f
 folder written by synthesize_data.py, the service's search tool is pointed at its corpus.
 
 Policies: strongest, cheapest, random[:SEED], oracle (replays the gold actions: a data check),
-openai:URL:MODEL (an OpenAI-compatible chat model), checkpoint:DIR (not available yet).
+openai:URL:MODEL (an OpenAI-compatible chat model), checkpoint:DIR (a trained run folder or its hf/ export).
 Preferences: record (each record's own vector), accuracy (1/0/0), balanced (1/1/0.5),
 cost (0.5/1/0), or inline ACC/COST/LAT weights such as 1/0.2/0. The utility of a task is
 u = alpha * 1[correct] - (1 - alpha) * cost with alpha = w_acc / (w_acc + w_cost), or ``alpha=``.

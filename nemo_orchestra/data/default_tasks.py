@@ -84,8 +84,8 @@ def generate_tasks(n: int, seed: int) -> list[TaskRecord]:
     return tasks
 
 
-def system_prompt(task: TaskRecord, default_preference: dict[str, float]) -> str:
-    pref = task.preference or default_preference
+def system_prompt(pref: dict) -> str:
+    """The orchestrator's system prompt, stating the user's preference weights."""
     weights = ", ".join(f"{k} {pref[k]:g}" for k in ("accuracy", "cost", "latency") if k in pref)
     return ("You are an orchestrator. Solve the task by calling tools, then call answer. "
             f"User preference weights: {weights}.")

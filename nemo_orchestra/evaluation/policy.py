@@ -13,7 +13,7 @@ Policies by spec (``POLICIES``, a plain dict of builders; ``build_policy("name:a
 - ``oracle``: replays each record's gold actions and submits its gold answer (a data check:
   every record must come out correct).
 - ``openai:URL:MODEL``: an OpenAI-compatible chat model (see ``openai_policy``).
-- ``checkpoint:DIR``: a trained checkpoint; not available yet.
+- ``checkpoint:DIR``: a trained orchestrator (a run folder or its ``hf/`` export; see ``checkpoint_policy``).
 """
 
 from __future__ import annotations
@@ -26,10 +26,6 @@ from typing import Any, Callable
 
 class PolicyFormatError(ValueError):
     """The policy's turn holds no valid tool call; the runner counts it and tells the policy."""
-
-
-class PolicyUnavailableError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -160,9 +156,11 @@ class Oracle(Policy):
 
 
 def _checkpoint(arg: str | None, options: dict[str, Any]) -> Policy:
-    raise PolicyUnavailableError(
-        f"policy 'checkpoint:{arg or ''}' is not available yet: evaluating trained checkpoints is not "
-        "implemented (register a builder in nemo_orchestra.evaluation.policy.POLICIES['checkpoint'])")
+    from nemo_orchestra.evaluation.checkpoint_policy import CheckpointPolicy
+
+    if not arg:
+        raise ValueError("checkpoint policy spec is checkpoint:DIR (a run folder or its hf/ export)")
+    return CheckpointPolicy(arg, **options.get("checkpoint", {}))
 
 
 def _openai(arg: str | None, options: dict[str, Any]) -> Policy:

@@ -30,7 +30,7 @@ class _Live:
 
 
 def prompt_messages(task: TaskRecord, reward_cfg: RewardConfig) -> list[dict]:
-    return [{"role": "system", "content": system_prompt(task, reward_cfg.default_preference)},
+    return [{"role": "system", "content": system_prompt(task.preference or reward_cfg.default_preference)},
             {"role": "user", "content": task.problem}]
 
 

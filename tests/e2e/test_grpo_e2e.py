@@ -73,3 +73,19 @@ def test_resume_continues_from_the_last_checkpoint(run_dir):
     assert "resumed from" in r.stderr
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_evaluate_recomputes_figures_from_the_saved_checkpoint(run_dir, tmp_path):
+    from nemo_orchestra.data.default_tasks import generate_tasks
+
+    tasks = tmp_path / "eval.jsonl"
+    tasks.write_text("".join(t.to_json() + "\n" for t in generate_tasks(6, seed=99)))
+    out = tmp_path / "eval"
+    r = subprocess.run([sys.executable, str(ROOT / "recipes/evaluate.py"), f"tasks={tasks}", f"output={out}",
+                        f"policies=checkpoint:{run_dir},cheapest", "preferences=record"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    rows = results["summary"] if isinstance(results, dict) and "summary" in results else results
+    assert any("checkpoint" in json.dumps(row) for row in rows)

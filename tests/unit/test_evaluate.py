@@ -14,7 +14,7 @@ import pytest
 
 from nemo_orchestra.evaluation.openai_policy import parse_reply
 from nemo_orchestra.evaluation.policy import (
-    POLICIES, PolicyFormatError, PolicyInput, PolicyUnavailableError, build_policy, cheapest, expert_reply_answer,
+    POLICIES, PolicyFormatError, PolicyInput, build_policy, cheapest, expert_reply_answer,
     strongest,
 )
 from nemo_orchestra.evaluation.report import pareto_front
@@ -45,7 +45,7 @@ def test_registry_is_a_plain_dict_with_clear_errors():
     assert isinstance(POLICIES, dict) and {"strongest", "cheapest", "random", "openai", "checkpoint"} <= set(POLICIES)
     with pytest.raises(ValueError, match="unknown policy 'nope'; known policies: strongest"):
         build_policy("nope")
-    with pytest.raises(PolicyUnavailableError, match="not available yet"):
+    with pytest.raises(FileNotFoundError, match="no Hugging Face export"):
         build_policy("checkpoint:/some/dir")
     with pytest.raises(ValueError, match="openai:URL:MODEL"):
         build_policy("openai:")
@@ -134,4 +134,4 @@ def test_evaluate_recipe_rejects_unknown_keys_and_unavailable_policies(tmp_path)
     run = subprocess.run(base + ["polices=strongest"], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert run.returncode != 0 and "unknown key 'polices'" in run.stderr
     run = subprocess.run(base + ["policies=checkpoint:/ckpt"], capture_output=True, text=True, cwd=REPO, timeout=60)
-    assert run.returncode != 0 and "not available yet" in run.stderr
+    assert run.returncode != 0 and "no Hugging Face export" in run.stderr
