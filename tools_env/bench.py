@@ -9,7 +9,8 @@ throughput, and latency there is queueing (Little's law: latency = episodes / th
 ``paced`` runs 512 episodes with a fixed total offer of calls/s (open loop, each call timed from
 its scheduled start, so a slow server cannot hide its queue) — the trainer's case, where
 policies think between calls. One ``client`` row repeats the 512-episode run through
-``ToolsEnvClient`` (aiohttp) to show what the trainer's client costs.
+``ToolsEnvClient`` (aiohttp) to show what the trainer's client costs. The calculator cases run
+once per service worker count (``--workers 1,2``); ``python`` once, since the sandbox bounds it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Row:
     p50_ms: float
     p99_ms: float
     errors: int
+    workers: int = 1
 
 
 class _Conn(asyncio.Protocol):
@@ -176,37 +178,43 @@ async def run_client_case(client: ToolsEnvClient, tool: str, episodes: int, seco
 
 
 async def _bench(urls: list[str], tools: list[str], concurrency: list[int], seconds: float,
-                 paced_rate: float, warmup_s: float) -> list[Row]:
+                 paced_rate: float, warmup_s: float, workers: int) -> list[Row]:
     rows = []
     client = ToolsEnvClient(urls)
+
+    async def record(row_coro: Any) -> None:
+        row = await row_coro
+        row.workers = workers
+        rows.append(row)
+        _print_row(row)
+
     try:
         for tool in tools:
-            secs = seconds
             for n in concurrency:
-                rows.append(await run_case(client, tool, n, secs, warmup_s))
-                _print_row(rows[-1])
+                await record(run_case(client, tool, n, seconds, warmup_s))
             if tool == "calculator":
-                rows.append(await run_case(client, tool, max(concurrency), secs, warmup_s, rate=paced_rate))
-                _print_row(rows[-1])
-                rows.append(await run_client_case(client, tool, max(concurrency), secs, warmup_s))
-                _print_row(rows[-1])
+                await record(run_case(client, tool, max(concurrency), seconds, warmup_s, rate=paced_rate))
+                await record(run_client_case(client, tool, max(concurrency), seconds, warmup_s))
     finally:
         await client.aclose()
     return rows
 
 
-_HEADER = f"{'tool':<11} {'mode':<9} {'episodes':>8} {'calls':>8} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
+_HEADER = (f"{'tool':<11} {'mode':<9} {'workers':>7} {'episodes':>8} {'calls':>8} {'calls/s':>9} {'p50 ms':>8} "
+           f"{'p99 ms':>8} {'errors':>6}")
 
 
 def _print_row(r: Row) -> None:
-    print(f"{r.tool:<11} {r.mode:<9} {r.episodes:>8} {r.calls:>8} {r.calls_per_s:>9.0f} {r.p50_ms:>8.2f} "
-          f"{r.p99_ms:>8.2f} {r.errors:>6}", flush=True)
+    print(f"{r.tool:<11} {r.mode:<9} {r.workers:>7} {r.episodes:>8} {r.calls:>8} {r.calls_per_s:>9.0f} "
+          f"{r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.errors:>6}", flush=True)
 
 
-def run(out: str | None = None, *, workers: int = 1, seconds: float = 4.0, concurrency: tuple[int, ...] = (1, 64, 512),
-        paced_rate: float = 2000.0, tools: tuple[str, ...] = ("calculator", "python"),
-        warmup_s: float = 1.0) -> dict[str, Any]:
-    """Start the service, run every case, print the table and write the JSON report to ``out``."""
+def run(out: str | None = None, *, workers: tuple[int, ...] = (1, 2), seconds: float = 4.0,
+        concurrency: tuple[int, ...] = (1, 64, 512), paced_rate: float = 2000.0,
+        tools: tuple[str, ...] = ("calculator", "python"), warmup_s: float = 1.0) -> dict[str, Any]:
+    """Start the service for each worker count, run every case, print the table and write the JSON
+    report to ``out``. ``python`` runs only with the first worker count: the sandbox, not the
+    service, bounds it."""
     notes = []
     tools = list(tools)
     if "python" in tools and importlib.util.find_spec("tools_env.sandbox") is None:
@@ -220,16 +228,21 @@ def run(out: str | None = None, *, workers: int = 1, seconds: float = 4.0, concu
         loop_name = "uvloop"
     except ImportError:
         runner, loop_name = asyncio.run, "asyncio"
+    load_before = os.getloadavg()[0]
     print(_HEADER)
-    with start_service(config, workers=workers) as svc:
-        rows = runner(_bench(svc.urls, tools, list(concurrency), seconds, paced_rate, warmup_s))
+    rows: list[Row] = []
+    for k, n_workers in enumerate(workers):
+        these = tools if k == 0 else [t for t in tools if t != "python"]
+        with start_service(config, workers=n_workers) as svc:
+            rows += runner(_bench(svc.urls, these, list(concurrency), seconds, paced_rate, warmup_s, n_workers))
+    notes.append(f"1-minute load average before: {load_before:.2f}, after: {os.getloadavg()[0]:.2f} "
+                 "(other processes on the machine skew the figures)")
     for n in notes:
         print(f"note: {n}")
     report = {
         "benchmark": "tools_env",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                     "generator_loop": loop_name},
-        "service_workers": workers,
         "seconds_per_case": seconds,
         "paced_rate": paced_rate,
         "notes": notes,
@@ -244,13 +257,13 @@ def run(out: str | None = None, *, workers: int = 1, seconds: float = 4.0, concu
 
 def add_args(parser: Any) -> None:
     parser.add_argument("--out", default=None, help="write the JSON report here")
-    parser.add_argument("--workers", type=int, default=1, help="service worker processes")
+    parser.add_argument("--workers", default="1,2", help="comma-separated worker counts to compare")
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per case")
     parser.add_argument("--paced-rate", type=float, default=2000.0, help="total calls/s offered in the paced case")
     parser.add_argument("--tools", default="calculator,python", help="comma-separated: calculator, python")
 
 
 def main(args: Any) -> int:
-    run(args.out, workers=args.workers, seconds=args.seconds, paced_rate=args.paced_rate,
+    run(args.out, workers=tuple(int(w) for w in args.workers.split(",")), seconds=args.seconds, paced_rate=args.paced_rate,
         tools=tuple(t for t in args.tools.split(",") if t))
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import hmac
 import ipaddress
 import json
@@ -187,7 +188,7 @@ def openapi_spec() -> dict[str, Any]:
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
 
-def make_middleware(token: str | None, metrics: Metrics):
+def make_middleware(token: str | None, metrics: Metrics, max_request_bytes: int):
     expected = f"Bearer {token}".encode() if token else None
 
     @web.middleware
@@ -208,7 +209,7 @@ def make_middleware(token: str | None, metrics: Metrics):
             code = _HTTP_CODES.get(e.status, "http_error")
             message = e.text if e.text and not e.text.startswith(f"{e.status}:") else e.reason
             if e.status == 413:
-                message = f"request body larger than {request.app._client_max_size} bytes"
+                message = f"request body larger than {max_request_bytes} bytes"
             return error_response(e.status, code, f"{message} ({request.method} {request.path[:200]})", metrics)
         except Exception as e:  # last resort: a structured 500 rather than a dropped connection
             log.exception("unhandled error on %s %s", request.method, request.path)
@@ -237,7 +238,8 @@ def build_tools(cfg: ServiceConfig) -> dict[str, Tool]:
 def build_app(cfg: ServiceConfig, *, token: str | None = None, worker_index: int = 0) -> web.Application:
     metrics_ = Metrics()
     tools = build_tools(cfg)
-    app = web.Application(middlewares=[make_middleware(token, metrics_)], client_max_size=cfg.max_request_bytes)
+    app = web.Application(middlewares=[make_middleware(token, metrics_, cfg.max_request_bytes)],
+                          client_max_size=cfg.max_request_bytes)
     app[METRICS] = metrics_
     app[TOOLS] = tools
     app[STORE] = EpisodeStore(cfg, tools, metrics_, worker_index)
@@ -272,6 +274,7 @@ async def serve(cfg: ServiceConfig, host: str, port: int, *, token: str | None =
     site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
     await site.start()
     bound_port = runner.addresses[0][1]
+    _tune_gc()
     url = f"http://{_url_host(host)}:{bound_port}"
     print(f"READY {url}", flush=True)
     if ready_file:
@@ -282,6 +285,16 @@ async def serve(cfg: ServiceConfig, host: str, port: int, *, token: str | None =
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await runner.cleanup()
+
+
+def _tune_gc() -> None:
+    """Keep the cyclic GC off the hot path: the start-up heap (modules, tool tables, corpora) is
+    frozen out of collections, and young collections run 10x less often, so most per-request
+    garbage is freed by reference counting before a collection ever sees it."""
+    gc.collect()
+    gc.freeze()
+    gen0, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(max(gen0, 7000), gen1, gen2)
 
 
 def write_ready_file(path: str, urls: list[str]) -> None:

@@ -18,7 +18,8 @@ def test_unknown_subcommand_lists_the_valid_ones():
 
 def test_tiny_tools_env_run_writes_a_report(tmp_path):
     out = tmp_path / "bench.json"
-    report = bench.run(str(out), seconds=0.3, concurrency=(1, 8), paced_rate=200, tools=("calculator",), warmup_s=0.1)
+    report = bench.run(str(out), workers=(1,), seconds=0.3, concurrency=(1, 8), paced_rate=200,
+                       tools=("calculator",), warmup_s=0.1)
     saved = json.loads(out.read_text())
     assert saved["results"] == report["results"]
     modes = [(r["mode"], r["episodes"]) for r in saved["results"]]

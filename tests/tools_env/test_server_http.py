@@ -143,7 +143,9 @@ def test_info_endpoints(url):
     assert {"calculator", "python", "expert", "answer"} <= names
     assert http(f"{url}/healthz")[1]["status"] == "ok"
     assert_error(http(f"{url}/no/such/path"), 404, "not_found")
-    assert_error(http(f"{url}/v1/tools", "PUT", {}), 405, "method_not_allowed")
+    for path, method in (("/v1/tools", "PUT"), ("/healthz", "POST"), ("/metrics", "DELETE"),
+                         ("/openapi.json", "POST"), ("/v1/episodes/x", "PUT"), ("/v1/episodes/x/step", "DELETE")):
+        assert_error(http(f"{url}{path}", method, {}), 405, "method_not_allowed")
     status, text = http(f"{url}/metrics")
     assert status == 200 and "# TYPE tools_env_tool_calls_total counter" in text
     assert 'tools_env_http_errors_total{code="bad_json"}' in text
