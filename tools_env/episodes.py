@@ -234,6 +234,10 @@ class EpisodeStore:
         return result, name
 
     def _account(self, ep: Episode, result: ToolResult, label: str, t0: float) -> dict[str, Any]:
+        if type(result.observation) is not str or type(result.cost) is not float:  # a plug-in's loose types
+            result.observation, result.cost = str(result.observation), float(result.cost)
+            result.latency_s = float(result.latency_s)
+            result.error = None if result.error is None else str(result.error)
         ep.total_cost += result.cost
         ep.total_latency_s += result.latency_s
         if label in ep.tools:

@@ -108,8 +108,7 @@ async def metrics(request: web.Request) -> web.Response:
     store = request.app[STORE]
     active = sum(1 for ep in store.episodes.values() if ep.status == "active")
     text = request.app[METRICS].render({"episodes_active": active, "episodes_held": len(store.episodes)})
-    return web.Response(text=text, content_type="text/plain", charset="utf-8",
-                        headers={"X-Prometheus-Format": "0.0.4"})
+    return web.Response(body=text.encode(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
 async def openapi(request: web.Request) -> web.Response:
