@@ -32,32 +32,36 @@ Layers, by their `sandbox_capabilities()` names, with what each stops and what i
                     everything left in the namespace, setsid or not. Other processes cannot be
                     seen, signalled or ptraced, even by the same uid (which matters when not root).
   mount_namespace   a private mount tree in which every mount is re-mounted read-only and nosuid,
-                    except the workdir (nosuid, nodev, noexec); a private tmpfs on /dev/shm and an
-                    empty read-only one over /run (host unix sockets). Stops writes to /tmp,
+                    except the workdir (nosuid, nodev, noexec); a private tmpfs on /dev/shm (at
+                    most 64 MB, for POSIX semaphores) and an empty read-only one over /run (host
+                    unix sockets). Stops writes to /tmp,
                     /dev/shm and any other world-writable place, and running binaries or loading
                     .so files written by the code. Checked after set-up: a writable mount left is
                     an error.
   private_proc      a fresh /proc for the pid namespace (hidepid=2 where allowed): only the run's
                     processes, so no command line or environment of the service or other runs.
   no_new_privs      PR_SET_NO_NEW_PRIVS: setuid binaries (su, mount, ...) gain nothing.
-  cgroup            a per-run cgroup v2 group: an exact process list and an atomic kill; it also
-                    sets pids.max / memory.max where those controllers are delegated to us.
-  rlimits           always: CPU seconds (SIGXCPU, SIGKILL a second later), address space, file
-                    size, open files, no core files, processes/threads.
+  cgroup            a per-run cgroup v2 group (pure v2, or the hybrid layout's "unified" mount): an
+                    exact process list and an atomic kill; it also sets pids.max / memory.max
+                    where those controllers are delegated to us.
+  rlimits           always: CPU seconds per process (SIGXCPU, SIGKILL a second later), address
+                    space (virtual, not resident: many threads or big reservations hit it early),
+                    file size, open files, no core files, processes/threads.
   audit_hook        always (Python >= 3.8), installed before the code runs and not removable from
                     Python: refuses writes (open for writing, remove, rename, mkdir, link, chmod,
                     sqlite3.connect, ...) outside the workdir, socket connect/bind/sendto/sendmsg
                     and name lookups (when network=False; unix sockets inside the workdir are
-                    allowed), imports of ctypes/cffi and every ctypes event, and rebinding a
-                    function's __code__/__defaults__. It is a tripwire for Python-level calls, not
-                    a boundary: native code, C extensions (os.mkfifo, dbm, ...) and any child
-                    program are not seen by it.
-  audit_strict      when the kernel layers for network or filesystem are missing, the hook also
-                    refuses starting programs (subprocess, os.exec*, os.posix_spawn, os.system),
-                    gc.get_objects/get_referrers/get_referents and opening /proc/<pid>/ of other
-                    processes, so the code cannot simply run another interpreter without the hook. A deliberate attacker can still get
-                    past it (e.g. `_posixsubprocess.fork_exec` raises no audit event): on such a
-                    host the sandbox stops accidents and naive code only.
+                    allowed), imports of ctypes/cffi and every ctypes event, and swapping the
+                    __code__/__defaults__ of the hook's own functions. It is a tripwire for
+                    Python-level calls, not a boundary: native code, C extensions (os.mkfifo,
+                    dbm, ...) and any child program are not seen by it.
+  audit_strict      when a kernel layer for network, filesystem or other processes is missing,
+                    the hook also refuses starting programs (subprocess, os.exec*, posix_spawn,
+                    os.system), gc.get_objects/get_referrers/get_referents and opening
+                    /proc/<pid>/ of other processes, so the code cannot simply run another
+                    interpreter without the hook. A deliberate attacker still gets past it (e.g.
+                    `_posixsubprocess.fork_exec` raises no audit event): on such a host the
+                    sandbox stops accidents and naive code only.
 
 Not root (CI, laptops): no uid drop. With unprivileged user namespaces the network, pid and
 mount namespaces are used as above, and they carry the weight the uid carries for root: the code
@@ -79,7 +83,7 @@ Other things to know:
     (mkdtemp's 0700) is reached through the mount namespace; without one that is a ValueError.
   * No seccomp filter: the kernel's syscall surface is the host's (ctypes is refused and the
     workdir is noexec, so new native code cannot be loaded, but installed binaries can run).
-  * As pid 1's child the code's own pid is 2, and RLIMIT_CPU counts per process.
+  * In the pid namespace the code's own pid is 2; its parent is the sandbox's init.
   * NEMO_SANDBOX_DISABLE=uid,userns,netns,pidns,mountns,cgroup turns layers off (tests, debugging).
 """
 
@@ -964,7 +968,9 @@ def _sandbox_hook(workdir, block_net, strict):
                 deny("network access (" + event + ")")
         elif event == "object.__setattr__":
             if args[1] in frozen:
-                deny("setting " + args[1])
+                for f in ours:
+                    if args[0] is f:
+                        deny("changing the sandbox's own functions")
         elif event == "import":
             if args[0] in native or args[0].startswith("ctypes."):
                 deny("importing " + args[0])
@@ -973,6 +979,7 @@ def _sandbox_hook(workdir, block_net, strict):
         elif strict and (event in spawn or event in walks):
             deny(event)
 
+    ours = (hook, real, inside, other_process, deny)
     return hook
 
 

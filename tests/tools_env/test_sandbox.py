@@ -348,19 +348,23 @@ def test_concurrent_runs_are_independent(new_workdir):
 
 # --------------------------------------------------------------------------- not root
 
-# Each attack prints one line that the test checks; run by a driver as `nobody`.
+# Each attack prints one line that the test checks; a driver runs it as `nobody`. PORT is a
+# listener of the test's own, TOKEN a fresh name, SECRET a value in the driver's environment.
+CONNECT = "import socket; s = socket.socket(); s.settimeout(1); s.connect(('127.0.0.1', PORT))"
 NOT_ROOT_ATTACKS = {
-    "network": ("import socket\ntry:\n    socket.create_connection(('127.0.0.1', 22), timeout=1)\n    print('open')\n"
-                "except OSError:\n    print('refused')", "refused"),
-    "write-tmp": ("try:\n    open('/tmp/ESCAPE', 'w')\n    print('wrote')\nexcept OSError:\n    print('refused')", "refused"),
+    "network": (f"try:\n    {CONNECT}\n    print('connected')\nexcept OSError:\n    print('refused')", "refused"),
+    "network-child": ("import subprocess, sys\ntry:\n    subprocess.run([sys.executable, '-c', CONNECT], check=True)\n"
+                      "    print('connected')\nexcept (OSError, subprocess.CalledProcessError):\n    print('refused')",
+                      "refused"),
+    "write-tmp": ("try:\n    open('/tmp/TOKEN', 'w')\n    print('wrote')\nexcept OSError:\n    print('refused')", "refused"),
     "service-env": ("import os\ntry:\n    print('SECRET' in open(f'/proc/{os.getppid()}/environ').read())\n"
                     "except OSError:\n    print(False)", "False"),
     "escaped-child": ("import os\nif os.fork() == 0:\n    os.setsid()\n    import time\n    time.sleep(1000)\n"
-                      "print(os.getpid() > 0)", "True"),
+                      "print('forked')", "forked"),
 }
 
 DRIVER = """
-import json, os, shutil, sys, tempfile
+import json, shutil, sys, tempfile
 sys.path.insert(0, {repo!r})
 from tools_env.sandbox import SandboxLimits, run_python_sync, sandbox_capabilities
 wd = tempfile.mkdtemp()
@@ -378,16 +382,22 @@ def test_not_root(mode, attack):
     nobody = pwd.getpwnam("nobody")
     token = uuid.uuid4().hex
     code, expected = NOT_ROOT_ATTACKS[attack]
-    code = code.replace("ESCAPE", token)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    port = str(listener.getsockname()[1])
+    code = code.replace("CONNECT", repr(CONNECT)).replace("PORT", port).replace("TOKEN", token).replace("SECRET", token)
     env = {"PATH": "/usr/bin:/bin", "SECRET": token, "NEMO_SANDBOX_DISABLE": "userns" if mode == "hook-only" else ""}
-    out = subprocess.run([python, "-I", "-c", DRIVER.format(repo=REPO, code=code.replace("SECRET", token))],
-                         user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], env=env, cwd="/",
-                         capture_output=True, text=True, timeout=60)
+    try:
+        out = subprocess.run([python, "-I", "-c", DRIVER.format(repo=REPO, code=code)], user=nobody.pw_uid,
+                             group=nobody.pw_gid, extra_groups=[], env=env, cwd="/", capture_output=True, text=True,
+                             timeout=60)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    finally:
+        listener.close()
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout.splitlines()[-1])
     assert r["caps"]["root"] is False and r["caps"]["audit_strict"] is (mode == "hook-only")
     assert r["stdout"] == expected + "\n", r["stderr"]
     assert not os.path.exists(f"/tmp/{token}")
-    if attack == "escaped-child":
-        leftovers = [p for p in live_pids_of_uid(nobody.pw_uid) if p != os.getpid()]
-        assert leftovers == []
+    assert live_pids_of_uid(nobody.pw_uid) == [], "nothing of the run is left"
