@@ -61,7 +61,7 @@ def _grouped_advantage_kernel(R, PERM, OFF, A, G, n_chunks, eps, clip, MODE: tl.
     n = tl.load(OFF + gs + 1, mask=mask_g, other=0).to(tl.int64) - lo
     cols = tl.arange(0, BLOCK_N)
     # Mean around a member of the group (its first reward): all-equal rewards give exactly 0.
-    pivot, _ = _load_rewards(R, PERM, lo, mask_g & (n > 0), HAS_PERM, ACC)
+    pivot = _load_rewards(R, PERM, lo, mask_g & (n > 0), HAS_PERM, ACC)[0]
     if ONE_CHUNK:
         m = cols[None, :] < n[:, None]
         r, idx = _load_rewards(R, PERM, lo[:, None] + cols[None, :], m, HAS_PERM, ACC)
@@ -74,14 +74,14 @@ def _grouped_advantage_kernel(R, PERM, OFF, A, G, n_chunks, eps, clip, MODE: tl.
         s1 = tl.zeros([GROUPS], ACC)
         for c in range(n_chunks):
             m = (c * BLOCK_N + cols)[None, :] < n[:, None]
-            r, _ = _load_rewards(R, PERM, lo[:, None] + c * BLOCK_N + cols[None, :], m, HAS_PERM, ACC)
+            r = _load_rewards(R, PERM, lo[:, None] + c * BLOCK_N + cols[None, :], m, HAS_PERM, ACC)[0]
             s1 += tl.sum(tl.where(m, r - pivot[:, None], 0.0), 1)
         mean = pivot + s1 / tl.maximum(n, 1).to(ACC)
         ss = tl.zeros([GROUPS], ACC)
         if MODE == 1:
             for c in range(n_chunks):
                 m = (c * BLOCK_N + cols)[None, :] < n[:, None]
-                r, _ = _load_rewards(R, PERM, lo[:, None] + c * BLOCK_N + cols[None, :], m, HAS_PERM, ACC)
+                r = _load_rewards(R, PERM, lo[:, None] + c * BLOCK_N + cols[None, :], m, HAS_PERM, ACC)[0]
                 dev = tl.where(m, r - mean[:, None], 0.0)
                 ss += tl.sum(dev * dev, 1)
         for c in range(n_chunks):

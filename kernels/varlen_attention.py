@@ -31,6 +31,7 @@ from kernels.checks import check_varlen_inputs
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 MAX_HEAD_DIM = 256
+SHARED_MEMORY_BUDGET = 160 * 1024  # bytes; H100 has 228 KiB per SM
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,14 +63,16 @@ DQ_CONFIGS = [c for c in _configs([(128, 32), (128, 64), (64, 64), (64, 32)], [4
               if keep_fwd(c)]
 
 
-def prune_by_head_dim(configs, named_args, **kwargs):
-    """Large tiles with many stages overflow shared memory at D=128+; drop them there."""
-    if kwargs.get("BLOCK_D", 64) <= 64:
-        return configs
-    small = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 128 * 64 and c.num_stages <= 3]
-    return small or configs[:1]
+def prune_by_shared_memory(configs, named_args, **kwargs):
+    """Drop tiles whose pipelined loads would overflow shared memory (a rough estimate: both tiles'
+    rows times the stages); configs that still do not fit fail to launch and the autotuner skips them."""
+    row_bytes = kwargs["BLOCK_D"] * named_args["Q"].element_size()
+    fits = [c for c in configs
+            if row_bytes * (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) * c.num_stages <= SHARED_MEMORY_BUDGET]
+    return fits or [min(configs, key=lambda c: (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) * c.num_stages)]
 
 
+PRUNE = {"early_config_prune": prune_by_shared_memory}
 AUTOTUNE_KEY = ["seqlen_bucket", "BLOCK_D", "GROUP", "CAUSAL"]  # (+ dtypes, added by the autotuner)
 
 
@@ -121,7 +124,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, offs_m, o
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=FWD_CONFIGS, key=AUTOTUNE_KEY, prune_configs_by={"early_config_prune": prune_by_head_dim})
+@triton.autotune(configs=FWD_CONFIGS, key=AUTOTUNE_KEY, prune_configs_by=PRUNE)
 @triton.jit
 def _fwd_kernel(Q, K, V, O, LSE, CU, qk_scale, seqlen_bucket,
                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
@@ -226,7 +229,7 @@ def _dkdv_inner(dk, dv, k, v, qT_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qt,
     return dk, dv
 
 
-@triton.autotune(configs=DKDV_CONFIGS, key=AUTOTUNE_KEY, prune_configs_by={"early_config_prune": prune_by_head_dim})
+@triton.autotune(configs=DKDV_CONFIGS, key=AUTOTUNE_KEY, prune_configs_by=PRUNE)
 @triton.jit
 def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, qk_scale, sm_scale, seqlen_bucket,
                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
@@ -300,7 +303,7 @@ def _dq_inner(dq, q, do, lse2, delta, kT_ptrs, vT_ptrs, stride_kt, stride_vt, of
     return dq
 
 
-@triton.autotune(configs=DQ_CONFIGS, key=AUTOTUNE_KEY, prune_configs_by={"early_config_prune": prune_by_head_dim})
+@triton.autotune(configs=DQ_CONFIGS, key=AUTOTUNE_KEY, prune_configs_by=PRUNE)
 @triton.jit
 def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, qk_scale, sm_scale, seqlen_bucket,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
