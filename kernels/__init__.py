@@ -3,9 +3,9 @@
 - ``varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, causal=True, softmax_scale=None) -> (out, lse)``
 - ``grouped_advantage(rewards, *, group_ids=None, offsets=None, mode="std", eps=1e-6, clip=None)``
 
-Triton is imported only when a kernel runs: on a tensor that is not on CUDA (and without
-``TRITON_INTERPRET=1``) each op runs its reference, so this package imports and works on a machine
-without CUDA or Triton.
+A tensor that is not on CUDA runs the op's PyTorch reference (unless ``TRITON_INTERPRET=1``, which
+runs the Triton kernel on CPU, for tests). Triton is imported only when a kernel first runs, so the
+package imports and works on a machine without CUDA or Triton.
 """
 
 from __future__ import annotations

@@ -28,15 +28,14 @@ import triton.language as tl
 import kernels
 from kernels.checks import check_varlen_inputs
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+LOG2E = 1.4426950408889634  # (written out as literals inside the kernels, with ln(2) = 0.6931471805599453)
 MAX_HEAD_DIM = 256
 SHARED_MEMORY_BUDGET = 160 * 1024  # bytes; H100 has 228 KiB per SM
 
 
 # ---------------------------------------------------------------------------------------------
-# Autotune configs, as data. keep() drops configs that break the loop structure below: the causal
-# walks step the longer block by the shorter one, so the longer must be a multiple of the shorter.
+# Autotune configs, as data. keep() drops configs that break the loop structure below: a program
+# owns one block (outer) and steps along the diagonal by the other, so outer must be a multiple of it.
 # ---------------------------------------------------------------------------------------------
 
 def _configs(blocks, warps, stages, interpret_blocks):
@@ -47,20 +46,17 @@ def _configs(blocks, warps, stages, interpret_blocks):
             for bm, bn in blocks for w in warps for s in stages]
 
 
-def keep_fwd(conf):  # q block stepped by key blocks
-    return conf.kwargs["BLOCK_M"] % conf.kwargs["BLOCK_N"] == 0
-
-
-def keep_dkdv(conf):  # key block stepped by q blocks
-    return conf.kwargs["BLOCK_N"] % conf.kwargs["BLOCK_M"] == 0
+def keep(conf, outer):
+    inner = "BLOCK_N" if outer == "BLOCK_M" else "BLOCK_M"
+    return conf.kwargs[outer] % conf.kwargs[inner] == 0
 
 
 FWD_CONFIGS = [c for c in _configs([(128, 64), (128, 128), (64, 64), (128, 32)], [4, 8], [2, 3, 4], (16, 16))
-               if keep_fwd(c)]
+               if keep(c, outer="BLOCK_M")]  # a q block, stepped by key blocks
 DKDV_CONFIGS = [c for c in _configs([(32, 128), (64, 128), (32, 64), (64, 64)], [4, 8], [2, 3], (16, 32))
-                if keep_dkdv(c)]
+                if keep(c, outer="BLOCK_N")]  # a key block, stepped by q blocks
 DQ_CONFIGS = [c for c in _configs([(128, 32), (128, 64), (64, 64), (64, 32)], [4, 8], [2, 3], (32, 16))
-              if keep_fwd(c)]
+              if keep(c, outer="BLOCK_M")]
 
 
 def prune_by_shared_memory(configs, named_args, **kwargs):
