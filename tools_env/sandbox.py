@@ -279,7 +279,7 @@ def _probe(disabled: set[str]) -> _Plan:
     want["proc"] = want["mountns"]
     python = _sandbox_python(want["uid_drop"])
     plan = _Plan(root, python, want, False, None)
-    wd = tempfile.mkdtemp(prefix="nemo-sandbox-probe-")
+    wd = tempfile.mkdtemp(prefix="nemo-sandbox-probe-", dir="/tmp" if os.path.isdir("/tmp") else None)
     uid = _next_uid() if want["uid_drop"] else None
     marker = uuid.uuid4().hex
     try:
@@ -557,20 +557,27 @@ def _kill_strays(uid: int | None, marker: str, timeout: float = 5.0) -> bool:
 
 
 def _kill_pid(pid: int, uid: int | None, marker: str) -> None:
-    """SIGKILL `pid` if it is still the run's: checked through a pidfd, so a recycled pid is never hit."""
+    """SIGKILL `pid` if it is still the run's, checked through a pidfd so that a recycled pid is
+    never hit (plain kill(2) on kernels without pidfds, Linux < 5.3)."""
     try:
         fd = os.pidfd_open(pid)
-    except OSError:
+    except ProcessLookupError:
         return
+    except OSError:
+        fd = None
     try:
         with open(f"/proc/{pid}/status") as f:
             st = dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
         if _is_ours(st, uid, marker):
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            if fd is None:
+                os.kill(pid, signal.SIGKILL)
+            else:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
     except (OSError, ValueError):
         pass
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
 
 
 def _cgroup_base() -> str | None:

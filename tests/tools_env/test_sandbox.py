@@ -14,7 +14,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import uuid
 from dataclasses import replace
@@ -71,6 +70,21 @@ def live_pids_with(token: str) -> list[int]:
                     found.append(int(name))
         except OSError:
             continue
+    return found
+
+
+def live_pids_holding(token: str) -> list[int]:
+    """Host pids of live processes with a file whose path contains `token` open."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            links = [os.readlink(f"/proc/{name}/fd/{fd}") for fd in os.listdir(f"/proc/{name}/fd")]
+            with open(f"/proc/{name}/stat") as f:
+                alive = f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+        except OSError:
+            continue
+        if alive and any(token in link for link in links):
+            found.append(int(name))
     return found
 
 
@@ -349,7 +363,7 @@ def test_concurrent_runs_are_independent(new_workdir):
 # --------------------------------------------------------------------------- not root
 
 # Each attack prints one line that the test checks; a driver runs it as `nobody`. PORT is a
-# listener of the test's own, TOKEN a fresh name, SECRET a value in the driver's environment.
+# listener of the test's own, TOKEN a fresh file name, SECRET a value in the driver's environment.
 CONNECT = "import socket; s = socket.socket(); s.settimeout(1); s.connect(('127.0.0.1', PORT))"
 NOT_ROOT_ATTACKS = {
     "network": (f"try:\n    {CONNECT}\n    print('connected')\nexcept OSError:\n    print('refused')", "refused"),
@@ -359,8 +373,8 @@ NOT_ROOT_ATTACKS = {
     "write-tmp": ("try:\n    open('/tmp/TOKEN', 'w')\n    print('wrote')\nexcept OSError:\n    print('refused')", "refused"),
     "service-env": ("import os\ntry:\n    print('SECRET' in open(f'/proc/{os.getppid()}/environ').read())\n"
                     "except OSError:\n    print(False)", "False"),
-    "escaped-child": ("import os\nif os.fork() == 0:\n    os.setsid()\n    import time\n    time.sleep(1000)\n"
-                      "print('forked')", "forked"),
+    "escaped-child": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    f = open('TOKEN', 'w')\n"
+                      "    time.sleep(1000)\ntime.sleep(0.3)\nprint('forked')", "forked"),
 }
 
 DRIVER = """
@@ -400,4 +414,4 @@ def test_not_root(mode, attack):
     assert r["caps"]["root"] is False and r["caps"]["audit_strict"] is (mode == "hook-only")
     assert r["stdout"] == expected + "\n", r["stderr"]
     assert not os.path.exists(f"/tmp/{token}")
-    assert live_pids_of_uid(nobody.pw_uid) == [], "nothing of the run is left"
+    assert live_pids_holding(token) == [], "nothing of the run is left"
