@@ -20,14 +20,15 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   EXTRAS=${EXTRAS:-test}
 else
   echo "setup: no NVIDIA GPU: installing the CPU build of torch $TORCH_VERSION"
-  if "$PY" -m pip download --quiet --no-deps --dest /tmp/nemo-orchestra-torch-probe \
-        --index-url https://download.pytorch.org/whl/cpu "torch==$TORCH_VERSION+cpu" --timeout 5 --retries 0 \
-        >/dev/null 2>&1; then
-    "$PY" -m pip install --quiet --index-url https://download.pytorch.org/whl/cpu "torch==$TORCH_VERSION+cpu"
-  else
-    # Without the CPU index, pip's configured sources must hold the CPU wheel (as on our CI machines).
+  probe=$(mktemp -d)
+  if "$PY" -m pip download --quiet --no-deps --no-index --dest "$probe" "torch==$TORCH_VERSION" >/dev/null 2>&1; then
+    # pip's configured local wheel folders hold it (a CPU build on our CI machines)
     "$PY" -m pip install --quiet "torch==$TORCH_VERSION"
+  else
+    "$PY" -m pip install --quiet --no-deps --index-url https://download.pytorch.org/whl/cpu "torch==$TORCH_VERSION+cpu"
+    "$PY" -m pip install --quiet "torch==$TORCH_VERSION+cpu"  # its dependencies, from the default index
   fi
+  rm -rf "$probe"
   EXTRAS=${EXTRAS:-test}
 fi
 
