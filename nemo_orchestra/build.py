@@ -69,9 +69,7 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     policy = build_policy(cfg, vocab, info.device)
     engine = HFEngine(cfg.model, vocab, tokenizer, info.device)
     logger = MetricLogger(cfg.run.output_dir, enabled=info.is_main)
-    trainer = Trainer(cfg, policy, engine, client, chat, tasks, logger, rank=info.rank,
-                      dp_rank=info.rank // (info.tp * info.pp), dp_size=info.dp, loop=loop)
-    trainer.sft_trajectories = [to_trajectory(ep, chat, cfg.reward) for ep in scripted]
-    trainer.tokenizer, trainer.vocab_size = tokenizer, vocab
-    return trainer
+    return Trainer(cfg, policy, engine, client, chat, tasks, logger, tokenizer=tokenizer, vocab_size=vocab,
+                   sft_trajectories=[to_trajectory(ep, chat, cfg.reward) for ep in scripted], rank=info.rank,
+                   dp_rank=info.rank // (info.tp * info.pp), dp_size=info.dp, loop=loop)
 

@@ -40,6 +40,9 @@ class Trainer:
     chat: ChatFormat
     tasks: list[TaskRecord]
     logger: MetricLogger
+    tokenizer: object = None
+    vocab_size: int = 0
+    sft_trajectories: list[Trajectory] = field(default_factory=list)  # scripted warm-start data
     rank: int = 0
     dp_rank: int = 0
     dp_size: int = 1
@@ -111,9 +114,9 @@ class Trainer:
                                     "text": self.chat.decode(t.token_ids[t.prompt_len:])}) + "\n")
 
     # ---- warm start -------------------------------------------------------------------------------------
-    def warm_start(self, sft_trajs: list[Trajectory]) -> None:
-        """SFT on scripted trajectories, then the reference policy becomes the warm-started one."""
-        sft = self.cfg.sft
+    def warm_start(self) -> None:
+        """SFT on the scripted trajectories, then the reference policy becomes the warm-started one."""
+        sft, sft_trajs = self.cfg.sft, self.sft_trajectories
         if sft.steps > 0:
             set_lr(self.policy.optimizer, sft.lr)
             from tqdm import tqdm

@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
         trainer = build_trainer(cfg, info, stack)
         stack.callback(trainer.close)
         if not trainer.resume(ckpt_root):
-            trainer.warm_start(trainer.sft_trajectories)
+            trainer.warm_start()
         trainer.fit(ckpt_root)
         if cfg.export.enabled and info.is_main:
             out = cfg.export.dir or os.path.join(cfg.run.output_dir, "hf")
