@@ -14,7 +14,7 @@ from nemo_orchestra.megatron.model import padded_vocab_size
 from nemo_orchestra.megatron.parallel import DistInfo
 from nemo_orchestra.metrics import MetricLogger
 from nemo_orchestra.policy import build_policy
-from nemo_orchestra.rollout.hf_engine import HFEngine
+from nemo_orchestra.rollout.engines import build_engine
 from nemo_orchestra.sft import render_text, scripted_episodes, to_trajectory
 from nemo_orchestra.tokenizer import build_embedded_tokenizer, load_tokenizer
 from nemo_orchestra.trainer import Trainer
@@ -27,6 +27,15 @@ def load_tasks(cfg: Config):
     if cfg.data.train_path:
         return load_jsonl(cfg.data.train_path)
     return generate_tasks(cfg.data.num_train_tasks, cfg.run.seed)
+
+
+def warm_start_tasks(cfg: Config, tasks: list) -> list:
+    """Tasks for the scripted warm-start episodes: fresh ones for the embedded default (so the
+    model learns to copy tool outputs rather than memorize answers), else cycled training tasks."""
+    n = max(cfg.sft.num_episodes, 1)
+    if not cfg.data.train_path:
+        return generate_tasks(n, cfg.run.seed + 1)
+    return [tasks[i % len(tasks)] for i in range(n)]
 
 
 def tool_service(cfg: Config, stack: ExitStack) -> list[str]:
@@ -52,9 +61,9 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     urls = tool_service(cfg, stack)
     loop = asyncio.new_event_loop()
     client = ToolsEnvClient(urls, token=cfg.tools.token or os.environ.get("TOOLS_ENV_TOKEN"))
-    n_sft = min(len(tasks), max(cfg.sft.batch_size * 8, 64))
-    log.info("scripted warm-start episodes: %d", n_sft)
-    scripted = loop.run_until_complete(scripted_episodes(tasks[:n_sft], client, cfg.run.seed))
+    sft_tasks = warm_start_tasks(cfg, tasks)
+    log.info("scripted warm-start episodes: %d", len(sft_tasks))
+    scripted = loop.run_until_complete(scripted_episodes(sft_tasks, client, cfg.run.seed))
 
     if cfg.model.tokenizer:
         tokenizer = load_tokenizer(cfg.model.tokenizer)
@@ -67,7 +76,7 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     vocab = cfg.model.vocab_size or padded_vocab_size(len(tokenizer), cfg.parallel.tp)
 
     policy = build_policy(cfg, vocab, info.device)
-    engine = HFEngine(cfg.model, vocab, tokenizer, info.device)
+    engine = build_engine(cfg.rollout.engine, cfg.model, vocab, tokenizer, info.device)
     logger = MetricLogger(cfg.run.output_dir, enabled=info.is_main)
     return Trainer(cfg, policy, engine, client, chat, tasks, logger, tokenizer=tokenizer, vocab_size=vocab,
                    sft_trajectories=[to_trajectory(ep, chat, cfg.reward) for ep in scripted], rank=info.rank,

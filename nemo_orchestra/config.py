@@ -115,7 +115,9 @@ class RolloutConfig:
     orchestrator_price_out: float = MISSING
 
     def validate(self) -> None:
-        _check(self.engine in ("megatron",), "rollout.engine", "must be 'megatron'")
+        from nemo_orchestra.rollout.engines import ENGINES
+
+        _check(self.engine in ENGINES, "rollout.engine", f"must be one of {sorted(ENGINES)}")
         _check(self.group_size >= 2, "rollout.group_size", "must be >= 2 (GRPO compares rollouts within a group)")
         _check(self.max_turns >= 1, "rollout.max_turns", "must be >= 1")
         _check(self.max_new_tokens_per_turn >= 1, "rollout.max_new_tokens_per_turn", "must be >= 1")
@@ -180,9 +182,11 @@ class SftConfig:
     steps: int = MISSING  # warm-start steps on synthetic tool-call trajectories; 0 disables
     lr: float = MISSING
     batch_size: int = MISSING
+    num_episodes: int = MISSING  # scripted episodes run against the service to make the warm-start data
 
     def validate(self) -> None:
         _check(self.steps >= 0, "sft.steps", "must be >= 0")
+        _check(self.num_episodes >= 1, "sft.num_episodes", "must be >= 1")
 
 
 @dataclass
