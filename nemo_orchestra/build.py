@@ -29,6 +29,12 @@ def load_tasks(cfg: Config):
     return generate_tasks(cfg.data.num_train_tasks, cfg.run.seed)
 
 
+def load_eval_tasks(cfg: Config):
+    if cfg.data.eval_path:
+        return load_jsonl(cfg.data.eval_path)
+    return generate_tasks(cfg.data.num_eval_tasks, cfg.run.seed + 2)  # disjoint seeds: train, warm start, eval
+
+
 def warm_start_tasks(cfg: Config, tasks: list) -> list:
     """Tasks for the scripted warm-start episodes: fresh ones for the embedded default (so the
     model learns to copy tool outputs rather than memorize answers), else cycled training tasks."""

@@ -198,6 +198,15 @@ class TrainerConfig:
 
 
 @dataclass
+class EvaluationConfig:
+    enabled: bool = MISSING  # held-out evaluation before and after GRPO, report.md and curves.png
+    temperature: float = MISSING  # 0: greedy
+
+    def validate(self) -> None:
+        _check(self.temperature >= 0, "evaluation.temperature", "must be >= 0")
+
+
+@dataclass
 class CheckpointConfig:
     save_every: int = MISSING  # 0: only at the end
     keep: int = MISSING
@@ -234,6 +243,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     sft: SftConfig = field(default_factory=SftConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)

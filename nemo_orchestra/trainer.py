@@ -113,6 +113,20 @@ class Trainer:
                                     "answer": t.task.answer, "correct": t.correct, "stop": t.stop_reason,
                                     "text": self.chat.decode(t.token_ids[t.prompt_len:])}) + "\n")
 
+    def evaluate_heldout(self, tasks: list[TaskRecord]) -> dict:
+        """One rollout per held-out task at ``evaluation.temperature``; summaries by slice."""
+        from dataclasses import replace
+
+        from nemo_orchestra.heldout import breakdown
+
+        cfg = replace(self.cfg.rollout, temperature=self.cfg.evaluation.temperature)
+        trajs = self.loop.run_until_complete(run_rollouts(
+            tasks, 1, self.engine, self.client, self.chat, cfg, self.cfg.reward))
+        result = breakdown(trajs)
+        log.info("held-out at step %d: accuracy %.3f, mean cost $%.6f over %d tasks", self.step,
+                 result["all"]["accuracy"], result["all"]["cost_mean"], result["all"]["n"])
+        return result
+
     # ---- warm start -------------------------------------------------------------------------------------
     def warm_start(self) -> None:
         """SFT on the scripted trajectories, then the reference policy becomes the warm-started one."""

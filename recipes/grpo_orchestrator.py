@@ -31,11 +31,12 @@ def main(argv: list[str]) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
 
-    from nemo_orchestra.build import build_trainer
+    from nemo_orchestra.build import build_trainer, load_eval_tasks
     from nemo_orchestra.hf.export import export_hf
     from nemo_orchestra.hf.qwen3 import full_state_dict
     from nemo_orchestra.megatron.parallel import destroy_distributed, init_distributed
     from nemo_orchestra.metrics import setup_logging
+    from nemo_orchestra.report import plot_curves, write_report
 
     setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))
     log = logging.getLogger("grpo_orchestrator")
@@ -46,7 +47,15 @@ def main(argv: list[str]) -> int:
         stack.callback(trainer.close)
         if not trainer.resume(ckpt_root):
             trainer.warm_start()
+        evals, eval_tasks = {}, load_eval_tasks(cfg) if cfg.evaluation.enabled else []
+        if eval_tasks:
+            evals[f"step {trainer.step}"] = trainer.evaluate_heldout(eval_tasks)
         trainer.fit(ckpt_root)
+        if eval_tasks:
+            evals[f"step {trainer.step}"] = trainer.evaluate_heldout(eval_tasks)
+            if info.is_main:
+                plot_curves(cfg.run.output_dir)
+                log.info("report: %s", write_report(cfg.run.output_dir, evals, "nemo-orchestra GRPO run"))
         if cfg.export.enabled and info.is_main:
             out = cfg.export.dir or os.path.join(cfg.run.output_dir, "hf")
             export_hf(full_state_dict(trainer.policy.module), cfg.model, trainer.vocab_size, trainer.tokenizer, out)

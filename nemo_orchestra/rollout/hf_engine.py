@@ -49,13 +49,15 @@ class HFEngine:
         for i, p in enumerate(prompts):  # left padding
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
+        greedy = temperature <= 0  # greedy decoding; logprobs then under temperature 1
+        sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
         out = self.model.generate(
-            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), do_sample=True,
-            temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
+            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), max_new_tokens=max_new_tokens,
             eos_token_id=stop_ids, pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True,
+            **sampling,
         )
         new_BN = out.sequences[:, width:].cpu()
-        logits_BNV = torch.stack(out.logits, dim=1).float().cpu() / temperature
+        logits_BNV = torch.stack(out.logits, dim=1).float().cpu() / (1.0 if greedy else temperature)
         lp_BN = torch.log_softmax(logits_BNV, dim=-1).gather(-1, new_BN[..., None])[..., 0]
         stops = set(stop_ids)
         results = []
