@@ -80,6 +80,11 @@ def parse_tool_call(text: str) -> ToolCall:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         raise ToolCallParseError('tool call must be {"name": str, "arguments": {...}}')
     args = obj.get("arguments", {})
+    if isinstance(args, str):  # some servers and models encode the arguments as a JSON string
+        try:
+            args = json.loads(args or "{}")
+        except json.JSONDecodeError as e:
+            raise ToolCallParseError(f"tool call arguments are not valid JSON: {e.msg}") from None
     if not isinstance(args, dict):
         raise ToolCallParseError("tool call arguments must be a JSON object")
     return ToolCall(obj["name"], args)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 from typing import Any
 
 import aiohttp
 
+from nemo_orchestra.chat import ToolCallParseError, parse_tool_call
 from nemo_orchestra.evaluation.policy import Policy, PolicyFormatError, PolicyInput, ToolCall
 
 SYSTEM_PROMPT = (
@@ -27,25 +27,14 @@ SYSTEM_PROMPT = (
     "Call exactly one tool per turn, as <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>. "
     "Finish by calling `answer` with the final answer."
 )
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 def parse_text_tool_call(text: str) -> tuple[str, dict[str, Any]]:
-    m = _TOOL_CALL.search(text or "")
-    if m is None:
-        raise PolicyFormatError("no <tool_call>...</tool_call> in the reply")
     try:
-        obj = json.loads(m.group(1))
-    except json.JSONDecodeError as e:
-        raise PolicyFormatError(f"tool call is not valid JSON: {e.msg}") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        raise PolicyFormatError('tool call must be {"name": str, "arguments": {...}}')
-    args = obj.get("arguments", {})
-    if isinstance(args, str):
-        args = _json_object(args)
-    if not isinstance(args, dict):
-        raise PolicyFormatError("tool call arguments must be a JSON object")
-    return obj["name"], args
+        call = parse_tool_call(text or "")
+    except ToolCallParseError as e:
+        raise PolicyFormatError(str(e)) from None
+    return call.name, call.arguments
 
 
 def _json_object(text: str) -> dict[str, Any]:
