@@ -47,7 +47,10 @@ def warm_start_tasks(cfg: Config, tasks: list) -> list:
 def tool_service(cfg: Config, stack: ExitStack) -> list[str]:
     """URLs of the tool service: the configured replicas, or one started here for this run."""
     if cfg.tools.url:
-        return [u.strip() for u in cfg.tools.url.split(",") if u.strip()]
+        urls = [u.strip().rstrip("/") for u in cfg.tools.url.split(",") if u.strip()]
+        for url in urls:
+            _check_health(url, cfg.tools.startup_timeout_s)
+        return urls
     from tools_env.launch import start_service
 
     handle = stack.enter_context(start_service(
@@ -55,6 +58,16 @@ def tool_service(cfg: Config, stack: ExitStack) -> list[str]:
         timeout_s=cfg.tools.startup_timeout_s))
     log.info("tool service started at %s", ", ".join(handle.urls))
     return list(handle.urls)
+
+
+def _check_health(url: str, timeout_s: float) -> None:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=min(timeout_s, 10.0)) as r:
+            r.read()
+    except Exception as e:
+        raise ValueError(f"tools.url: no tool service answers at {url}/healthz ({e})") from None
 
 
 def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:

@@ -43,7 +43,11 @@ def main(argv: list[str]) -> int:
     info = init_distributed(cfg.parallel, cfg.run.seed)
     ckpt_root = os.path.join(cfg.run.output_dir, "checkpoints")
     with ExitStack() as stack:
-        trainer = build_trainer(cfg, info, stack)
+        try:
+            trainer = build_trainer(cfg, info, stack)
+        except (ValueError, FileNotFoundError) as e:
+            log.error("%s", e)
+            return 2
         stack.callback(trainer.close)
         if not trainer.resume(ckpt_root):
             trainer.warm_start()
