@@ -66,8 +66,10 @@ class _Conn(asyncio.Protocol):
         if end < 0 or self.waiter is None:
             return
         head = bytes(self.buf[:end]).lower()
-        i = head.find(b"content-length:")
-        length = int(head[i + 15:head.find(b"\r\n", i) if head.find(b"\r\n", i) > 0 else None]) if i >= 0 else 0
+        length, i = 0, head.find(b"content-length:")
+        if i >= 0:
+            j = head.find(b"\r\n", i)
+            length = int(head[i + 15:j if j > 0 else None])
         if len(self.buf) < end + 4 + length:
             return
         status = int(head[9:12])
@@ -264,6 +266,6 @@ def add_args(parser: Any) -> None:
 
 
 def main(args: Any) -> int:
-    run(args.out, workers=tuple(int(w) for w in args.workers.split(",")), seconds=args.seconds, paced_rate=args.paced_rate,
-        tools=tuple(t for t in args.tools.split(",") if t))
+    run(args.out, workers=tuple(int(w) for w in args.workers.split(",")), seconds=args.seconds,
+        paced_rate=args.paced_rate, tools=tuple(t for t in args.tools.split(",") if t))
     return 0

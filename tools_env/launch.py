@@ -169,8 +169,16 @@ def supervise_workers(args: Any, token: str | None) -> int:
     signal.signal(signal.SIGTERM, stop_all)
     signal.signal(signal.SIGINT, stop_all)
     ready: queue.Queue = queue.Queue()
+
+    def relay(k: int, c: subprocess.Popen) -> None:
+        """The READY line to us, everything after it to our stdout: a full pipe would block the worker."""
+        ready.put((k, c.stdout.readline().decode()))
+        for line in c.stdout:
+            sys.stdout.buffer.write(line)
+            sys.stdout.flush()
+
     for k, c in enumerate(children):
-        threading.Thread(target=lambda k=k, c=c: ready.put((k, c.stdout.readline().decode())), daemon=True).start()
+        threading.Thread(target=relay, args=(k, c), daemon=True).start()
     urls: list[str | None] = [None] * len(children)
     deadline = time.monotonic() + 120
     while None in urls and not stopping.is_set():

@@ -172,7 +172,8 @@ def openapi_spec() -> dict[str, Any]:
         eid: {"get": _op("episode status and totals", _REF["EpisodeSummary"], params=["episode_id"]),
               "delete": _op("drop an episode and its workdir", _REF["EpisodeSummary"], errors="404",
                             params=["episode_id"])},
-        "/v1/tools": {"get": _op("schemas of every tool of the service", _obj({"tools": {"type": "array"}}), errors="")},
+        "/v1/tools": {"get": _op("schemas of every tool of the service", _obj({"tools": {"type": "array"}}),
+                                 errors="")},
         "/healthz": {"get": _op("liveness (no auth)", _obj({"status": _S, "worker": _I, "episodes": _I}), errors="")},
         "/metrics": {"get": _op("Prometheus text format", None, errors="")},
     }
