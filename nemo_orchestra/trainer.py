@@ -65,7 +65,8 @@ class Trainer:
     # ---- stages ---------------------------------------------------------------------------------------
     def rollout(self, tasks: list[TaskRecord]) -> list[Trajectory]:
         return self.loop.run_until_complete(run_rollouts(
-            tasks, self.cfg.rollout.group_size, self.engine, self.client, self.chat, self.cfg.rollout, self.cfg.reward))
+            tasks, self.cfg.rollout.group_size, self.engine, self.client, self.chat, self.cfg.rollout, self.cfg.reward,
+            seed=f"{self.cfg.run.seed}/{self.step}/{self.dp_rank}"))
 
     def fill_logprobs(self, batches: list[PackedBatch]) -> None:
         """Old logprobs from the current policy (one PPO epoch: ratio starts at 1) and the reference's."""

@@ -35,9 +35,15 @@ def prompt_messages(task: TaskRecord, reward_cfg: RewardConfig) -> list[dict]:
 
 
 async def run_rollouts(tasks: list[TaskRecord], group_size: int, engine, client, chat: ChatFormat,
-                       cfg: RolloutConfig, reward_cfg: RewardConfig, progress=None) -> list[Trajectory]:
-    """Roll out ``group_size`` trajectories for each task; trajectory.group = index of its task."""
-    created = await asyncio.gather(*[client.create_episode(t.to_dict()) for t in tasks for _ in range(group_size)])
+                       cfg: RolloutConfig, reward_cfg: RewardConfig, seed: str = "", progress=None) -> list[Trajectory]:
+    """Roll out ``group_size`` trajectories for each task; trajectory.group = index of its task.
+
+    Each episode gets its own ``meta.seed`` (``seed`` + its index), so the service's random draws
+    (simulated experts) differ between the rollouts of a group as they would for sampled experts.
+    """
+    records = [{**t.to_dict(), "meta": {**t.meta, "seed": f"{seed}/{k}"}}
+               for k, t in enumerate(t for t in tasks for _ in range(group_size))]
+    created = await asyncio.gather(*[client.create_episode(r) for r in records])
     live: list[_Live] = []
     for k, ep in enumerate(created):
         task = tasks[k // group_size]
