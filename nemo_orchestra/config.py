@@ -57,8 +57,10 @@ class ModelConfig:
     init_std: float = MISSING
     attention_backend: str = MISSING
     params_dtype: str = MISSING
-    fp8: Optional[str] = MISSING
-    init_from: Optional[str] = MISSING
+    fp8: Optional[str] = MISSING  # null | hybrid | e4m3 (TransformerEngine)
+    fp8_recipe: str = MISSING  # delayed | tensorwise (current scaling)
+    qk_norm: bool = MISSING  # RMSNorm on queries and keys per head (Qwen3: true, Llama: false)
+    init_from: Optional[str] = MISSING  # a local HF folder or a nemo-orchestra checkpoint folder
     tokenizer: Optional[str] = MISSING  # null: build the embedded tokenizer
 
     def validate(self) -> None:
@@ -71,6 +73,9 @@ class ModelConfig:
                f"must be one of {ATTENTION_BACKENDS}")
         _check(self.params_dtype in ("fp32", "bf16", "fp16"), "model.params_dtype", "must be fp32, bf16 or fp16")
         _check(self.fp8 in (None, "hybrid", "e4m3"), "model.fp8", "must be null, hybrid or e4m3")
+        _check(self.fp8_recipe in ("delayed", "tensorwise"), "model.fp8_recipe", "must be delayed or tensorwise")
+        _check(self.fp8 is None or self.params_dtype == "bf16", "model.fp8",
+               "needs model.params_dtype=bf16 (bf16 weights, fp32 master copies in the optimizer)")
 
 
 @dataclass
@@ -207,6 +212,19 @@ class EvaluationConfig:
 
 
 @dataclass
+class ReferenceConfig:
+    offload: bool = MISSING  # true: the frozen reference lives in CPU memory, swapped in for its forward
+
+
+@dataclass
+class PerfConfig:
+    peak_tflops: Optional[float] = MISSING  # per device, for perf/mfu; null: look the device up in flops.py
+
+    def validate(self) -> None:
+        _check(self.peak_tflops is None or self.peak_tflops > 0, "perf.peak_tflops", "must be null or > 0")
+
+
+@dataclass
 class CheckpointConfig:
     save_every: int = MISSING  # 0: only at the end
     keep: int = MISSING
@@ -244,6 +262,8 @@ class Config:
     sft: SftConfig = field(default_factory=SftConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
@@ -253,6 +273,10 @@ class Config:
             section = getattr(self, f.name)
             if hasattr(section, "validate"):
                 section.validate()
+        m, p = self.model, self.parallel
+        _check(m.num_layers % p.pp == 0, "parallel.pp", f"must divide model.num_layers ({m.num_layers})")
+        _check(m.num_query_groups % p.tp == 0 and m.ffn_hidden_size % p.tp == 0, "parallel.tp",
+               f"must divide model.num_query_groups ({m.num_query_groups}) and model.ffn_hidden_size")
         return self
 
 

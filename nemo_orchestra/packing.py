@@ -9,6 +9,9 @@ import torch
 from nemo_orchestra.types import PackedBatch, Trajectory
 
 
+PAD_SEQUENCE = 256  # longest padding sequence
+
+
 def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     """Bins of indices; each bin's total length <= capacity (a longer item gets a bin alone)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
@@ -26,13 +29,16 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
     return bins
 
 
-def pack(trajectories: Sequence[Trajectory], capacity: int, pad_to_multiple: int = 1) -> list[PackedBatch]:
-    """Pack rollouts into microbatches. ``pad_to_multiple`` pads each pack (TP needs T % tp == 0)."""
+def pack(trajectories: Sequence[Trajectory], capacity: int, pad_to_multiple: int = 1,
+         pad_to_length: int | None = None) -> list[PackedBatch]:
+    """Pack rollouts into microbatches. ``pad_to_multiple`` pads each pack (TP needs T % tp == 0);
+    ``pad_to_length`` pads every pack to at least that many tokens (PP needs one shape)."""
     bins = first_fit_decreasing([len(t.token_ids) for t in trajectories], capacity)
-    return [_pack_one([trajectories[i] for i in b], b, pad_to_multiple) for b in bins]
+    return [_pack_one([trajectories[i] for i in b], b, pad_to_multiple, pad_to_length) for b in bins]
 
 
-def _pack_one(trajs: Sequence[Trajectory], index: list[int], pad_to_multiple: int) -> PackedBatch:
+def _pack_one(trajs: Sequence[Trajectory], index: list[int], pad_to_multiple: int,
+              pad_to_length: int | None = None) -> PackedBatch:
     ids, pos, tgt, mask, adv, cu = [], [], [], [], [], [0]
     for t in trajs:
         n = len(t.token_ids)
@@ -43,15 +49,19 @@ def _pack_one(trajs: Sequence[Trajectory], index: list[int], pad_to_multiple: in
         mask += t.loss_mask[1:] + [0]
         adv += [t.advantage] * n
         cu.append(cu[-1] + n)
-    pad = (-len(ids)) % pad_to_multiple
-    if pad:  # a padding "sequence" with no loss
-        ids += [0] * pad
-        pos += range(pad)
-        tgt += [0] * pad
-        mask += [0] * pad
-        adv += [0.0] * pad
-        cu.append(cu[-1] + pad)
-        index = list(index) + [-1]
+    pad = max(pad_to_length or 0, len(ids)) - len(ids)
+    pad += (-(len(ids) + pad)) % pad_to_multiple
+    index = list(index)
+    while pad:  # padding "sequences" with no loss, short so that their attention costs little
+        n = min(pad, PAD_SEQUENCE)
+        ids += [0] * n
+        pos += range(n)
+        tgt += [0] * n
+        mask += [0] * n
+        adv += [0.0] * n
+        cu.append(cu[-1] + n)
+        index.append(-1)
+        pad -= n
     T = len(ids)
     lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
     return PackedBatch(

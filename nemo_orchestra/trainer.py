@@ -19,12 +19,15 @@ import torch
 from nemo_orchestra.chat import ChatFormat
 from nemo_orchestra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from nemo_orchestra.config import Config
+from nemo_orchestra.flops import forward_flops, perf_metrics, sequence_lengths
 from nemo_orchestra.grpo.advantages import assign_advantages
 from nemo_orchestra.grpo.reward import assign_rewards
 from nemo_orchestra.hf.qwen3 import full_state_dict
+from nemo_orchestra.megatron.parallel import (broadcast_in_model_parallel_group, data_parallel_gather,
+                                              data_parallel_sum, model_parallel_rank)
 from nemo_orchestra.metrics import MetricLogger
-from nemo_orchestra.packing import pack
-from nemo_orchestra.policy import Policy, forward_logprobs, grpo_loss_fn, set_lr, sft_loss_fn, train_step
+from nemo_orchestra.policy import (Policy, forward_logprobs, grpo_loss_fn, pack_for_step, reference_logprobs, set_lr,
+                                   sft_loss_fn, train_step)
 from nemo_orchestra.rollout.rollout import run_rollouts
 from nemo_orchestra.types import PackedBatch, TaskRecord, Trajectory
 
@@ -70,9 +73,19 @@ class Trainer:
 
     def fill_logprobs(self, batches: list[PackedBatch]) -> None:
         """Old logprobs from the current policy (one PPO epoch: ratio starts at 1) and the reference's."""
-        for b in batches:
-            b.old_logprobs_T = forward_logprobs(self.policy.model, b, self.policy.device, self.cfg.rollout.temperature)
-            b.ref_logprobs_T = forward_logprobs(self.policy.reference, b, self.policy.device, self.cfg.rollout.temperature)
+        temp = self.cfg.rollout.temperature
+        old = forward_logprobs(self.policy.model, batches, self.policy.device, temp)
+        ref = reference_logprobs(self.policy, batches, temp)
+        for b, o, r in zip(batches, old, ref):
+            b.old_logprobs_T, b.ref_logprobs_T = o, r
+
+    def train_perf(self, batches: list[PackedBatch], seconds: float) -> dict:
+        """perf/tflops_per_gpu, perf/mfu, perf/peak_mem_gb of the logprob + train stage (see flops.py)."""
+        seqs = sequence_lengths(batches)
+        passes = 3 + 2  # forward + backward, then old and reference logprobs
+        flops = data_parallel_sum([passes * forward_flops(self.cfg.model, self.vocab_size, seqs)])[0]
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        return perf_metrics(flops, seconds, world, self.cfg.perf.peak_tflops)
 
     def sync_weights(self) -> float:
         t0 = time.perf_counter()
@@ -81,21 +94,25 @@ class Trainer:
 
     def grpo_step(self) -> dict:
         t0 = time.perf_counter()
-        trajs = self.rollout(self.batch_tasks(self.step))
+        tasks = self.batch_tasks(self.step)
+        # one rollout per model replica: its tensor/pipeline ranks must train on the same data
+        trajs = broadcast_in_model_parallel_group(self.rollout(tasks) if model_parallel_rank() == 0 else None)
         t_rollout = time.perf_counter() - t0
         assign_rewards(trajs, self.cfg.reward)
         self.write_samples(trajs)
         kept, metrics = assign_advantages(trajs, self.cfg.advantage)
         metrics.update(rollout_metrics(trajs))
         t1 = time.perf_counter()
-        batches = pack(kept, self.cfg.parallel.microbatch_tokens, pad_to_multiple=self.cfg.parallel.tp)
-        if batches and sum(float(b.loss_mask_T.sum()) for b in batches) > 0:
+        batches = pack_for_step(kept, self.cfg.parallel)
+        if batches:
             self.fill_logprobs(batches)
             metrics.update(train_step(self.policy, batches, grpo_loss_fn(self.cfg.loss), self.cfg.rollout.temperature))
             metrics["rollout/logprob_mismatch"] = logprob_mismatch(kept, batches)
         else:
             metrics["train/step_skipped"] = 1.0
         t_train = time.perf_counter() - t1
+        metrics.update(self.train_perf(batches, t_train))
+        metrics["data/task_ids"] = [i for ids in data_parallel_gather([t.id for t in tasks]) for i in ids]
         t_sync = self.sync_weights()
         step_s = time.perf_counter() - t0
         tokens = sum(len(t.token_ids) for t in trajs)
@@ -140,12 +157,11 @@ class Trainer:
             bar = tqdm(range(sft.steps), desc="warm start", disable=self.rank != 0, dynamic_ncols=True)
             for i in bar:
                 batch = rng.sample(sft_trajs, min(sft.batch_size, len(sft_trajs)))
-                m = train_step(self.policy, pack(batch, self.cfg.parallel.microbatch_tokens, self.cfg.parallel.tp),
-                               sft_loss_fn)
+                m = train_step(self.policy, pack_for_step(batch, self.cfg.parallel), sft_loss_fn)
                 bar.set_postfix(nll=f"{m.get('loss/nll', float('nan')):.3f}")
             log.info("warm start done: %d steps, nll %.4f", sft.steps, m.get("loss/nll", float("nan")))
             set_lr(self.policy.optimizer, self.cfg.optim.lr)
-        self.policy.reference.load_state_dict(self.policy.module.state_dict())
+        self.policy.reset_reference()
         self.sync_weights()
 
     # ---- the loop -----------------------------------------------------------------------------------------
@@ -173,7 +189,7 @@ class Trainer:
             every = self.cfg.checkpoint.save_every
             if (every and self.step % every == 0) or self.step == self.cfg.trainer.max_steps:
                 save_checkpoint(ckpt_root, self.step, self.policy, {"data_position": self.step},
-                                self.cfg.checkpoint.keep, self.rank)
+                                self.cfg.checkpoint.keep, self.rank, self.cfg.model, self.vocab_size)
         bar.close()
 
     def close(self) -> None:

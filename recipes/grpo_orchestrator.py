@@ -60,10 +60,12 @@ def main(argv: list[str]) -> int:
             if info.is_main:
                 plot_curves(cfg.run.output_dir)
                 log.info("report: %s", write_report(cfg.run.output_dir, evals, "nemo-orchestra GRPO run"))
-        if cfg.export.enabled and info.is_main:
-            out = cfg.export.dir or os.path.join(cfg.run.output_dir, "hf")
-            export_hf(full_state_dict(trainer.policy.module), cfg.model, trainer.vocab_size, trainer.tokenizer, out)
-            log.info("exported Hugging Face checkpoint to %s", out)
+        if cfg.export.enabled:
+            weights = full_state_dict(trainer.policy.module)  # gathered from the TP/PP shards: every rank joins
+            if info.is_main:
+                out = cfg.export.dir or os.path.join(cfg.run.output_dir, "hf")
+                export_hf(weights, cfg.model, trainer.vocab_size, trainer.tokenizer, out)
+                log.info("exported Hugging Face checkpoint to %s", out)
     destroy_distributed()
     return 0
 

@@ -1,4 +1,8 @@
-"""Write a Hugging Face Qwen3 folder: config.json, generation_config.json, safetensors, tokenizer."""
+"""Write a Hugging Face Qwen3 (or Llama) folder: config.json, generation_config.json, safetensors, tokenizer.
+
+Weights go in shards of at most 2 GB with ``model.safetensors.index.json`` when there is more
+than one (one ``model.safetensors`` otherwise), as ``transformers`` and vLLM expect.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import os
 import torch
 
 from nemo_orchestra.config import ModelConfig
-from nemo_orchestra.hf.qwen3 import hf_config, megatron_to_hf
+from nemo_orchestra.hf.qwen3 import architecture, hf_config, megatron_to_hf
 
 SHARD_BYTES = 2 * 1024**3
 
@@ -22,7 +26,7 @@ def export_hf(megatron_state: dict[str, torch.Tensor], model: ModelConfig, vocab
     hf = {k: v.to(dtype).contiguous().cpu() for k, v in megatron_to_hf(megatron_state, model).items()}
     dtype_name = str(dtype).replace("torch.", "")
     config = hf_config(model, vocab_size, tokenizer, dtype=dtype_name)
-    config.architectures = ["Qwen3ForCausalLM"]
+    config.architectures = [architecture(model)]
     config.save_pretrained(out_dir)
     GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
                      temperature=1.0, top_p=1.0, do_sample=True).save_pretrained(out_dir)

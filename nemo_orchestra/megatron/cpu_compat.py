@@ -58,7 +58,13 @@ _PATCHED_MODULES = (
     "megatron.core.optimizer.clip_grads",
     "megatron.core.optimizer.grad_scaler",
     "megatron.core.dist_checkpointing.strategies.torch",
+    "megatron.core.dist_checkpointing.strategies.async_utils",
+    "megatron.core.dist_checkpointing.strategies.filesystem_async",
+    "megatron.core.dist_checkpointing.strategies.fully_parallel",
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver",
+    "megatron.core.dist_checkpointing.tensor_aware_state_dict",
     "megatron.core.dist_checkpointing.exchange_utils",
+    "megatron.core.tensor_parallel.utils",
 )
 
 
@@ -156,19 +162,50 @@ class _CpuTorch(types.ModuleType):
 
 @contextlib.contextmanager
 def cuda_type_names():
-    """While active, CPU float tensors report their CUDA type name (``torch.cuda.FloatTensor``)."""
+    """While active, CPU float tensors report their CUDA type name (``torch.cuda.FloatTensor``).
+
+    Re-entrant: a nested use keeps the outer shim.
+    """
     original = torch.Tensor.type
+    if getattr(original, "_cuda_type_names", False):
+        yield
+        return
 
     def type_(self, dtype=None, non_blocking=False, **kwargs):
         if dtype is None and self.device.type == "cpu":
             return original(self).replace("torch.", "torch.cuda.", 1)
         return original(self, dtype, non_blocking, **kwargs)
 
+    type_._cuda_type_names = True
     torch.Tensor.type = type_
     try:
         yield
     finally:
         torch.Tensor.type = original
+
+
+@contextlib.contextmanager
+def cuda_tensors_stay():
+    """While active (and only without CUDA), ``Tensor.cuda()`` returns the tensor itself.
+
+    The distributed optimizer's checkpoint gather and dist_checkpointing's exchange call it.
+    """
+    if torch.cuda.is_available():
+        yield
+        return
+    original = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = original
+
+
+@contextlib.contextmanager
+def on_cpu():
+    """Both shims: CUDA type names and ``Tensor.cuda()`` as identity (checkpoint save/load, optimizer)."""
+    with cuda_type_names(), cuda_tensors_stay():
+        yield
 
 
 _installed = False

@@ -2,7 +2,12 @@
 
 Qwen3 = pre-norm decoder with RMSNorm, SwiGLU MLP, RoPE, grouped-query attention, RMSNorm on
 queries and keys per head (QK-norm), no biases, tied or untied embeddings. Attention runs on
-packed THD input through our core attention (see ``attention.py``).
+packed THD input through our core attention (see ``attention.py``). ``model.qk_norm=false``
+builds the same decoder without QK-norm: the Llama architecture.
+
+FP8 (``model.fp8``) uses TransformerEngine's layer spec and its FP8 autocast, with delayed
+(amax history) or tensorwise current scaling (``model.fp8_recipe``); weights stay bf16 and the
+optimizer keeps fp32 master copies.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from nemo_orchestra.megatron.attention import make_core_attention, resolve_atten
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def transformer_config(model: ModelConfig, parallel: ParallelConfig):
+def transformer_config(model: ModelConfig, parallel: ParallelConfig, initialize: bool = True):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     if parallel.sequence_parallel and not torch.cuda.is_available():
@@ -25,7 +30,9 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig):
     fp8 = {}
     if model.fp8 is not None:
         _require_te("model.fp8")
-        fp8 = dict(fp8=model.fp8, fp8_recipe="delayed")
+        fp8 = dict(fp8=model.fp8, fp8_recipe=model.fp8_recipe)
+        if model.fp8_recipe == "delayed":
+            fp8.update(fp8_margin=0, fp8_amax_history_len=1024, fp8_amax_compute_algo="max")
     return TransformerConfig(
         num_layers=model.num_layers,
         hidden_size=model.hidden_size,
@@ -35,7 +42,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig):
         ffn_hidden_size=model.ffn_hidden_size,
         normalization="RMSNorm",
         layernorm_epsilon=model.norm_eps,
-        qk_layernorm=True,
+        qk_layernorm=model.qk_norm,
         gated_linear_unit=True,
         activation_func=F.silu,
         add_bias_linear=False,
@@ -51,6 +58,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig):
         fp16=dtype == torch.float16,
         pipeline_dtype=dtype,
         use_cpu_initialization=not torch.cuda.is_available(),
+        perform_initialization=initialize,  # False when weights are loaded right after (import, export)
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
@@ -69,23 +77,24 @@ def layer_spec(model: ModelConfig):
         _require_te("model.attention_backend=te" if backend == "te" else "model.fp8")
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
-        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=True)
+        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=model.qk_norm)
         if backend != "te":
             spec.submodules.self_attention.submodules.core_attention = make_core_attention(backend)
         return spec
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(qk_layernorm=model.qk_norm, normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = make_core_attention(backend)
     return spec
 
 
-def build_gpt_model(model: ModelConfig, parallel: ParallelConfig, vocab_size: int, device: torch.device):
+def build_gpt_model(model: ModelConfig, parallel: ParallelConfig, vocab_size: int, device: torch.device,
+                    initialize: bool = True):
     """One pipeline stage of the policy (pre/post-process flags from the PP rank)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
-    config = transformer_config(model, parallel)
+    config = transformer_config(model, parallel, initialize)
     gpt = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(model),
@@ -102,8 +111,14 @@ def build_gpt_model(model: ModelConfig, parallel: ParallelConfig, vocab_size: in
 
 
 def padded_vocab_size(vocab_size: int, tp: int, multiple: int = 128) -> int:
-    """Megatron shards the vocabulary over TP ranks: pad to a multiple of ``multiple * tp``."""
-    m = multiple * tp
+    """Megatron shards the vocabulary over TP ranks: pad to a multiple of lcm(``multiple``, tp).
+
+    With the default 128 the size does not depend on TP (for TP up to 128), so a checkpoint
+    resumes under another tensor-parallel size.
+    """
+    import math
+
+    m = math.lcm(multiple, tp)
     return ((vocab_size + m - 1) // m) * m
 
 

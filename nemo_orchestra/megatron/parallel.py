@@ -85,3 +85,52 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def model_parallel_rank() -> int:
+    """Rank within this replica's tensor x pipeline group (0 on one rank)."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return 0
+    return dist.get_rank(group=ps.get_model_parallel_group())
+
+
+def broadcast_in_model_parallel_group(obj):
+    """``obj`` from the first rank of this replica's model-parallel group, on all its ranks.
+
+    Ranks of one replica must train on the same data: rollouts are made once per replica and
+    shared (any picklable object; a no-op without tensor/pipeline parallelism).
+    """
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return obj
+    group = ps.get_model_parallel_group()
+    if dist.get_world_size(group=group) == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=dist.get_process_group_ranks(group)[0], group=group)
+    return box[0]
+
+
+def data_parallel_sum(values: list[float]) -> list[float]:
+    """Element-wise sum over the data-parallel group (float64)."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized() or ps.get_data_parallel_world_size() == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, group=ps.get_data_parallel_group())
+    return t.tolist()
+
+
+def data_parallel_gather(obj) -> list:
+    """One object per data-parallel rank, in rank order, on every rank."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized() or ps.get_data_parallel_world_size() == 1:
+        return [obj]
+    out = [None] * ps.get_data_parallel_world_size()
+    dist.all_gather_object(out, obj, group=ps.get_data_parallel_group())
+    return out

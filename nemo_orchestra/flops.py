@@ -1,0 +1,87 @@
+r"""Model FLOPs of the train stage, achieved TFLOP/s per GPU, MFU and peak memory.
+
+Counted for a dense Qwen3/Llama decoder (a multiply-add is 2 FLOPs). L layers, hidden H, Hq
+query heads and Hkv KV heads of size D, MLP width F (SwiGLU: gate, up, down), vocabulary V.
+Matmul weights per token:
+
+    N_mm = L (H (Hq + 2 Hkv) D + Hq D H + 3 H F) + V H          (QKV, output proj, MLP; LM head)
+
+A forward pass over a pack of sequences of lengths s_i (T = sum s_i tokens) costs
+
+    F = 2 N_mm T + L * 2 Hq D * sum_i s_i (s_i + 1)
+
+the second term being causal attention: for the query at position j, QK^T and PV each take
+2 Hq D (j + 1) FLOPs, and sum_{j<s} 2 (j + 1) = s (s + 1). Backward costs twice the forward, so
+a training step is 3F (= 6 N_mm T + 6 L Hq D sum s_i^2 + ..., the usual 6N rule plus attention),
+and each forward-only pass (old logprobs, reference logprobs) is F. Not counted: embedding
+lookups, norms, softmax, RoPE (well under 1%), and padding tokens. No activation recomputation.
+
+    perf/tflops_per_gpu = FLOPs of the stage / (stage seconds x GPUs) / 1e12
+    perf/mfu            = perf/tflops_per_gpu / peak
+
+Peak: ``perf.peak_tflops`` or the dense bf16 figure of the device below (FP8 runs are still
+compared to the bf16 peak). On a CPU there is no peak and no ``perf/mfu``.
+"""
+
+from __future__ import annotations
+
+import resource
+
+import torch
+
+from nemo_orchestra.config import ModelConfig
+
+# Dense (no sparsity) bf16 tensor-core peak, TFLOP/s, by a substring of torch.cuda.get_device_name().
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "GH200": 989.0, "B200": 2250.0, "A100": 312.0,
+                    "L40S": 362.0, "A10G": 70.0}
+
+
+def matmul_params(model: ModelConfig, vocab_size: int) -> int:
+    H, D, F = model.hidden_size, model.head_dim, model.ffn_hidden_size
+    hq, hkv = model.num_attention_heads, model.num_query_groups
+    per_layer = H * (hq + 2 * hkv) * D + hq * D * H + 3 * H * F
+    return model.num_layers * per_layer + vocab_size * H
+
+
+def forward_flops(model: ModelConfig, vocab_size: int, seq_lens: list[int]) -> float:
+    """FLOPs of one forward pass over sequences of these lengths (packed or not: the same)."""
+    tokens = sum(seq_lens)
+    attn = 2 * model.num_attention_heads * model.head_dim * sum(s * (s + 1) for s in seq_lens)
+    return 2.0 * matmul_params(model, vocab_size) * tokens + model.num_layers * attn
+
+
+def sequence_lengths(batches) -> list[int]:
+    """Lengths of the real (non-padding) sequences in packed batches."""
+    out = []
+    for b in batches:
+        cu = b.cu_seqlens_B1.tolist()
+        out += [e - s for s, e, j in zip(cu[:-1], cu[1:], b.traj_index_B) if j >= 0]
+    return out
+
+
+def peak_tflops(configured: float | None) -> float | None:
+    if configured:
+        return configured
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    for key, value in PEAK_BF16_TFLOPS.items():
+        if key in name:
+            return value
+    return None
+
+
+def peak_memory_gb() -> float:
+    """Peak device memory allocated by torch (CUDA), else the process's peak resident set size."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux
+
+
+def perf_metrics(flops: float, seconds: float, gpus: int, configured_peak: float | None) -> dict[str, float]:
+    tflops = flops / max(seconds, 1e-9) / max(gpus, 1) / 1e12
+    out = {"perf/tflops_per_gpu": tflops, "perf/peak_mem_gb": peak_memory_gb()}
+    peak = peak_tflops(configured_peak)
+    if peak:
+        out["perf/mfu"] = tflops / peak
+    return out
