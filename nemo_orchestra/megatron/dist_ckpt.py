@@ -19,6 +19,8 @@ import dataclasses
 import json
 import os
 
+import torch
+
 META = "nemo_orchestra.json"
 OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 
@@ -96,6 +98,7 @@ def load(folder: str, policy) -> dict:
         _load_module(policy.module, loaded["model"], "model.")
         _load_module(policy.reference, loaded["reference"], "reference.")
         policy.optimizer.load_state_dict(loaded["optimizer"])
+        unshare_adam_steps(policy.optimizer)
     return loaded.get("common", {})
 
 
@@ -119,6 +122,17 @@ def ensure_optimizer_state(optimizer) -> None:
         opt._init_optimizer_states_with_dummy_values()
         for g, lr in zip(inner.param_groups, lrs):
             g["lr"] = lr
+
+
+def unshare_adam_steps(optimizer) -> None:
+    """Megatron restores torch Adam's per-parameter ``step`` as one tensor shared by every
+    parameter; Adam increments it in place once per parameter, which would skew the bias
+    correction of all but the first. Give each parameter its own copy."""
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        for state in (inner.state.values() if inner is not None else []):
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].clone()
 
 
 _fixed = False

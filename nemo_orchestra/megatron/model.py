@@ -94,19 +94,22 @@ def build_gpt_model(model: ModelConfig, parallel: ParallelConfig, vocab_size: in
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
+    from nemo_orchestra.megatron.cpu_compat import cuda_tensors_stay
+
     config = transformer_config(model, parallel, initialize)
-    gpt = GPTModel(
-        config=config,
-        transformer_layer_spec=layer_spec(model),
-        vocab_size=vocab_size,
-        max_sequence_length=model.max_position_embeddings,
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
-        share_embeddings_and_output_weights=model.tie_embeddings,
-        position_embedding_type="rope",
-        rotary_base=int(model.rope_theta),
-        rotary_percent=1.0,
-    )
+    with cuda_tensors_stay():  # tied embeddings under PP call .cuda() on the output layer
+        gpt = GPTModel(
+            config=config,
+            transformer_layer_spec=layer_spec(model),
+            vocab_size=vocab_size,
+            max_sequence_length=model.max_position_embeddings,
+            pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=parallel_state.is_pipeline_last_stage(),
+            share_embeddings_and_output_weights=model.tie_embeddings,
+            position_embedding_type="rope",
+            rotary_base=int(model.rope_theta),
+            rotary_percent=1.0,
+        )
     return gpt.to(device)
 
 

@@ -145,6 +145,7 @@ def gather_full_state(gpt) -> dict[str, torch.Tensor]:
     """Every weight of the model, full and globally numbered, on every rank of its model-parallel group.
 
     Collective over the tensor- and pipeline-parallel groups (each rank of them must call it).
+    Tensors that needed no communication are the live weights themselves (clone to keep them).
     """
     return gather_full(model_state(gpt), gpt.config.num_layers, gpt.share_embeddings_and_output_weights,
                        _device(gpt))
