@@ -1,0 +1,113 @@
+"""A per-run cgroup v2 group: an exact process list, an atomic kill, pids.max / memory.max where delegated."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+from tools_env.sandbox.limits import SandboxLimits
+
+logger = logging.getLogger(__name__)
+
+_CGROUP_DIR = "nemo-sandbox"
+
+
+def _cgroup_base() -> str | None:
+    """A writable cgroup v2 directory for per-run groups: beside our own group, else at the root."""
+    try:
+        mounts = [line.split() for line in open("/proc/self/mountinfo")]
+        roots = [f[4] for f in mounts if f[f.index("-") + 1] == "cgroup2"]
+        own = next((line.strip()[3:] for line in open("/proc/self/cgroup") if line.startswith("0::")), None)
+    except (OSError, ValueError):
+        return None
+    for root in roots:
+        for parent in ([root + own] if own and own != "/" else []) + [root]:
+            base = os.path.join(parent, _CGROUP_DIR)
+            try:
+                os.makedirs(base, exist_ok=True)
+            except OSError:
+                continue
+            # moving a process needs write access to both groups' cgroup.procs (their common ancestor's, really)
+            if all(os.access(os.path.join(d, "cgroup.procs"), os.W_OK) for d in (base, parent)):
+                _enable_controllers(base)
+                return base
+    return None
+
+
+def _enable_controllers(base: str) -> None:
+    """Let run groups set pids.max / memory.max if our parent delegates those controllers to us."""
+    try:
+        available = open(os.path.join(base, "cgroup.controllers")).read().split()
+        wanted = [c for c in ("pids", "memory") if c in available]
+        if wanted:
+            with open(os.path.join(base, "cgroup.subtree_control"), "w") as f:
+                f.write(" ".join("+" + c for c in wanted))
+    except OSError:
+        pass
+
+
+class _Cgroup:
+    def __init__(self, path: str):
+        self.path = path
+
+    @classmethod
+    def create(cls, base: str | None, name: str, limits: SandboxLimits) -> _Cgroup | None:
+        if base is None:
+            return None
+        group = cls(os.path.join(base, "run-" + name))
+        try:
+            os.mkdir(group.path)
+        except OSError as e:
+            logger.warning("sandbox: cannot create cgroup %s: %s", group.path, e)
+            return None
+        group._write("pids.max", str(limits.max_processes))
+        group._write("memory.max", str(limits.memory_mb << 20))
+        group._write("memory.swap.max", "0")
+        return group
+
+    def _write(self, name: str, value: str) -> bool:
+        try:
+            with open(os.path.join(self.path, name), "w") as f:
+                f.write(value)
+            return True
+        except OSError:
+            return False
+
+    def add(self, pid: int) -> bool:
+        return self._write("cgroup.procs", str(pid))
+
+    def kill(self) -> None:
+        if not self._write("cgroup.kill", "1"):  # Linux < 5.14: freeze, kill each, thaw
+            self._write("cgroup.freeze", "1")
+            for pid in self.pids():  # frozen: none can exit, so none of these pids is recycled
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self._write("cgroup.freeze", "0")
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(p) for p in open(os.path.join(self.path, "cgroup.procs")).read().split()]
+        except OSError:
+            return []
+
+    def oom_killed(self) -> bool:
+        try:
+            events = dict(line.split() for line in open(os.path.join(self.path, "memory.events")))
+            return int(events.get("oom_kill", 0)) > 0
+        except (OSError, ValueError):
+            return False
+
+    def remove(self) -> None:
+        for _ in range(200):  # killed processes leave the group a moment after SIGKILL
+            try:
+                os.rmdir(self.path)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.005)
+        logger.warning("sandbox: cgroup %s is still busy; left in place", self.path)
