@@ -28,9 +28,10 @@ def hf_config(model: ModelConfig, vocab_size: int, tokenizer=None, dtype: str = 
 
     special = {}
     if tokenizer is not None:
+        vocab = tokenizer.get_vocab()
         special = dict(
             bos_token_id=None,
-            eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+            eos_token_id=vocab["<|im_end|>"] if "<|im_end|>" in vocab else tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
     common = dict(

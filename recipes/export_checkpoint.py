@@ -1,0 +1,56 @@
+"""Write a Hugging Face folder from a nemo-orchestra checkpoint saved under any TP/PP layout.
+
+The checkpoint is a training checkpoint (``<run>/checkpoints/step_N``) or an import. Megatron
+reshards its tensors into the layout of this run (one process by default; ``parallel.tp/pp``
+under torchrun), the shards are gathered to full weights, and rank 0 writes ``config.json``,
+``generation_config.json``, safetensors (2 GB shards with an index when larger) and the
+tokenizer files (from ``tokenizer=DIR``, the checkpoint folder, or the run's ``tokenizer/``).
+``dtype=`` picks the weights' dtype (default: the model's).
+
+Launch:
+    python recipes/export_checkpoint.py checkpoint=runs/grpo_orchestrator/checkpoints/step_00000008 output=runs/hf
+    python recipes/export_checkpoint.py checkpoint=checkpoints/qwen3-8b output=/models/qwen3-8b-roundtrip dtype=bf16
+"""
+
+import logging
+import os
+import sys
+
+from nemo_orchestra.config import ConfigError, load_config
+
+KEYS = ("checkpoint", "output", "tokenizer", "dtype")
+
+
+def main(argv: list[str]) -> int:
+    args = dict(a.split("=", 1) for a in argv if a.split("=", 1)[0] in KEYS)
+    rest = [a for a in argv if a.split("=", 1)[0] not in KEYS]
+    try:
+        if "checkpoint" not in args or "output" not in args:
+            raise ConfigError("usage: export_checkpoint.py checkpoint=DIR output=DIR [tokenizer=DIR] [dtype=bf16]")
+        if args.get("dtype") not in (None, "fp32", "bf16", "fp16"):
+            raise ConfigError(f"dtype: must be fp32, bf16 or fp16, got {args['dtype']!r}")
+        cfg = load_config(rest)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+
+    from nemo_orchestra.hf.convert import export_checkpoint
+    from nemo_orchestra.megatron.parallel import destroy_distributed, init_distributed
+    from nemo_orchestra.metrics import setup_logging
+
+    setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))
+    info = init_distributed(cfg.parallel, cfg.run.seed)
+    try:
+        out = export_checkpoint(args["checkpoint"], args["output"], cfg.parallel, info.device, args.get("tokenizer"),
+                                args.get("dtype"))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if info.is_main:
+        logging.getLogger("export_checkpoint").info("wrote Hugging Face folder %s", out)
+    destroy_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
