@@ -55,10 +55,13 @@ def init_distributed(cfg: ParallelConfig, seed: int) -> DistInfo:
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if world == 1 and "MASTER_PORT" not in os.environ:
-            os.environ["MASTER_PORT"] = str(_free_port())
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=30))
+        init_method = None
+        if world == 1 and "MASTER_PORT" not in os.environ:  # a private port, not left in the environment
+            init_method = f"tcp://127.0.0.1:{_free_port()}"  # (child processes would inherit it)
+        else:
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                                timeout=timedelta(minutes=30))
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp,
