@@ -11,7 +11,7 @@ from nemo_orchestra.chat import QWEN3_CHAT_TEMPLATE, ChatFormat
 from nemo_orchestra.config import Config, save_config
 from nemo_orchestra.data.default_tasks import generate_tasks
 from nemo_orchestra.megatron.model import padded_vocab_size
-from nemo_orchestra.megatron.parallel import DistInfo
+from nemo_orchestra.megatron.parallel import DistInfo, once_per_node
 from nemo_orchestra.metrics import MetricLogger
 from nemo_orchestra.policy import build_policy
 from nemo_orchestra.rollout.engines import build_engine
@@ -45,7 +45,7 @@ def warm_start_tasks(cfg: Config, tasks: list) -> list:
 
 
 def tool_service(cfg: Config, stack: ExitStack) -> list[str]:
-    """URLs of the tool service: the configured replicas, or one started here for this run."""
+    """URLs of the tool service: the configured replicas, or one started here for this node."""
     if cfg.tools.url:
         urls = [u.strip().rstrip("/") for u in cfg.tools.url.split(",") if u.strip()]
         for url in urls:
@@ -53,11 +53,15 @@ def tool_service(cfg: Config, stack: ExitStack) -> list[str]:
         return urls
     from tools_env.launch import start_service
 
-    handle = stack.enter_context(start_service(
-        dict(cfg.tools.service), workers=cfg.tools.workers, token=cfg.tools.token,
-        timeout_s=cfg.tools.startup_timeout_s))
-    log.info("tool service started at %s", ", ".join(handle.urls))
-    return list(handle.urls)
+    def start() -> list[str]:
+        handle = stack.enter_context(start_service(
+            dict(cfg.tools.service), workers=cfg.tools.workers, token=cfg.tools.token,
+            timeout_s=cfg.tools.startup_timeout_s))
+        log.info("tool service started at %s", ", ".join(handle.urls))
+        return list(handle.urls)
+
+    # one replica per node, started by its local rank 0 and shared with the node's other ranks
+    return once_per_node(start, os.path.join(cfg.run.output_dir, "tools_urls"))
 
 
 def _check_health(url: str, timeout_s: float) -> None:

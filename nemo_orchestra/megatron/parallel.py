@@ -137,3 +137,31 @@ def data_parallel_gather(obj) -> list:
     out = [None] * ps.get_data_parallel_world_size()
     dist.all_gather_object(out, obj, group=ps.get_data_parallel_group())
     return out
+
+
+def once_per_node(make, path: str):
+    """``make()`` on local rank 0 of each node; the node's other ranks get its (JSON) result.
+
+    The result goes through ``<path>.node<N>.json`` (written atomically, read after a barrier),
+    e.g. the URLs of the one tool-service replica a node's ranks share. Collective.
+    """
+    import json
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return make()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    node = int(os.environ.get("GROUP_RANK", dist.get_rank() // local_world))
+    file = f"{path}.node{node}.json"
+    value = None
+    if local_rank == 0:
+        value = make()
+        os.makedirs(os.path.dirname(file) or ".", exist_ok=True)
+        with open(file + ".tmp", "w") as f:
+            json.dump(value, f)
+        os.replace(file + ".tmp", file)
+    dist.barrier()
+    if local_rank != 0:
+        with open(file) as f:
+            value = json.load(f)
+    return value
