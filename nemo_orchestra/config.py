@@ -118,6 +118,7 @@ class RolloutConfig:
     top_p: float = MISSING
     orchestrator_price_in: float = MISSING  # $/1M tokens the policy itself costs (Qwen3-8B: 0.2)
     orchestrator_price_out: float = MISSING
+    sync_timeout_s: float = MISSING  # a weight sync into the engine that takes longer raises (vllm engine)
 
     def validate(self) -> None:
         from nemo_orchestra.rollout.engines import ENGINES
@@ -128,6 +129,7 @@ class RolloutConfig:
         _check(self.max_new_tokens_per_turn >= 1, "rollout.max_new_tokens_per_turn", "must be >= 1")
         _check(self.temperature > 0, "rollout.temperature", "must be > 0")
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+        _check(self.sync_timeout_s > 0, "rollout.sync_timeout_s", "must be > 0")
 
 
 @dataclass
@@ -162,11 +164,13 @@ class LossConfig:
     clip_high: float = MISSING
     dual_clip: Optional[float] = MISSING
     kl_coef: float = MISSING
+    tis_cap: Optional[float] = MISSING  # truncated importance sampling cap on trainer/generator ratios; null: off
 
     def validate(self) -> None:
         _check(self.clip_low > 0 and self.clip_high > 0, "loss.clip_low", "clip ranges must be > 0")
         _check(self.dual_clip is None or self.dual_clip > 1, "loss.dual_clip", "must be null or > 1")
         _check(self.kl_coef >= 0, "loss.kl_coef", "must be >= 0")
+        _check(self.tis_cap is None or self.tis_cap > 0, "loss.tis_cap", "must be null or > 0")
 
 
 @dataclass

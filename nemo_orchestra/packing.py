@@ -39,7 +39,7 @@ def pack(trajectories: Sequence[Trajectory], capacity: int, pad_to_multiple: int
 
 def _pack_one(trajs: Sequence[Trajectory], index: list[int], pad_to_multiple: int,
               pad_to_length: int | None = None) -> PackedBatch:
-    ids, pos, tgt, mask, adv, cu = [], [], [], [], [], [0]
+    ids, pos, tgt, mask, adv, gen, cu = [], [], [], [], [], [], [0]
     for t in trajs:
         n = len(t.token_ids)
         ids += t.token_ids
@@ -47,6 +47,7 @@ def _pack_one(trajs: Sequence[Trajectory], index: list[int], pad_to_multiple: in
         tgt += t.token_ids[1:] + [0]
         # loss_mask[i] marks token i as generated; as a *target* it is predicted at position i-1.
         mask += t.loss_mask[1:] + [0]
+        gen += t.gen_logprobs[1:] + [0.0]  # shifted like the mask: the logprob of each target
         adv += [t.advantage] * n
         cu.append(cu[-1] + n)
     pad = max(pad_to_length or 0, len(ids)) - len(ids)
@@ -58,6 +59,7 @@ def _pack_one(trajs: Sequence[Trajectory], index: list[int], pad_to_multiple: in
         pos += range(n)
         tgt += [0] * n
         mask += [0] * n
+        gen += [0.0] * n
         adv += [0.0] * n
         cu.append(cu[-1] + n)
         index.append(-1)
@@ -75,4 +77,5 @@ def _pack_one(trajs: Sequence[Trajectory], index: list[int], pad_to_multiple: in
         cu_seqlens_B1=torch.tensor(cu, dtype=torch.int32),
         max_seqlen=max(lens) if lens else 0,
         traj_index_B=list(index),
+        gen_logprobs_T=torch.tensor(gen, dtype=torch.float32),
     )

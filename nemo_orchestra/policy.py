@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_orchestra.config import Config, LossConfig, OptimConfig, ParallelConfig
-from nemo_orchestra.grpo.loss import policy_loss
+from nemo_orchestra.grpo.loss import policy_loss, tis_weights
 from nemo_orchestra.megatron.model import build_gpt_model
 from nemo_orchestra.megatron.vocab_parallel import logprobs_and_entropy
 from nemo_orchestra.packing import pack
@@ -173,7 +173,7 @@ def padding_pack(length: int, multiple: int = 1) -> PackedBatch:
     return PackedBatch(input_ids_T=zeros, position_ids_T=torch.arange(T), target_ids_T=zeros,
                        loss_mask_T=torch.zeros(T), advantages_T=torch.zeros(T), old_logprobs_T=torch.zeros(T),
                        ref_logprobs_T=torch.zeros(T), cu_seqlens_B1=torch.tensor([0, T], dtype=torch.int32),
-                       max_seqlen=T, traj_index_B=[-1])
+                       max_seqlen=T, traj_index_B=[-1], gen_logprobs_T=torch.zeros(T))
 
 
 def _packed_params(batch: PackedBatch, device):
@@ -258,8 +258,12 @@ def reference_logprobs(policy: Policy, batches: list[PackedBatch], temperature: 
 def grpo_loss_fn(loss_cfg: LossConfig):
     def fn(lp_T: torch.Tensor, batch: PackedBatch):
         dev = lp_T.device
+        weights = None
+        if loss_cfg.tis_cap is not None:
+            assert batch.gen_logprobs_T is not None, "loss.tis_cap needs the generator's logprobs in the pack"
+            weights = tis_weights(batch.old_logprobs_T.to(dev), batch.gen_logprobs_T.to(dev), loss_cfg.tis_cap)
         return policy_loss(lp_T, batch.old_logprobs_T.to(dev), batch.ref_logprobs_T.to(dev),
-                           batch.advantages_T.to(dev), batch.loss_mask_T.to(dev), loss_cfg)
+                           batch.advantages_T.to(dev), batch.loss_mask_T.to(dev), loss_cfg, is_weights_T=weights)
 
     return fn
 

@@ -195,6 +195,8 @@ class Trainer:
     def close(self) -> None:
         self.loop.run_until_complete(self.client.aclose())
         self.loop.close()
+        if hasattr(self.engine, "close"):  # engines with processes of their own (vllm)
+            self.engine.close()
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:

