@@ -237,11 +237,17 @@ def _from_last_stage(tensors: list[torch.Tensor], lengths: list[int]) -> list[to
 
     if _pp_size() == 1:
         return tensors
+    from nemo_orchestra.megatron.parallel import comm_device
+
     group = ps.get_pipeline_model_parallel_group()
     src = ps.get_pipeline_model_parallel_last_rank()
-    flat = torch.cat(tensors) if ps.is_pipeline_last_stage() else torch.empty(sum(lengths), dtype=torch.float32)
+    device = comm_device()
+    if ps.is_pipeline_last_stage():
+        flat = torch.cat(tensors).to(device)
+    else:
+        flat = torch.empty(sum(lengths), dtype=torch.float32, device=device)
     dist.broadcast(flat, src=src, group=group)
-    return list(flat.split(lengths))
+    return list(flat.cpu().split(lengths))
 
 
 def _pp_size() -> int:

@@ -14,7 +14,12 @@ Two mechanisms, both scoped to Megatron-Core's own modules:
   ``torch`` except tensor factories (``device="cuda"`` becomes the CPU) and ``torch.cuda``
   (a namespace whose device, stream, RNG and memory functions act on the CPU);
 - the optimizer modules get a ``Tensor.type()`` shim while they build their parameter groups,
-  reporting a CPU float tensor under its CUDA name so the dtype dispatch takes the fp32 path.
+  reporting a CPU float tensor under its CUDA name so the dtype dispatch takes the fp32 path;
+  checkpoint save/load and model construction (tied embeddings under PP) also get
+  ``Tensor.cuda()`` as the identity (``on_cpu()``, ``cuda_tensors_stay()``).
+
+The distributed-checkpoint modules are patched too, so ``dist_checkpointing`` (torch_dist) saves
+and reshards on CPU over gloo; pipeline p2p needs nothing more than the schedules' factories.
 """
 
 from __future__ import annotations

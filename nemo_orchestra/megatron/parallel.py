@@ -90,6 +90,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def comm_device() -> torch.device:
+    """Where tensors for collectives live: the current GPU under NCCL, else the CPU (gloo)."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def model_parallel_rank() -> int:
     """Rank within this replica's tensor x pipeline group (0 on one rank)."""
     from megatron.core import parallel_state as ps
@@ -123,7 +128,7 @@ def data_parallel_sum(values: list[float]) -> list[float]:
 
     if not ps.model_parallel_is_initialized() or ps.get_data_parallel_world_size() == 1:
         return list(values)
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=comm_device())
     dist.all_reduce(t, group=ps.get_data_parallel_group())
     return t.tolist()
 
