@@ -45,7 +45,7 @@ class Policy:
     @torch.no_grad()
     def reset_reference(self) -> None:
         """The reference becomes a copy of the current weights (after the warm start)."""
-        for (name, p), (_, r) in zip(self.module.named_parameters(), self.reference.named_parameters(), strict=True):
+        for p, r in zip(self.module.parameters(), self.reference.parameters(), strict=True):
             r.copy_(p)
 
     @contextlib.contextmanager
@@ -81,6 +81,8 @@ def build_policy(cfg: Config, vocab_size: int, device: torch.device) -> Policy:
     load_local_state(reference, {k: v.to(ref_device) for k, v in model_state(gpt).items()})
     for p in reference.parameters():
         p.requires_grad_(False)
+        if cfg.reference.offload and torch.cuda.is_available():
+            p.data = p.data.pin_memory()  # host-to-device copies at full PCIe speed
     ddp = DistributedDataParallel(
         gpt.config,
         DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
