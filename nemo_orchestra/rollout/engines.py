@@ -7,6 +7,8 @@ Every engine starts from ``init_state`` (the policy's full Megatron state dict) 
 
 from __future__ import annotations
 
+import os
+
 
 def _hf(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None, seed=0):
     from nemo_orchestra.rollout.hf_engine import HFEngine
@@ -18,6 +20,8 @@ def _hf(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None,
 
 
 def _vllm(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None, seed=0):
+    # vLLM logs every request and weight reload at INFO, from three processes; they inherit this.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         import vllm  # noqa: F401
     except ImportError as e:
