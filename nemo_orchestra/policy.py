@@ -151,13 +151,14 @@ def set_lr(optimizer, lr: float) -> None:
 
 
 def pack_for_step(trajs: list[Trajectory], parallel: ParallelConfig) -> list[PackedBatch]:
-    """The step's microbatches; collective over the data-parallel group.
+    """The step's microbatches; collective over the data-parallel and model-parallel groups.
 
     Packs are padded to a TP multiple, and under PP all to one length (``microbatch_tokens``, or the
     longest trajectory if longer). Empty when no data-parallel rank has a token to train on; when
     only this rank has none, one all-padding pack, so that every rank joins the gradient reduction.
+    The ranks of one model replica all get the packs of its first rank (they must see one batch).
     """
-    from nemo_orchestra.megatron.parallel import data_parallel_sum
+    from nemo_orchestra.megatron.parallel import broadcast_in_model_parallel_group, data_parallel_sum
 
     length = None
     if parallel.pp > 1:
@@ -166,7 +167,7 @@ def pack_for_step(trajs: list[Trajectory], parallel: ParallelConfig) -> list[Pac
     tokens = data_parallel_sum([sum(float(b.loss_mask_T.sum()) for b in batches)])[0]
     if tokens == 0:
         return []
-    return batches or [padding_pack(length or parallel.tp, parallel.tp)]
+    return broadcast_in_model_parallel_group(batches or [padding_pack(length or parallel.tp, parallel.tp)])
 
 
 def padding_pack(length: int, multiple: int = 1) -> PackedBatch:
