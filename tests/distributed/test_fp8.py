@@ -41,7 +41,7 @@ def test_one_fp8_training_step(recipe):
     from tests.unit.helpers import traj
 
     cfg = load_config([*TINY, "model.fp8=hybrid", f"model.fp8_recipe={recipe}", "model.params_dtype=bf16",
-                       "model.attention_backend=te"])
+                       "model.attention_backend=te", "optim.lr=1e-3"])
     info = init_distributed(cfg.parallel, seed=0)
     policy = build_policy(cfg, 256, info.device)
     ids = torch.randint(1, 256, (60,)).tolist()
