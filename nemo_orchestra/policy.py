@@ -99,7 +99,8 @@ def load_pretrained(gpt, folder: str, model_cfg) -> None:
     """Weights from ``model.init_from``: a Hugging Face folder or a nemo-orchestra checkpoint."""
     import os
 
-    from nemo_orchestra.hf.qwen3 import HFWeights, hf_to_megatron_tensor, megatron_names, model_config_from_hf, read_hf_config
+    from nemo_orchestra.hf.qwen3 import (HFWeights, hf_to_megatron_tensor, megatron_names, model_config_from_hf,
+                                         read_hf_config)
     from nemo_orchestra.megatron import dist_ckpt
     from nemo_orchestra.megatron.sharding import load_full_state
 
@@ -107,9 +108,12 @@ def load_pretrained(gpt, folder: str, model_cfg) -> None:
         raise ValueError(f"model.init_from: no such folder {folder!r}")
     if dist_ckpt.is_checkpoint(folder):
         dist_ckpt.check_model_config(folder, model_cfg)
+        _check_vocab(dist_ckpt.read_meta(folder)["vocab_size"], gpt.vocab_size, folder)
         dist_ckpt.load_model(gpt, folder)
     elif os.path.isfile(os.path.join(folder, "config.json")):
-        check_same_architecture(model_config_from_hf(read_hf_config(folder), model_cfg), model_cfg, folder)
+        hf_cfg = read_hf_config(folder)
+        check_same_architecture(model_config_from_hf(hf_cfg, model_cfg), model_cfg, folder)
+        _check_vocab(hf_cfg["vocab_size"], gpt.vocab_size, folder)
         weights = HFWeights(folder)
         dtype = gpt.config.params_dtype
         load_full_state(gpt, lambda n: hf_to_megatron_tensor(n, weights.__getitem__, model_cfg).to(dtype),
@@ -121,6 +125,12 @@ def load_pretrained(gpt, folder: str, model_cfg) -> None:
 
 ARCH_KEYS = ("hidden_size", "num_layers", "num_attention_heads", "num_query_groups", "head_dim", "ffn_hidden_size",
              "tie_embeddings", "qk_norm", "rope_theta", "norm_eps")
+
+
+def _check_vocab(found: int, ours: int, where: str) -> None:
+    if found != ours:
+        raise ValueError(f"model.init_from={where}: the checkpoint's vocabulary has {found} entries, the model "
+                         f"{ours} (set model.vocab_size={found})")
 
 
 def check_same_architecture(found, model_cfg, where: str) -> None:
