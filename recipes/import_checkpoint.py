@@ -9,7 +9,8 @@ has ``model.qk_norm=false``.
 
 Launch:
     python recipes/import_checkpoint.py hf=/models/Qwen3-8B output=checkpoints/qwen3-8b
-    torchrun --nproc-per-node 2 recipes/import_checkpoint.py hf=/models/Qwen3-8B output=checkpoints/qwen3-8b parallel.tp=2
+    torchrun --nproc-per-node 2 recipes/import_checkpoint.py hf=/models/Qwen3-8B output=checkpoints/qwen3-8b \
+        parallel.tp=2
     python recipes/grpo_orchestrator.py model=qwen3_8b model.init_from=checkpoints/qwen3-8b \\
         model.tokenizer=checkpoints/qwen3-8b
 """
@@ -27,7 +28,8 @@ def main(argv: list[str]) -> int:
     rest = [a for a in argv if a.split("=", 1)[0] not in ("hf", "output", "dtype")]
     try:
         if "hf" not in args or "output" not in args:
-            raise ConfigError("usage: import_checkpoint.py hf=DIR output=DIR [dtype=bf16] [parallel.tp=N parallel.pp=M]")
+            raise ConfigError("usage: import_checkpoint.py hf=DIR output=DIR [dtype=bf16] "
+                              "[parallel.tp=N parallel.pp=M]")
         if args.get("dtype") not in (None, "fp32", "bf16", "fp16"):
             raise ConfigError(f"dtype: must be fp32, bf16 or fp16, got {args['dtype']!r}")
         cfg = load_config(rest)

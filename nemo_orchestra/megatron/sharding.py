@@ -4,13 +4,13 @@
 (what ``hf/qwen3.py`` maps to and from Hugging Face). *Local* = one rank's GPTModel state dict:
 its pipeline stage's layers numbered from 0, and its tensor-parallel slice of each weight.
 
-| weight                                   | tensor-parallel layout                                   |
-| ---------------------------------------- | -------------------------------------------------------- |
-| embedding.word_embeddings, output_layer  | vocab-parallel: rows split (the vocabulary is padded to a multiple of TP) |
-| linear_qkv                               | column-parallel: rows split; rows are grouped per KV group, so rank r holds whole groups |
-| linear_fc1                               | column-parallel over [gate; up]: rank r holds [gate_r; up_r], un-interleaved on gather |
-| linear_proj, linear_fc2                  | row-parallel: columns split                              |
-| input/pre_mlp/final/q/k layernorm        | replicated                                               |
+| weight                                  | tensor-parallel layout                                        |
+| --------------------------------------- | ------------------------------------------------------------- |
+| embedding.word_embeddings, output_layer | vocab-parallel: rows split (vocabulary padded to a TP multiple) |
+| linear_qkv                              | column-parallel: rows, grouped per KV group, so whole groups  |
+| linear_fc1                              | column-parallel over [gate; up]: rank r holds [gate_r; up_r]  |
+| linear_proj, linear_fc2                 | row-parallel: columns split                                   |
+| input/pre_mlp/final/q/k layernorm       | replicated                                                    |
 
 Pipeline stages hold disjoint, contiguous blocks of layers (``num_layers / pp`` each); the first
 stage holds the embedding, the last the final norm and the output layer. With tied embeddings and

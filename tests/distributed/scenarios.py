@@ -178,8 +178,8 @@ def compare_lps(ref_lps, ours: dict) -> float:
 # ---- scenarios -----------------------------------------------------------------------------------------
 def run_parallel(tp, pp, full, trajs, ref, share=None, dist_opt=True, offload=False, extra=()):
     """Loss, metrics, grads and logprobs of the trainer's policy under a layout."""
-    from nemo_orchestra.policy import build_policy, forward_backward, forward_logprobs, grpo_loss_fn, reduce_metrics
-    from nemo_orchestra.policy import reference_logprobs
+    from nemo_orchestra.policy import (build_policy, forward_backward, forward_logprobs, grpo_loss_fn, reduce_metrics,
+                                       reference_logprobs)
 
     layout(tp, pp)
     cfg = config(tp, pp, dist_opt, f"reference.offload={str(offload).lower()}", *extra)

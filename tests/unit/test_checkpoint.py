@@ -31,6 +31,11 @@ def _step(policy):
     return train_step(policy, batch, sft_loss_fn)
 
 
+def _save(root, step, policy, keep, cfg):
+    return save_checkpoint(str(root), step, policy, {"data_position": step}, keep=keep, rank=0, model_cfg=cfg.model,
+                           vocab_size=VOCAB)
+
+
 def _weights(policy):
     return {k: v.clone() for k, v in model_state(policy.module).items()}
 
@@ -39,8 +44,7 @@ def test_keeps_the_newest_and_points_latest_at_it(cfg, tmp_path):
     policy = build_policy(cfg, VOCAB, torch.device("cpu"))
     for step in (1, 2, 3):
         _step(policy)
-        save_checkpoint(str(tmp_path), step, policy, {"data_position": step}, keep=2, rank=0, model_cfg=cfg.model,
-                        vocab_size=VOCAB)
+        _save(tmp_path, step, policy, 2, cfg)
     assert sorted(os.listdir(tmp_path)) == ["latest", "step_00000002", "step_00000003"]
     assert latest_checkpoint(str(tmp_path)) == str(tmp_path / "step_00000003")
 
@@ -48,7 +52,7 @@ def test_keeps_the_newest_and_points_latest_at_it(cfg, tmp_path):
 def test_a_crash_mid_write_leaves_the_previous_checkpoint(cfg, tmp_path):
     policy = build_policy(cfg, VOCAB, torch.device("cpu"))
     _step(policy)
-    save_checkpoint(str(tmp_path), 1, policy, {"data_position": 1}, keep=2, rank=0, model_cfg=cfg.model, vocab_size=VOCAB)
+    _save(tmp_path, 1, policy, 2, cfg)
     saved = _weights(policy)
     partial = tmp_path / "step_00000002.tmp"  # what a SIGKILL during the next save leaves behind
     partial.mkdir()
@@ -59,7 +63,7 @@ def test_a_crash_mid_write_leaves_the_previous_checkpoint(cfg, tmp_path):
     assert common["step"] == 1 and common["data_position"] == 1
     assert all(torch.equal(saved[k], v) for k, v in _weights(fresh).items())
     _step(fresh)
-    save_checkpoint(str(tmp_path), 2, fresh, {"data_position": 2}, keep=2, rank=0, model_cfg=cfg.model, vocab_size=VOCAB)
+    _save(tmp_path, 2, fresh, 2, cfg)
     assert sorted(os.listdir(tmp_path)) == ["latest", "step_00000001", "step_00000002"]
 
 
@@ -68,8 +72,7 @@ def test_restore_gives_back_weights_optimizer_reference_and_rng(cfg, tmp_path):
     _step(policy)
     policy.reset_reference()
     _step(policy)
-    folder = save_checkpoint(str(tmp_path), 7, policy, {"data_position": 7}, keep=1, rank=0, model_cfg=cfg.model,
-                             vocab_size=VOCAB)
+    folder = _save(tmp_path, 7, policy, 1, cfg)
     first_draws = (torch.rand(3), random.random())  # the RNG right after the save
     after_a = _step(policy)
     weights_a = _weights(policy)
