@@ -54,6 +54,9 @@ class VLLMEngine:
                  seed: int = 0):
         from vllm import LLM
 
+        if device.type == "cpu" and model_cfg.head_dim < 64:
+            raise ValueError(f"rollout.engine=vllm on CPU needs model.head_dim >= 64 (vLLM's CPU attention), "
+                             f"got {model_cfg.head_dim}")
         self.model_cfg = model_cfg
         self.dtype = DTYPES[model_cfg.params_dtype]
         self.sync_timeout_s = sync_timeout_s
