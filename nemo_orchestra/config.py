@@ -119,6 +119,7 @@ class RolloutConfig:
     orchestrator_price_in: float = MISSING  # $/1M tokens the policy itself costs (Qwen3-8B: 0.2)
     orchestrator_price_out: float = MISSING
     sync_timeout_s: float = MISSING  # a weight sync into the engine that takes longer raises (vllm engine)
+    batch_window_s: float = MISSING  # once a tool call returns, wait this long for others before generating
 
     def validate(self) -> None:
         from nemo_orchestra.rollout.engines import ENGINES
@@ -130,6 +131,7 @@ class RolloutConfig:
         _check(self.temperature > 0, "rollout.temperature", "must be > 0")
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
         _check(self.sync_timeout_s > 0, "rollout.sync_timeout_s", "must be > 0")
+        _check(self.batch_window_s >= 0, "rollout.batch_window_s", "must be >= 0")
 
 
 @dataclass

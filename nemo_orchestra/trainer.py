@@ -66,18 +66,21 @@ class Trainer:
         return [self.tasks[i] for i in order[start:start + n]]
 
     # ---- stages ---------------------------------------------------------------------------------------
-    def rollout(self, tasks: list[TaskRecord]) -> list[Trajectory]:
+    def rollout(self, tasks: list[TaskRecord], stats: dict | None = None) -> list[Trajectory]:
         return self.loop.run_until_complete(run_rollouts(
             tasks, self.cfg.rollout.group_size, self.engine, self.client, self.chat, self.cfg.rollout, self.cfg.reward,
-            seed=f"{self.cfg.run.seed}/{self.step}/{self.dp_rank}"))
+            seed=f"{self.cfg.run.seed}/{self.step}/{self.dp_rank}", stats=stats))
 
-    def fill_logprobs(self, batches: list[PackedBatch]) -> None:
+    def fill_logprobs(self, batches: list[PackedBatch]) -> dict[str, float]:
         """Old logprobs from the current policy (one PPO epoch: ratio starts at 1) and the reference's."""
         temp = self.cfg.rollout.temperature
+        t0 = time.perf_counter()
         old = forward_logprobs(self.policy.model, batches, self.policy.device, temp)
+        t1 = time.perf_counter()
         ref = reference_logprobs(self.policy, batches, temp)
         for b, o, r in zip(batches, old, ref):
             b.old_logprobs_T, b.ref_logprobs_T = o, r
+        return {"time/old_logprobs_s": t1 - t0, "time/ref_logprobs_s": time.perf_counter() - t1}
 
     def train_perf(self, batches: list[PackedBatch], seconds: float) -> dict:
         """perf/tflops_per_gpu, perf/mfu, perf/peak_mem_gb of the logprob + train stage (see flops.py)."""
@@ -96,7 +99,8 @@ class Trainer:
         t0 = time.perf_counter()
         tasks = self.batch_tasks(self.step)
         # one rollout per model replica: its tensor/pipeline ranks must train on the same data
-        trajs = broadcast_in_model_parallel_group(self.rollout(tasks) if model_parallel_rank() == 0 else None)
+        stats: dict = {}
+        trajs = broadcast_in_model_parallel_group(self.rollout(tasks, stats) if model_parallel_rank() == 0 else None)
         t_rollout = time.perf_counter() - t0
         assign_rewards(trajs, self.cfg.reward)
         self.write_samples(trajs)
@@ -105,8 +109,10 @@ class Trainer:
         t1 = time.perf_counter()
         batches = pack_for_step(kept, self.cfg.parallel)
         if batches:
-            self.fill_logprobs(batches)
+            metrics.update(self.fill_logprobs(batches))
+            t2 = time.perf_counter()
             metrics.update(train_step(self.policy, batches, grpo_loss_fn(self.cfg.loss), self.cfg.rollout.temperature))
+            metrics["time/update_s"] = time.perf_counter() - t2
             metrics["rollout/logprob_mismatch"] = logprob_mismatch(kept, batches)
         else:
             metrics["train/step_skipped"] = 1.0
@@ -116,6 +122,9 @@ class Trainer:
         t_sync = self.sync_weights()
         step_s = time.perf_counter() - t0
         tokens = sum(len(t.token_ids) for t in trajs)
+        if stats:  # the generation engine's share of the rollout, and its idle wait on tools
+            metrics.update({"time/generate_s": stats["generate_s"], "time/env_wait_s": stats["env_wait_s"],
+                            "rollout/generate_calls": stats["generate_calls"]})
         metrics.update({"time/rollout_s": t_rollout, "time/train_s": t_train, "time/weight_sync_s": t_sync,
                         "time/step_s": step_s, "perf/tokens_per_s": tokens / step_s,
                         "perf/generated_tokens": sum(t.num_generated for t in trajs)})

@@ -1,8 +1,9 @@
 """Multi-turn rollouts: G trajectories per prompt against the tool service.
 
-Every live trajectory generates its next turn in one batched call; the tool calls of all of
-them then run concurrently. Token ids are appended as produced — the prompt once, each turn's
-generated ids (trained on), each observation's ids (masked out) — and never re-tokenized.
+Generation overlaps the tools: while some trajectories wait for their tool calls, the others'
+next turns are generated in one batched engine call. Token ids are appended as produced — the
+prompt once, each turn's generated ids (trained on), each observation's ids (masked out) — and
+never re-tokenized.
 A trajectory stops at an answer, at ``rollout.max_turns``, at the context limit, or when the
 service ends the episode (its turn, cost or time guards).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 from nemo_orchestra.chat import ChatFormat, ToolCallParseError, parse_tool_call
@@ -35,8 +37,17 @@ def prompt_messages(task: TaskRecord, reward_cfg: RewardConfig) -> list[dict]:
 
 
 async def run_rollouts(tasks: list[TaskRecord], group_size: int, engine, client, chat: ChatFormat,
-                       cfg: RolloutConfig, reward_cfg: RewardConfig, seed: str = "", progress=None) -> list[Trajectory]:
+                       cfg: RolloutConfig, reward_cfg: RewardConfig, seed: str = "", progress=None,
+                       stats: dict | None = None) -> list[Trajectory]:
     """Roll out ``group_size`` trajectories for each task; trajectory.group = index of its task.
+
+    Generation and tools overlap: the engine generates, in one batched call on a worker thread,
+    the next turn of every trajectory that is ready, while the tool calls of the others are in
+    flight. A trajectory whose tool call returns joins the next batch; when none is ready the
+    loop waits for the first to return, then up to ``cfg.batch_window_s`` for the rest, so one
+    engine call serves many. ``stats``, when given, receives the time spent generating
+    (``generate_s``), the time the engine sat idle waiting for tools (``env_wait_s``) and the
+    engine calls made (``generate_calls``).
 
     Each episode gets its own ``meta.seed`` (``seed`` + its index), so the service's random draws
     (simulated experts) differ between the rollouts of a group as they would for sampled experts.
@@ -44,32 +55,66 @@ async def run_rollouts(tasks: list[TaskRecord], group_size: int, engine, client,
     records = [{**t.to_dict(), "meta": {**t.meta, "seed": f"{seed}/{k}"}}
                for k, t in enumerate(t for t in tasks for _ in range(group_size))]
     created = await asyncio.gather(*[client.create_episode(r) for r in records])
-    live: list[_Live] = []
+    everyone: list[_Live] = []
     for k, ep in enumerate(created):
         task = tasks[k // group_size]
         ids = chat.prompt_ids(prompt_messages(task, reward_cfg), ep["tools"])
         traj = Trajectory(task=task, group=k // group_size, token_ids=list(ids), loss_mask=[0] * len(ids),
                           gen_logprobs=[0.0] * len(ids), prompt_len=len(ids))
-        live.append(_Live(traj, ep["episode_id"]))
-    everyone = list(live)
-    try:
-        for turn in range(cfg.max_turns):
-            live = [x for x in live if _fits(x.traj, cfg)]
-            for x in everyone:
-                if not x.traj.stop_reason and x not in live:
-                    x.traj.stop_reason = StopReason.CONTEXT
-            if not live:
-                break
-            gens = engine.generate([x.traj.token_ids for x in live], cfg.max_new_tokens_per_turn,
-                                   cfg.temperature, cfg.top_p, [chat.end_of_turn_id])
-            results = await asyncio.gather(*[_act(x, g, client, chat) for x, g in zip(live, gens)])
-            live = [x for x, done in zip(live, results) if not done]
+        everyone.append(_Live(traj, ep["episode_id"]))
+    stats = {} if stats is None else stats
+    stats.update(generate_s=0.0, env_wait_s=0.0, generate_calls=0)
+    ready: list[_Live] = list(everyone)
+    in_flight: set[asyncio.Task] = set()
+    finished = 0
+
+    async def turn(x: _Live, gen) -> None:
+        nonlocal finished
+        done = await _act(x, gen, client, chat)
+        if not done and x.traj.turns >= cfg.max_turns:
+            x.traj.stop_reason, done = StopReason.MAX_TURNS, True
+        if done:
+            finished += 1
             if progress is not None:
-                progress(turn + 1, len(everyone) - len(live), len(everyone))
-        for x in live:
-            x.traj.stop_reason = x.traj.stop_reason or StopReason.MAX_TURNS
+                progress(finished, len(everyone))
+        else:
+            ready.append(x)
+
+    try:
+        while ready or in_flight:
+            for d in [d for d in in_flight if d.done()]:
+                in_flight.discard(d)
+                d.result()  # a tool call that raised ends the rollout with its error
+            if not ready and in_flight:  # all wait for tools: wait for the first, then briefly for the rest
+                t0 = time.perf_counter()
+                done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                if in_flight and cfg.batch_window_s > 0:
+                    more, in_flight = await asyncio.wait(in_flight, timeout=cfg.batch_window_s)
+                    done |= more
+                in_flight |= done  # reaped at the top of the loop
+                stats["env_wait_s"] += time.perf_counter() - t0
+                continue
+            if not ready:
+                continue
+            batch, ready[:] = list(ready), []
+            for x in batch:
+                if not _fits(x.traj, cfg):
+                    x.traj.stop_reason = StopReason.CONTEXT
+                    finished += 1
+            batch = [x for x in batch if not x.traj.stop_reason]
+            if not batch:
+                continue
+            t0 = time.perf_counter()
+            gens = await asyncio.to_thread(engine.generate, [x.traj.token_ids for x in batch],
+                                           cfg.max_new_tokens_per_turn, cfg.temperature, cfg.top_p,
+                                           [chat.end_of_turn_id])
+            stats["generate_s"] += time.perf_counter() - t0
+            stats["generate_calls"] += 1
+            in_flight |= {asyncio.ensure_future(turn(x, g)) for x, g in zip(batch, gens)}
         await asyncio.gather(*[_settle(x, client, cfg) for x in everyone])
     finally:
+        for d in in_flight:
+            d.cancel()
         await asyncio.gather(*[client.delete_episode(x.episode_id) for x in everyone], return_exceptions=True)
     return [x.traj for x in everyone]
 

@@ -41,12 +41,14 @@ def test_unlisted_categories_use_default_and_the_draw_is_seeded():
 
 def test_wrong_answers_are_plausible_and_wrong():
     rng = random.Random(0)
-    for gold in ("42", "1,234", "0", "3.75", "-7", "Paris", "yes", "the Pacific Ocean"):
+    for gold in ("42", "1,234", "0", "3.75", "-7", "Paris", "yes", "the Pacific Ocean", "Nepel", "aa", "Mi"):
         for _ in range(20):
             w = wrong_answer(gold, rng)
             assert normalize_answer(w) != normalize_answer(gold)
             if parse_number(gold) is not None:
                 assert parse_number(w) is not None and parse_number(w) != parse_number(gold)
+            if gold in ("Paris", "Nepel"):  # a one-word name misses with its own letters
+                assert sorted(w.lower()) == sorted(gold.lower()) and w[0].isupper()
 
 
 def test_sleep_makes_simulated_latency_real():

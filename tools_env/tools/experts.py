@@ -98,7 +98,9 @@ _DISTRACTORS = ("Paris", "London", "1987", "George Washington", "oxygen", "Jupit
 
 
 def wrong_answer(gold: str, rng: random.Random) -> str:
-    """A plausible answer that is not ``gold``: a perturbed number, or another string."""
+    """A plausible answer that is not ``gold``: a perturbed number; for a one-word name, a
+    near miss made of the same letters (so a wrong answer is as unpredictable as the right one
+    and a policy cannot learn to prefer stock strings); else another string."""
     x = parse_number(gold)
     if x is not None:
         if x.is_integer() and abs(x) < 1e15:
@@ -112,6 +114,13 @@ def wrong_answer(gold: str, rng: random.Random) -> str:
     g = normalize_answer(gold)
     if g in ("yes", "no"):
         return "no" if g == "yes" else "yes"
+    word = gold.strip()
+    if word.isalpha() and len(set(word.lower())) >= 2:
+        for k in rng.sample(range(1, len(word)), len(word) - 1):
+            near = (word[k:] + word[:k]).lower()
+            near = near.capitalize() if word[0].isupper() else near
+            if normalize_answer(near) != g:
+                return near
     choices = [d for d in _DISTRACTORS if normalize_answer(d) != g]
     return rng.choice(choices)
 
