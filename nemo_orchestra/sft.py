@@ -1,9 +1,11 @@
 """Warm start: teach the tool-call format by SFT on scripted trajectories from the real service.
 
-A scripted orchestrator picks a random valid tool for each task (the calculator with the
-problem's expression when it has one, else a random expert alias), reads the observation, and
-answers with what the tool said. The episodes run against the tool service, so observations are
-exactly what the policy will see; the assistant turns are the only trained tokens.
+A scripted orchestrator makes random valid choices for each task: first the calculator with the
+problem's expression (when it has one), a random expert alias, or straight to ``answer`` written
+by a random expert alias; after a tool result, ``answer`` with what the tool said or written by
+a random expert alias. The episodes run against the tool service, so observations are exactly
+what the policy will see; the assistant turns are the only trained tokens. Which choices pay
+off is left for GRPO to find.
 """
 
 from __future__ import annotations
@@ -29,14 +31,29 @@ class ScriptedEpisode:
     turns: list[tuple[str, dict, str]]  # (tool name, arguments, observation) per turn
 
 
+def _aliases(tools: list[dict]) -> list[str]:
+    answer = next(t for t in tools if t["function"]["name"] == "answer")
+    return answer["function"]["parameters"]["properties"]["model"]["enum"]
+
+
 def _choose(task: TaskRecord, tools: list[dict], rng: random.Random) -> tuple[str, dict]:
+    """The first action: a tool, or the final answer written by an expert."""
     names = [t["function"]["name"] for t in tools]
     m = _EXPR_RE.match(task.problem)
-    if "calculator" in names and m and rng.random() < 0.5:
-        return "calculator", {"expression": m.group(1)}
-    expert = next(t for t in tools if t["function"]["name"] == "expert")
-    aliases = expert["function"]["parameters"]["properties"]["model"]["enum"]
-    return "expert", {"model": rng.choice(aliases), "query": task.problem}
+    options = [("answer", lambda: {"model": rng.choice(_aliases(tools))})]
+    if "expert" in names:
+        options.append(("expert", lambda: {"model": rng.choice(_aliases(tools)), "query": task.problem}))
+    if "calculator" in names and m:
+        options.append(("calculator", lambda: {"expression": m.group(1)}))
+    name, args = rng.choice(options)
+    return name, args()
+
+
+def _final(observation: str, tools: list[dict], rng: random.Random) -> dict:
+    """After a tool result: answer with what it said, or have an expert write the answer."""
+    if rng.random() < 0.5:
+        return {"answer": answer_from(observation)}
+    return {"model": rng.choice(_aliases(tools))}
 
 
 def answer_from(observation: str) -> str:
@@ -50,13 +67,16 @@ async def scripted_episodes(tasks: list[TaskRecord], client, seed: int) -> list[
 
     async def one(task: TaskRecord, r: float) -> ScriptedEpisode:
         ep = await client.create_episode(task.to_dict())
+        rng = random.Random(r)
         try:
-            name, args = _choose(task, ep["tools"], random.Random(r))
+            name, args = _choose(task, ep["tools"], rng)
             first = await client.step(ep["episode_id"], name, args)
-            obs = str(first["observation"])
-            final_args = {"answer": answer_from(obs)}
-            last = await client.step(ep["episode_id"], "answer", final_args)
-            return ScriptedEpisode(task, ep["tools"], [(name, args, obs), ("answer", final_args, str(last["observation"]))])
+            turns = [(name, args, str(first["observation"]))]
+            if not first["done"]:
+                final_args = _final(turns[0][2], ep["tools"], rng)
+                last = await client.step(ep["episode_id"], "answer", final_args)
+                turns.append(("answer", final_args, str(last["observation"])))
+            return ScriptedEpisode(task, ep["tools"], turns)
         finally:
             await client.delete_episode(ep["episode_id"])
 

@@ -240,6 +240,8 @@ class EpisodeStore:
             result.error = None if result.error is None else str(result.error)
         ep.total_cost += result.cost
         ep.total_latency_s += result.latency_s
+        if result.error is None and not result.done:  # what tools returned, for tools that read the episode
+            ep.ctx.state.setdefault("transcript", []).append((label, result.observation))
         if label in ep.tools:
             ep.tool_counts[label] = ep.tool_counts.get(label, 0) + 1
             model = result.meta.get("model")

@@ -230,7 +230,7 @@ def check_tool_sections(cfg: ServiceConfig) -> None:
 def build_tools(cfg: ServiceConfig) -> dict[str, Tool]:
     """One instance of every registered tool; ours get typed config, others their `tools.<name>` section."""
     typed = {"expert": {"experts": cfg.experts, "seed": cfg.seed}, "python": {"python": cfg.python},
-             "answer": {"judge": cfg.judge}}
+             "answer": {"judge": cfg.judge, "experts": cfg.experts, "seed": cfg.seed}}
     check_tool_sections(cfg)
     return {name: cls(typed.get(name, cfg.tools.get(name, {}))) for name, cls in TOOL_REGISTRY.items()}
 

@@ -2,10 +2,14 @@
 
 Categories (the service's default simulated experts are tuned to them):
 
-- ``arithmetic``: "What is 37 * 12?" — the free, exact ``calculator`` is the right tool; the
-  cheap expert is unreliable.
+- ``arithmetic``: "What is 37 * 12?" — the free, exact ``calculator`` is the right tool (its
+  result then answered, or handed to a cheap expert to write the answer); the cheap expert alone
+  is unreliable.
 - ``lookup``: facts about fictional places — any expert knows them; the cheap one suffices.
 - ``reasoning``: puzzles only the strong (expensive) expert solves reliably.
+
+The final answer is the policy's own (``answer`` with ``answer``) or written by an expert
+(``answer`` with ``model``), as in ToolOrchestra.
 
 Each record carries its tool subset, per-alias prices perturbed around the paper's, and a
 preference vector: cost-sensitive tasks weight cost and latency, accuracy-first tasks do not.

@@ -153,3 +153,76 @@ def test_llm_judge_verifier_through_the_service(svc):
     r = http(f"{url}/v1/episodes/{created['episode_id']}/step", "POST",
              {"name": "answer", "arguments": {"answer": "The answer: 42"}})[1]
     assert r["outcome"] == {"correct": True, "score": 1.0, "reason": "judge: judge says CORRECT"}
+
+
+# ---- `answer` written by an expert (ToolOrchestra's answer with a model argument) -----------------
+
+
+def _sim(accuracy):
+    return {"price_in": 1.0, "price_out": 2.0, "accuracy": accuracy, "latency_s": 3.0, "output_tokens": 10}
+
+
+@pytest.fixture(scope="module")
+def writers():
+    with start_service({"experts": {"simulated": {"never": _sim(0.0), "always": _sim(1.0)}}}) as handle:
+        yield handle.urls[0]
+
+
+def _episode(url, **task_kw):
+    status, created = http(f"{url}/v1/episodes", "POST", qa_task(["calculator", "expert", "answer"], **task_kw))
+    assert status == 200, created
+    return created["episode_id"], created["tools"]
+
+
+def _step(url, eid, name, arguments):
+    status, r = http(f"{url}/v1/episodes/{eid}/step", "POST", {"name": name, "arguments": arguments})
+    assert status == 200, r
+    return r
+
+
+def test_answer_schema_offers_either_an_answer_or_a_writing_expert(writers):
+    _, tools = _episode(writers)
+    params = next(t for t in tools if t["function"]["name"] == "answer")["function"]["parameters"]
+    assert set(params["properties"]) == {"answer", "model"} and params["properties"]["model"]["enum"] == [
+        "never", "always"]
+    for bad in ({}, {"answer": "42", "model": "always"}, {"model": "gpt-9"}):
+        eid, _ = _episode(writers)
+        r = _step(writers, eid, "answer", bad)
+        assert r["error"] and not r["done"], bad  # an error observation; the episode goes on
+        assert _step(writers, eid, "answer", {"answer": "42"})["outcome"]["correct"]
+
+
+def test_a_writing_expert_is_billed_and_graded(writers):
+    eid, _ = _episode(writers)
+    r = _step(writers, eid, "answer", {"model": "always"})
+    assert r["done"] and r["outcome"]["correct"] and "always wrote: 42" in r["observation"]
+    assert r["cost"] > 0 and r["latency_s"] == 3.0
+    status = http(f"{writers}/v1/episodes/{eid}")[1]
+    assert status["model_counts"] == {"always": 1} and status["total_cost"] == pytest.approx(r["cost"])
+    eid, _ = _episode(writers)
+    r = _step(writers, eid, "answer", {"model": "never"})
+    assert r["done"] and not r["outcome"]["correct"] and r["cost"] > 0
+
+
+def test_a_simulated_writer_uses_evidence_from_earlier_tool_results(writers):
+    eid, _ = _episode(writers)  # the weakest writer, with the right number from the calculator in front of it
+    assert _step(writers, eid, "calculator", {"expression": "6 * 7"})["observation"] == "42"
+    assert _step(writers, eid, "answer", {"model": "never"})["outcome"]["correct"]
+    eid, _ = _episode(writers)  # a wrong number is no evidence
+    _step(writers, eid, "calculator", {"expression": "6 * 8"})
+    assert not _step(writers, eid, "answer", {"model": "never"})["outcome"]["correct"]
+
+
+def test_an_endpoint_writer_gets_the_task_and_the_transcript(svc):
+    url = svc.urls[0]
+    status, created = http(f"{url}/v1/episodes", "POST", qa_task(["expert", "answer"], answer="x"))
+    eid = created["episode_id"]
+    _step(url, eid, "expert", {"model": "echo", "query": "hint please"})
+    r = _step(url, eid, "answer", {"model": "echo"})
+    # the echo endpoint writes back its prompt: the task, the tool results, the instruction
+    assert r["done"] and "Task: What is 6 * 7?" in r["observation"] and "echo: hint please" in r["observation"]
+    assert r["observation"].endswith("Reply with the final answer only.).")
+    assert r["cost"] == pytest.approx((11 * 2.0 + 7 * 4.0) / 1e6)
+    status, r = http(f"{url}/v1/episodes", "POST", qa_task(["expert", "answer"]))
+    r = _step(url, r["episode_id"], "answer", {"model": "dead"})
+    assert r["error"] and not r["done"]  # a writer that fails leaves the episode open

@@ -1,5 +1,10 @@
 """`answer`: submit the final answer. Ends the episode; the outcome comes from ``tools_env.verify``.
 
+Arguments: ``{"answer": str}``, the policy's own answer, or ``{"model": alias}``, an expert that
+writes the final answer from the task and the episode's tool results, billed at its price — the
+``answer`` tool of ToolOrchestra, whose ``model`` argument names an answering model
+(``answer-1..4`` there).
+
 The ``ToolResult`` carries ``done=True`` and ``meta["outcome"]`` (an ``Outcome``); the
 episode store turns that into the step response's ``outcome``. The final answer is also left in
 ``ctx.state["final_answer"]`` for verifiers (db_state) that grade what was communicated.
@@ -15,8 +20,8 @@ from typing import Any
 import aiohttp
 
 from tools_env.config import JudgeConfig
-from tools_env.tools.base import EpisodeContext, Tool, ToolResult, register_tool
-from tools_env.tools.experts import EndpointError, chat_completion
+from tools_env.tools.base import EpisodeContext, Tool, ToolArgumentError, ToolResult, register_tool
+from tools_env.tools.experts import EndpointError, Expert, chat_completion
 from tools_env.verify import verify
 
 JUDGE_PROMPT = """You grade answers. Decide whether the predicted answer means the same as the gold answer \
@@ -60,12 +65,9 @@ class LLMJudge:
 @register_tool
 class Answer(Tool):
     name = "answer"
-    description = "Submit your final answer. This ends the task; call it once, when you are sure."
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {"answer": {"type": "string", "description": "the final answer, as short as possible"}},
-        "required": ["answer"],
-    }
+    description = ("Submit the final answer: give 'answer' (your own), or 'model' (an expert alias from the "
+                   "expert table, billed at its price) to have that expert write it from the task and the tool "
+                   "results so far. This ends the task; call it once, when you are sure.")
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         super().__init__(config)
@@ -73,15 +75,47 @@ class Answer(Tool):
         if judge is not None and not isinstance(judge, JudgeConfig):
             judge = JudgeConfig.from_dict(judge)
         self.judge = LLMJudge(judge) if judge is not None else None
+        self.writer = Expert({"experts": self.config["experts"], "seed": self.config.get("seed", 0)}) \
+            if self.config.get("experts") is not None else None
+        aliases = self.writer.experts.aliases if self.writer is not None else []
+        self.parameters = {
+            "type": "object",
+            "properties": {
+                "answer": {"type": "string", "description": "your final answer, as short as possible"},
+                "model": {"type": "string", "enum": aliases, "description": "or: the expert that writes it"},
+            },
+            "required": [],
+        }
+
+    def check_arguments(self, arguments: Any) -> dict[str, Any]:
+        args = super().check_arguments(arguments)
+        if ("answer" in args) == ("model" in args):
+            raise ToolArgumentError("answer: give either 'answer' (your final answer) or 'model' (an expert "
+                                    "alias that writes it)")
+        return args
 
     async def call(self, arguments: dict[str, Any], ctx: EpisodeContext) -> ToolResult:
         t0 = time.perf_counter()
-        answer = arguments["answer"]
+        written = None
+        if "model" in arguments:
+            assert self.writer is not None  # no aliases without experts, so check_arguments refused it
+            answer, written = await self.writer.write_answer(arguments["model"], ctx)
+            if answer is None:  # the expert failed: the episode goes on, the policy may answer otherwise
+                return written
+        else:
+            answer = arguments["answer"]
         ctx.state["final_answer"] = answer
         outcome = await verify(answer, ctx.task, ctx, self.judge)
-        return ToolResult(observation="Answer submitted.", latency_s=time.perf_counter() - t0, done=True,
-                          meta={"outcome": outcome})
+        meta: dict[str, Any] = {"outcome": outcome}
+        if written is None:
+            return ToolResult(observation="Answer submitted.", latency_s=time.perf_counter() - t0, done=True,
+                              meta=meta)
+        meta.update(model=arguments["model"], answer=answer)
+        return ToolResult(observation=f"Answer submitted ({arguments['model']} wrote: {answer}).", cost=written.cost,
+                          latency_s=written.latency_s, usage=written.usage, done=True, meta=meta)
 
     async def aclose(self) -> None:
         if self.judge is not None:
             await self.judge.aclose()
+        if self.writer is not None:
+            await self.writer.aclose()

@@ -125,6 +125,13 @@ def wrong_answer(gold: str, rng: random.Random) -> str:
     return rng.choice(choices)
 
 
+def _states(observation: str, gold: str) -> bool:
+    """Whether a tool result states ``gold`` (normalized) as a whole word or number."""
+    import re
+
+    return re.search(rf"(?<![\w.]){re.escape(gold)}(?![\w]|\.\d)", normalize_answer(observation)) is not None
+
+
 def _pick(per_category: dict[str, Any], category: str) -> Any:
     return per_category.get(category, per_category["default"])
 
@@ -193,10 +200,10 @@ class Expert(Tool):
         return await self._call_endpoint(alias, self.experts.endpoints[alias], arguments["query"], ctx)
 
     async def _simulate(self, alias: str, sim: SimulatedExpertConfig, query: str,
-                        ctx: EpisodeContext) -> ToolResult:
+                        ctx: EpisodeContext, evidence: bool = False) -> ToolResult:
         task, category = ctx.task, ctx.task.category
         rng = random.Random(f"{self.seed}|{task.id}|{ctx.turn}|{task.meta.get('seed', '')}")
-        correct = rng.random() < _pick(sim.accuracy, category)
+        correct = rng.random() < _pick(sim.accuracy, category) or evidence
         answer = task.answer if correct else wrong_answer(task.answer, rng)
         lo, hi = _pick(sim.latency_s, category)
         latency = lo if lo == hi else rng.uniform(lo, hi)
@@ -207,7 +214,27 @@ class Expert(Tool):
         if self.experts.sleep:
             await asyncio.sleep(latency * self.experts.sleep_scale)
         return ToolResult(observation=f"{alias}: The answer is {answer}.", cost=cost, latency_s=latency,
-                          usage=usage, meta={"model": alias, "simulated": True, "correct": correct})
+                          usage=usage, meta={"model": alias, "simulated": True, "correct": correct, "answer": answer})
+
+    async def write_answer(self, alias: str, ctx: EpisodeContext) -> tuple[str | None, ToolResult]:
+        """The final answer written by expert ``alias`` from the task and the episode's tool results
+        (ToolOrchestra's ``answer`` with a model argument); ``None`` when the expert failed.
+
+        A simulated writer answers at its accuracy for the category, or correctly whenever an
+        earlier tool result already states the gold answer (it has the evidence in front of it).
+        An endpoint writer gets the problem and the transcript and is asked for the answer alone."""
+        transcript = ctx.state.get("transcript", [])
+        query = "\n\n".join([f"Task: {ctx.task.problem}", *(f"{name} returned: {obs}" for name, obs in transcript),
+                              "Reply with the final answer only."])
+        if alias in self.experts.simulated:
+            gold = normalize_answer(ctx.task.answer)
+            evidence = bool(gold) and any(_states(obs, gold) for _, obs in transcript)
+            result = await self._simulate(alias, self.experts.simulated[alias], query, ctx, evidence)
+            return result.meta["answer"], result
+        result = await self._call_endpoint(alias, self.experts.endpoints[alias], query, ctx)
+        if result.error is not None:
+            return None, result
+        return result.observation.split(": ", 1)[-1].strip(), result
 
     async def _call_endpoint(self, alias: str, ep: EndpointExpertConfig, query: str,
                              ctx: EpisodeContext) -> ToolResult:
