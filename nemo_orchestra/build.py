@@ -10,7 +10,6 @@ from contextlib import ExitStack
 from nemo_orchestra.chat import QWEN3_CHAT_TEMPLATE, ChatFormat
 from nemo_orchestra.config import Config, save_config
 from nemo_orchestra.data.default_tasks import generate_tasks
-from nemo_orchestra.hf.qwen3 import full_state_dict
 from nemo_orchestra.megatron.model import padded_vocab_size
 from nemo_orchestra.megatron.parallel import DistInfo, once_per_node
 from nemo_orchestra.metrics import MetricLogger
@@ -100,10 +99,18 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     vocab = cfg.model.vocab_size or padded_vocab_size(len(tokenizer), cfg.parallel.tp)
 
     policy = build_policy(cfg, vocab, info.device)
-    engine = build_engine(cfg.rollout.engine, cfg.model, vocab, tokenizer, info.device, rollout=cfg.rollout,
-                          init_state=full_state_dict(policy.module), seed=cfg.run.seed)
+    if cfg.rollout.engine == "vllm":
+        from nemo_orchestra.rollout.engines import require_vllm
+
+        require_vllm()  # a missing vLLM stops the run now, not after the warm start
+
+    def engine_factory(state):  # started at the first weight sync (Trainer.sync_weights)
+        return build_engine(cfg.rollout.engine, cfg.model, vocab, tokenizer, info.device, rollout=cfg.rollout,
+                            init_state=state, seed=cfg.run.seed)
+
     logger = MetricLogger(cfg.run.output_dir, enabled=info.is_main)
-    return Trainer(cfg, policy, engine, client, chat, tasks, logger, tokenizer=tokenizer, vocab_size=vocab,
+    return Trainer(cfg, policy, None, client, chat, tasks, logger, tokenizer=tokenizer, vocab_size=vocab,
                    sft_trajectories=[to_trajectory(ep, chat, cfg.reward) for ep in scripted], rank=info.rank,
-                   dp_rank=info.rank // (info.tp * info.pp), dp_size=info.dp, loop=loop)
+                   dp_rank=info.rank // (info.tp * info.pp), dp_size=info.dp, loop=loop,
+                   engine_factory=engine_factory)
 

@@ -37,17 +37,20 @@ def write_report(out_dir: str, evals: dict[str, dict[str, dict[str, float]]], ti
                 lines.append(f"| {g} | {s} | {row['n']} | {cells} |")
     aliases = _aliases(evals)
     if aliases:
-        lines += ["", "Expert choice by preference profile (share of expert calls):", "",
+        lines += ["", "Expert choice by category and preference profile (share of expert calls):", "",
                   "| slice | stage | " + " | ".join(aliases) + " |",
                   "| --- | --- | " + " | ".join("---" for _ in aliases) + " |"]
     for g in groups if aliases else []:
-        if not g.startswith("preference/") and g != "all":
+        if not g.startswith(("preference/", "category/")) and g != "all":
             continue
         for s in stages:
             row = evals[s].get(g, {})
             lines.append(f"| {g} | {s} | " + " | ".join(_fmt(row.get(f"expert_share/{a}", 0.0), "{:.2f}")
                                                       for a in aliases) + " |")
-    lines += ["", "![curves](curves.png)", ""]
+    lines += ["", "![curves](curves.png)", "",
+              "The held-out tasks are in `heldout.jsonl`; to recompute the final figures from the saved checkpoint:",
+              "", "```bash", f"python recipes/evaluate.py tasks={out_dir}/heldout.jsonl output={out_dir}/evaluate "
+              f"policies=checkpoint:{out_dir},strongest,cheapest preferences=record", "```", ""]
     path = os.path.join(out_dir, "report.md")
     with open(path, "w") as f:
         f.write("\n".join(lines))

