@@ -43,9 +43,14 @@ from nemo_orchestra.rollout.hf_engine import Generation
 
 log = logging.getLogger(__name__)
 
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 KV_SEQUENCES = 32  # the KV cache holds this many sequences of max_model_len tokens
 EXTENSION = "nemo_orchestra.rollout.vllm_worker.WeightSyncExtension"
+
+
+def _drop_chat_template_warmup(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Chat template warmup failed")
 
 
 class VLLMEngine:
@@ -67,6 +72,9 @@ class VLLMEngine:
         shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
         self._dir = tempfile.mkdtemp(prefix="nemo-orchestra-vllm-", dir=shm)
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, ignore_errors=True)
+        # token ids in and out, so no tokenizer in the engine: vLLM's chat-template warm-up then
+        # fails harmlessly and would log a traceback at WARNING
+        logging.getLogger("vllm.renderers.base").addFilter(_drop_chat_template_warmup)
         with tempfile.TemporaryDirectory(prefix="nemo-orchestra-vllm-init-") as folder:
             export_hf(init_state, model_cfg, vocab_size, tokenizer, folder, dtype=self.dtype)
             self._shapes = _shapes(megatron_to_hf(init_state, model_cfg))
