@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from contextlib import ExitStack
@@ -84,7 +85,8 @@ def main(args: Any) -> int:
     from nemo_orchestra.config import ConfigError, load_config
 
     if args.steps < 1 or args.warmup < 0:
-        print("error: --steps must be >= 1 and --warmup >= 0", flush=True)
+        print(f"error: --steps must be >= 1 and --warmup >= 0 (got {args.steps} and {args.warmup})",
+              file=sys.stderr)
         return 2
     overrides = list(args.overrides)
     if not any(o.startswith("run.output_dir=") for o in overrides):
@@ -92,7 +94,7 @@ def main(args: Any) -> int:
     try:
         cfg = load_config([*BENCH_DEFAULTS, *overrides, f"trainer.max_steps={args.warmup + args.steps}"])
     except ConfigError as e:
-        print(f"config error: {e}", flush=True)
+        print(f"config error: {e}", file=sys.stderr)
         return 2
 
     import torch

@@ -14,7 +14,7 @@ from nemo_orchestra.megatron.model import padded_vocab_size
 from nemo_orchestra.megatron.parallel import DistInfo, once_per_node
 from nemo_orchestra.metrics import MetricLogger
 from nemo_orchestra.policy import build_policy
-from nemo_orchestra.rollout.engines import build_engine
+from nemo_orchestra.rollout.engines import build_engine, check_engine
 from nemo_orchestra.sft import render_text, scripted_episodes, to_trajectory
 from nemo_orchestra.tokenizer import build_embedded_tokenizer, load_tokenizer
 from nemo_orchestra.trainer import Trainer
@@ -99,10 +99,7 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     vocab = cfg.model.vocab_size or padded_vocab_size(len(tokenizer), cfg.parallel.tp)
 
     policy = build_policy(cfg, vocab, info.device)
-    if cfg.rollout.engine == "vllm":
-        from nemo_orchestra.rollout.engines import require_vllm
-
-        require_vllm()  # a missing vLLM stops the run now, not after the warm start
+    check_engine(cfg.rollout.engine)  # a missing vLLM stops the run now, not after the warm start
 
     def engine_factory(state):  # started at the first weight sync (Trainer.sync_weights)
         return build_engine(cfg.rollout.engine, cfg.model, vocab, tokenizer, info.device, rollout=cfg.rollout,

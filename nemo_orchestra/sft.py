@@ -32,28 +32,36 @@ class ScriptedEpisode:
 
 
 def _aliases(tools: list[dict]) -> list[str]:
-    answer = next(t for t in tools if t["function"]["name"] == "answer")
-    return answer["function"]["parameters"]["properties"]["model"]["enum"]
+    """The expert aliases the episode's ``answer`` tool can hand the final answer to."""
+    for t in tools:
+        if t["function"]["name"] == "answer":
+            return t["function"]["parameters"]["properties"].get("model", {}).get("enum", [])
+    return []
 
 
 def _choose(task: TaskRecord, tools: list[dict], rng: random.Random) -> tuple[str, dict]:
-    """The first action: a tool, or the final answer written by an expert."""
-    names = [t["function"]["name"] for t in tools]
+    """The first action: the calculator, an expert, or the final answer written by an expert."""
+    names, aliases = [t["function"]["name"] for t in tools], _aliases(tools)
     m = _EXPR_RE.match(task.problem)
-    options = [("answer", lambda: {"model": rng.choice(_aliases(tools))})]
-    if "expert" in names:
-        options.append(("expert", lambda: {"model": rng.choice(_aliases(tools)), "query": task.problem}))
-    if "calculator" in names and m:
-        options.append(("calculator", lambda: {"expression": m.group(1)}))
-    name, args = rng.choice(options)
-    return name, args()
+    kinds = ((["answer"] if aliases else []) + (["expert"] if "expert" in names and aliases else [])
+             + (["calculator"] if "calculator" in names and m else []))
+    if not kinds:
+        raise ValueError(f"sft: task {task.id!r} offers none of what the scripted warm start uses (the calculator "
+                         f"on 'What is a op b?', an expert, or answer written by an expert); its tools: {names}")
+    kind = rng.choice(kinds)
+    if kind == "calculator":
+        return kind, {"expression": m.group(1)}
+    if kind == "expert":
+        return kind, {"model": rng.choice(aliases), "query": task.problem}
+    return "answer", {"model": rng.choice(aliases)}
 
 
 def _final(observation: str, tools: list[dict], rng: random.Random) -> dict:
     """After a tool result: answer with what it said, or have an expert write the answer."""
-    if rng.random() < 0.5:
+    aliases = _aliases(tools)
+    if not aliases or rng.random() < 0.5:
         return {"answer": answer_from(observation)}
-    return {"model": rng.choice(_aliases(tools))}
+    return {"model": rng.choice(aliases)}
 
 
 def answer_from(observation: str) -> str:

@@ -39,7 +39,6 @@ class Trainer:
     cfg: Config
     policy: Policy
     engine: object  # generation engine: generate() and load_weights(); None until the first weight sync
-
     client: object  # tools_env client
     chat: ChatFormat
     tasks: list[TaskRecord]

@@ -44,6 +44,13 @@ def _vllm(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=Non
 
 
 ENGINES = {"hf": _hf, "vllm": _vllm}
+_REQUIREMENTS = {"vllm": require_vllm}  # checked before the warm start; the engine starts after it
+
+
+def check_engine(name: str) -> None:
+    """Raise now, with how to fix it, if engine ``name`` cannot be built on this machine."""
+    if name in _REQUIREMENTS:
+        _REQUIREMENTS[name]()
 
 
 def build_engine(name: str, model_cfg, vocab_size: int, tokenizer, device, rollout=None, init_state=None,

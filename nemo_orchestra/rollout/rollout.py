@@ -71,39 +71,39 @@ async def run_rollouts(tasks: list[TaskRecord], group_size: int, engine, client,
     in_flight: set[asyncio.Task] = set()
     finished = 0
 
-    async def turn(x: _Live, gen) -> None:
+    def stopped() -> None:
         nonlocal finished
+        finished += 1
+        if progress is not None:
+            progress(finished, len(everyone))
+
+    async def turn(x: _Live, gen) -> None:
         done = await _act(x, gen, client, chat)
         if not done and x.traj.turns >= cfg.max_turns:
             x.traj.stop_reason, done = StopReason.MAX_TURNS, True
         if done:
-            finished += 1
-            if progress is not None:
-                progress(finished, len(everyone))
+            stopped()
         else:
             ready.append(x)
 
     try:
         while ready or in_flight:
-            for d in [d for d in in_flight if d.done()]:
-                in_flight.discard(d)
-                d.result()  # a tool call that raised ends the rollout with its error
-            if not ready and in_flight:  # all wait for tools: wait for the first, then briefly for the rest
+            if not ready:  # all wait for tools: wait for the first, then briefly for the rest
                 t0 = time.perf_counter()
                 done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                 if in_flight and cfg.batch_window_s > 0:
                     more, in_flight = await asyncio.wait(in_flight, timeout=cfg.batch_window_s)
                     done |= more
-                in_flight |= done  # reaped at the top of the loop
+                for d in done:
+                    d.result()  # a tool call that raised ends the rollout with its error
                 stats["env_wait_s"] += time.perf_counter() - t0
                 continue
-            if not ready:
-                continue
-            batch, ready[:] = list(ready), []
+            batch = list(ready)
+            ready.clear()  # turn() appends to this list
             for x in batch:
                 if not _fits(x.traj, cfg):
                     x.traj.stop_reason = StopReason.CONTEXT
-                    finished += 1
+                    stopped()
             batch = [x for x in batch if not x.traj.stop_reason]
             if not batch:
                 continue

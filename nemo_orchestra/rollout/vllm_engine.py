@@ -43,7 +43,6 @@ from nemo_orchestra.rollout.hf_engine import Generation
 
 log = logging.getLogger(__name__)
 
-
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 KV_SEQUENCES = 32  # the KV cache holds this many sequences of max_model_len tokens
 EXTENSION = "nemo_orchestra.rollout.vllm_worker.WeightSyncExtension"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import time
 from typing import Any
 
@@ -127,8 +128,6 @@ def wrong_answer(gold: str, rng: random.Random) -> str:
 
 def _states(observation: str, gold: str) -> bool:
     """Whether a tool result states ``gold`` (normalized) as a whole word or number."""
-    import re
-
     return re.search(rf"(?<![\w.]){re.escape(gold)}(?![\w]|\.\d)", normalize_answer(observation)) is not None
 
 
