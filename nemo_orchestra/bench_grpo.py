@@ -7,9 +7,9 @@ steps, then ``--steps`` measured ones, and reports per step:
 - ``generation_s``: the engine's generate calls (wall time, on the rollout's worker thread)
 - ``environment_s``: the rest of the rollout: episode set-up, tool calls the engine waited
   for, and accounting (tool calls that overlap generation are not counted twice)
-- ``old_logprobs_s`` / ``reference_logprobs_s``: the policy's and the frozen reference's
-  forward passes over the packed batch
-- ``training_s``: forward, backward and the optimizer step
+- ``reference_logprobs_s``: the frozen reference's forward pass over the packed batch
+- ``training_s``: forward, backward and the optimizer step (the policy's old logprobs come from
+  this forward: one optimizer step per batch of rollouts)
 - ``weight_sync_s``: pushing the new weights into the generation engine
 - ``tokens_per_s``: every token of the step's trajectories (prompts, generated turns,
   observations) over the step's wall time; ``generated_tokens_per_s`` over generation time.
@@ -32,8 +32,8 @@ import time
 from contextlib import ExitStack
 from typing import Any
 
-PHASES = (("generation_s", "time/generate_s"), ("environment_s", None), ("old_logprobs_s", "time/old_logprobs_s"),
-          ("reference_logprobs_s", "time/ref_logprobs_s"), ("training_s", "time/update_s"),
+PHASES = (("generation_s", "time/generate_s"), ("environment_s", None), ("reference_logprobs_s", "time/ref_logprobs_s"),
+          ("training_s", "time/update_s"),
           ("weight_sync_s", "time/weight_sync_s"))
 BENCH_DEFAULTS = ("sft.steps=0", "evaluation.enabled=false", "export.enabled=false", "checkpoint.save_every=0",
                   "advantage.min_group_std=-1.0")

@@ -14,7 +14,7 @@ from nemo_orchestra.megatron.model import padded_vocab_size
 from nemo_orchestra.megatron.parallel import DistInfo, once_per_node
 from nemo_orchestra.metrics import MetricLogger
 from nemo_orchestra.policy import build_policy
-from nemo_orchestra.rollout.engines import build_engine, check_engine
+from nemo_orchestra.rollout.engines import POLICY_ENGINES, build_engine, check_engine
 from nemo_orchestra.sft import render_text, scripted_episodes, to_trajectory
 from nemo_orchestra.tokenizer import build_embedded_tokenizer, load_tokenizer
 from nemo_orchestra.trainer import Trainer
@@ -103,10 +103,13 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
 
     def engine_factory(state):  # started at the first weight sync (Trainer.sync_weights)
         return build_engine(cfg.rollout.engine, cfg.model, vocab, tokenizer, info.device, rollout=cfg.rollout,
-                            init_state=state, seed=cfg.run.seed)
+                            init_state=state, seed=cfg.run.seed, model=policy.module)
 
+    # an engine on the policy's own model waits for no weights: built now, so that a layout it cannot
+    # serve stops the run before the warm start
+    engine = engine_factory(None) if cfg.rollout.engine in POLICY_ENGINES else None
     logger = MetricLogger(cfg.run.output_dir, enabled=info.is_main)
-    return Trainer(cfg, policy, None, client, chat, tasks, logger, tokenizer=tokenizer, vocab_size=vocab,
+    return Trainer(cfg, policy, engine, client, chat, tasks, logger, tokenizer=tokenizer, vocab_size=vocab,
                    sft_trajectories=[to_trajectory(ep, chat, cfg.reward) for ep in scripted], rank=info.rank,
                    dp_rank=info.rank // (info.tp * info.pp), dp_size=info.dp, loop=loop,
                    engine_factory=engine_factory)

@@ -72,7 +72,7 @@ def _pack_one(trajs: Sequence[Trajectory], index: list[int], pad_to_multiple: in
         target_ids_T=torch.tensor(tgt, dtype=torch.long),
         loss_mask_T=torch.tensor(mask, dtype=torch.float32),
         advantages_T=torch.tensor(adv, dtype=torch.float32),
-        old_logprobs_T=torch.zeros(T),
+        old_logprobs_T=None,
         ref_logprobs_T=torch.zeros(T),
         cu_seqlens_B1=torch.tensor(cu, dtype=torch.int32),
         max_seqlen=max(lens) if lens else 0,

@@ -275,14 +275,26 @@ def reference_logprobs(policy: Policy, batches: list[PackedBatch], temperature: 
 
 
 def grpo_loss_fn(loss_cfg: LossConfig):
+    """The GRPO loss of a pack. Its old logprobs are the pack's ``old_logprobs_T`` or, when that is
+    None, the update's own forward, detached: with one optimizer step per batch of rollouts the
+    policy that sampled them (as the trainer computes it) is the policy being updated, so a separate
+    forward pass would give the same numbers (the ratio starts at 1 either way; TRL's GRPO trainer
+    does the same when it takes one step per generation). Also reports
+    ``loss/logprob_mismatch``, mean |trainer - generator| logprob over generated tokens."""
     def fn(lp_T: torch.Tensor, batch: PackedBatch):
         dev = lp_T.device
+        old = lp_T.detach() if batch.old_logprobs_T is None else batch.old_logprobs_T.to(dev)
         weights = None
         if loss_cfg.tis_cap is not None:
             assert batch.gen_logprobs_T is not None, "loss.tis_cap needs the generator's logprobs in the pack"
-            weights = tis_weights(batch.old_logprobs_T.to(dev), batch.gen_logprobs_T.to(dev), loss_cfg.tis_cap)
-        return policy_loss(lp_T, batch.old_logprobs_T.to(dev), batch.ref_logprobs_T.to(dev),
-                           batch.advantages_T.to(dev), batch.loss_mask_T.to(dev), loss_cfg, is_weights_T=weights)
+            weights = tis_weights(old, batch.gen_logprobs_T.to(dev), loss_cfg.tis_cap)
+        mask = batch.loss_mask_T.to(dev)
+        loss_sum, n, metrics = policy_loss(lp_T, old, batch.ref_logprobs_T.to(dev), batch.advantages_T.to(dev), mask,
+                                           loss_cfg, is_weights_T=weights)
+        if batch.gen_logprobs_T is not None:
+            gap = (old - batch.gen_logprobs_T.to(dev)).abs()
+            metrics["loss/logprob_mismatch"] = (gap * mask).sum() / mask.sum().clamp_min(1.0)
+        return loss_sum, n, metrics
 
     return fn
 

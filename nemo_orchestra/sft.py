@@ -3,9 +3,11 @@
 A scripted orchestrator makes random valid choices for each task: first the calculator with the
 problem's expression (when it has one), a random expert alias, or straight to ``answer`` written
 by a random expert alias; after a tool result, ``answer`` with what the tool said or written by
-a random expert alias. The episodes run against the tool service, so observations are exactly
-what the policy will see; the assistant turns are the only trained tokens. Which choices pay
-off is left for GRPO to find.
+a random expert alias. Each turn opens with a short plan that restates the kind of task and the
+user's preference and then names the call (``plan_text``), so the choice is made right after what
+it should depend on. The episodes run against the tool service, so observations are exactly what the policy
+will see; the assistant turns are the only trained tokens. Which choices pay off under which plan
+is left for GRPO to find.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 from nemo_orchestra.chat import ChatFormat, format_tool_call, render_chat, tool_call_message
 from nemo_orchestra.config import RewardConfig
+from nemo_orchestra.data.default_tasks import plan_text
 from nemo_orchestra.rollout.rollout import prompt_messages
 from nemo_orchestra.types import TaskRecord, Trajectory
 
@@ -91,11 +94,15 @@ async def scripted_episodes(tasks: list[TaskRecord], client, seed: int) -> list[
     return await asyncio.gather(*[one(t, r) for t, r in zip(tasks, choices)])
 
 
+def _plan(task: TaskRecord, name: str, args: dict) -> str:
+    return plan_text(task.category, task.meta.get("preference_name"), name, args)
+
+
 def render_text(ep: ScriptedEpisode, template: str, reward_cfg: RewardConfig) -> str:
     """The whole conversation as the chat template renders it (tokenizer training text)."""
     msgs = prompt_messages(ep.task, reward_cfg)
     for name, args, obs in ep.turns:
-        msgs.append(tool_call_message(name, args))
+        msgs.append({**tool_call_message(name, args), "content": _plan(ep.task, name, args)})
         msgs.append({"role": "tool", "content": obs})
     return render_chat(template, msgs, ep.tools)
 
@@ -106,7 +113,7 @@ def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfi
     traj = Trajectory(task=ep.task, group=0, token_ids=list(ids), loss_mask=[0] * len(ids),
                       gen_logprobs=[0.0] * len(ids), prompt_len=len(ids))
     for i, (name, args, obs) in enumerate(ep.turns):
-        turn = chat.encode(format_tool_call(name, args)) + [chat.end_of_turn_id]
+        turn = chat.encode(_plan(ep.task, name, args) + format_tool_call(name, args)) + [chat.end_of_turn_id]
         traj.token_ids += turn
         traj.loss_mask += [1] * len(turn)
         if i + 1 < len(ep.turns):

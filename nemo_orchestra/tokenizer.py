@@ -3,6 +3,11 @@
 The embedded tokenizer is a byte-level BPE trained on text of the embedded default task set
 (problems, tool schemas, rendered trajectories), with Qwen3's special tokens and chat template,
 saved as a Hugging Face ``PreTrainedTokenizerFast`` so the run folder and the export carry it.
+Its merges are not cut at spaces and punctuation (digits stay single), so the tool schemas and
+turn boilerplate the corpus repeats become a few long tokens: the default held-out prompts are
+170-214 tokens (mean 197) instead of 536-666 (mean 613) with GPT-2-style pre-splitting. That is
+about a third of the compute per step, and a tool choice sits a few tokens after the plan it
+should follow.
 """
 
 from __future__ import annotations
@@ -16,15 +21,22 @@ from nemo_orchestra.chat import QWEN3_CHAT_TEMPLATE, SPECIAL_TOKENS
 log = logging.getLogger(__name__)
 
 
-def build_embedded_tokenizer(corpus: Iterable[str], vocab_size: int = 2048):
+def build_embedded_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, max_token_length: int = 24):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # no split at spaces or punctuation (as SentencePiece without whitespace splitting), digits one
+    # by one (as Qwen's and Llama's tokenizers): merges may span the JSON and prose the corpus
+    # repeats, up to max_token_length characters
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
+        max_token_length=max_token_length,
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,

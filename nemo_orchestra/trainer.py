@@ -26,8 +26,9 @@ from nemo_orchestra.hf.qwen3 import full_state_dict
 from nemo_orchestra.megatron.parallel import (broadcast_in_model_parallel_group, data_parallel_gather,
                                               data_parallel_sum, model_parallel_rank)
 from nemo_orchestra.metrics import MetricLogger
-from nemo_orchestra.policy import (Policy, forward_logprobs, grpo_loss_fn, pack_for_step, reference_logprobs, set_lr,
+from nemo_orchestra.policy import (Policy, grpo_loss_fn, pack_for_step, reference_logprobs, set_lr,
                                    sft_loss_fn, train_step)
+from nemo_orchestra.rollout.engines import POLICY_ENGINES
 from nemo_orchestra.rollout.rollout import run_rollouts
 from nemo_orchestra.types import PackedBatch, TaskRecord, Trajectory
 
@@ -51,7 +52,7 @@ class Trainer:
     dp_size: int = 1
     step: int = 0
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
-    engine_factory: object = None  # builds the engine from a full state dict, at the first sync (see sync_weights)
+    engine_factory: object = None  # builds the engine from a full state dict (None: POLICY_ENGINES), see sync_weights
 
     # ---- data order: a seeded permutation per epoch; position = step --------------------------------
     def batch_tasks(self, step: int) -> list[TaskRecord]:
@@ -72,21 +73,35 @@ class Trainer:
             tasks, self.cfg.rollout.group_size, self.engine, self.client, self.chat, self.cfg.rollout, self.cfg.reward,
             seed=f"{self.cfg.run.seed}/{self.step}/{self.dp_rank}", stats=stats))
 
+    def on_rollout_rank(self, fn):
+        """``fn()`` (rollouts) on this replica's first model-parallel rank; None on the others.
+
+        An engine whose forward spans the tensor-parallel group (rollout.engine=megatron at TP > 1)
+        has the other ranks serve its generate calls meanwhile, until the first rank releases them.
+        """
+        serve = getattr(self.engine, "serve", None)
+        if model_parallel_rank() != 0:
+            if serve is not None:
+                serve()
+            return None
+        try:
+            return fn()
+        finally:
+            if serve is not None:
+                self.engine.release()
+
     def fill_logprobs(self, batches: list[PackedBatch]) -> dict[str, float]:
-        """Old logprobs from the current policy (one PPO epoch: ratio starts at 1) and the reference's."""
-        temp = self.cfg.rollout.temperature
+        """The frozen reference's logprobs. The old logprobs come from the update's own forward (one
+        optimizer step per batch: the sampling policy is the one being updated; see grpo_loss_fn)."""
         t0 = time.perf_counter()
-        old = forward_logprobs(self.policy.model, batches, self.policy.device, temp)
-        t1 = time.perf_counter()
-        ref = reference_logprobs(self.policy, batches, temp)
-        for b, o, r in zip(batches, old, ref):
-            b.old_logprobs_T, b.ref_logprobs_T = o, r
-        return {"time/old_logprobs_s": t1 - t0, "time/ref_logprobs_s": time.perf_counter() - t1}
+        for b, r in zip(batches, reference_logprobs(self.policy, batches, self.cfg.rollout.temperature)):
+            b.ref_logprobs_T = r
+        return {"time/ref_logprobs_s": time.perf_counter() - t0}
 
     def train_perf(self, batches: list[PackedBatch], seconds: float) -> dict:
         """perf/tflops_per_gpu, perf/mfu, perf/peak_mem_gb of the logprob + train stage (see flops.py)."""
         seqs = sequence_lengths(batches)
-        passes = 3 + 2  # forward + backward, then old and reference logprobs
+        passes = 3 + 1  # forward + backward, and the reference's logprobs
         flops = data_parallel_sum([passes * forward_flops(self.cfg.model, self.vocab_size, seqs)])[0]
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         return perf_metrics(flops, seconds, world, self.cfg.perf.peak_tflops)
@@ -94,8 +109,13 @@ class Trainer:
     def sync_weights(self) -> float:
         """Push the policy's weights into the engine. The engine itself is started here the first
         time, from the weights of that moment (after the warm start, or from a resumed checkpoint),
-        so an engine with processes of its own (vLLM) does not compete with the warm start for CPU."""
+        so an engine with processes of its own (vLLM) does not compete with the warm start for CPU.
+        An engine that generates with the policy's own model (``POLICY_ENGINES``) gets nothing."""
         t0 = time.perf_counter()
+        if self.cfg.rollout.engine in POLICY_ENGINES:  # it reads the policy's parameters: nothing to gather or push
+            if self.engine is None:
+                self.engine = self.engine_factory(None)
+            return time.perf_counter() - t0
         state = full_state_dict(self.policy.module)  # gathered from TP/PP shards: every rank joins
         if self.engine is None:
             self.engine = self.engine_factory(state)
@@ -108,7 +128,7 @@ class Trainer:
         tasks = self.batch_tasks(self.step)
         # one rollout per model replica: its tensor/pipeline ranks must train on the same data
         stats: dict = {}
-        trajs = broadcast_in_model_parallel_group(self.rollout(tasks, stats) if model_parallel_rank() == 0 else None)
+        trajs = broadcast_in_model_parallel_group(self.on_rollout_rank(lambda: self.rollout(tasks, stats)))
         t_rollout = time.perf_counter() - t0
         assign_rewards(trajs, self.cfg.reward)
         self.write_samples(trajs)
@@ -121,7 +141,8 @@ class Trainer:
             t2 = time.perf_counter()
             metrics.update(train_step(self.policy, batches, grpo_loss_fn(self.cfg.loss), self.cfg.rollout.temperature))
             metrics["time/update_s"] = time.perf_counter() - t2
-            metrics["rollout/logprob_mismatch"] = logprob_mismatch(kept, batches)
+            if "loss/logprob_mismatch" in metrics:
+                metrics["rollout/logprob_mismatch"] = metrics.pop("loss/logprob_mismatch")
         else:
             metrics["train/step_skipped"] = 1.0
         t_train = time.perf_counter() - t1
@@ -149,14 +170,15 @@ class Trainer:
                                     "text": self.chat.decode(t.token_ids[t.prompt_len:])}) + "\n")
 
     def evaluate_heldout(self, tasks: list[TaskRecord]) -> dict:
-        """One rollout per held-out task at ``evaluation.temperature``; summaries by slice."""
+        """One rollout per held-out task at ``evaluation.temperature`` (on the replica's first
+        model-parallel rank, shared with the others); summaries by slice."""
         from dataclasses import replace
 
         from nemo_orchestra.heldout import breakdown
 
         cfg = replace(self.cfg.rollout, temperature=self.cfg.evaluation.temperature)
-        trajs = self.loop.run_until_complete(run_rollouts(
-            tasks, 1, self.engine, self.client, self.chat, cfg, self.cfg.reward))
+        trajs = broadcast_in_model_parallel_group(self.on_rollout_rank(lambda: self.loop.run_until_complete(
+            run_rollouts(tasks, 1, self.engine, self.client, self.chat, cfg, self.cfg.reward))))
         result = breakdown(trajs)
         log.info("held-out at step %d: accuracy %.3f, mean cost $%.6f over %d tasks", self.step,
                  result["all"]["accuracy"], result["all"]["cost_mean"], result["all"]["n"])
@@ -164,9 +186,12 @@ class Trainer:
 
     # ---- warm start -------------------------------------------------------------------------------------
     def warm_start(self) -> None:
-        """SFT on the scripted trajectories, then the reference policy becomes the warm-started one."""
+        """SFT on the scripted trajectories (unless the policy starts from ``model.init_from``), then
+        the reference policy becomes the warm-started one."""
         sft, sft_trajs = self.cfg.sft, self.sft_trajectories
-        if sft.steps > 0:
+        if self.cfg.model.init_from and sft.steps > 0:
+            log.info("warm start skipped: the policy starts from model.init_from=%s", self.cfg.model.init_from)
+        elif sft.steps > 0:
             set_lr(self.policy.optimizer, sft.lr)
             from tqdm import tqdm
 
@@ -234,18 +259,3 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     for k in tools:
         out[f"rollout/tool_share/{k}"] = sum(t.tool_counts.get(k, 0) for t in trajs) / n_calls
     return out
-
-
-def logprob_mismatch(trajs: list[Trajectory], batches: list[PackedBatch]) -> float:
-    """Mean |trainer - generator| logprob over generated tokens."""
-    total, n = 0.0, 0
-    for b in batches:
-        for j, (s, e) in enumerate(zip(b.cu_seqlens_B1[:-1].tolist(), b.cu_seqlens_B1[1:].tolist())):
-            if b.traj_index_B[j] < 0:
-                continue
-            t = trajs[b.traj_index_B[j]]
-            mask = torch.tensor(t.loss_mask[1:], dtype=torch.bool)
-            gen = torch.tensor(t.gen_logprobs[1:])
-            total += float((b.old_logprobs_T[s:e - 1] - gen)[mask].abs().sum())
-            n += int(mask.sum())
-    return total / max(n, 1)

@@ -5,20 +5,26 @@ Categories (the service's default simulated experts are tuned to them):
 - ``arithmetic``: "What is 37 * 12?" — the free, exact ``calculator`` is the right tool (its
   result then answered, or handed to a cheap expert to write the answer); the cheap expert alone
   is unreliable.
-- ``lookup``: facts about fictional places — any expert knows them; the cheap one suffices.
-- ``reasoning``: puzzles only the strong (expensive) expert solves reliably.
+- ``lookup``: facts about fictional places — the cheap expert mostly knows them (0.8), the strong
+  one almost always (0.98).
+- ``reasoning``: puzzles the strong (expensive) expert solves reliably (0.9), the medium one at
+  0.6 and the cheap one rarely.
 
 The final answer is the policy's own (``answer`` with ``answer``) or written by an expert
 (``answer`` with ``model``), as in ToolOrchestra.
 
 Each record carries its tool subset, per-alias prices perturbed around the paper's, and a
-preference vector: cost-sensitive tasks weight cost and latency, accuracy-first tasks do not.
-The policy sees the preference in the prompt.
+preference profile: cost-sensitive tasks weight cost and latency, accuracy-first tasks weigh
+accuracy alone. Under the default simulated experts the best choices differ by profile: a
+cost-sensitive lookup goes to the cheap expert and a cost-sensitive puzzle to the medium one,
+while accuracy-first tasks go to the strong one; arithmetic goes to the calculator either way.
+The policy reads the preference at the end of the user message (``orchestrator_messages``).
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 from tools_env.task import TaskRecord
 
@@ -28,10 +34,20 @@ EXPERT_PRICES = {  # $/1M tokens (input, output), after the paper's price table
     "expert-medium": (0.8, 0.8),
     "expert-large": (1.25, 10.0),
 }
+@dataclass(frozen=True)
+class Profile:
+    weights: dict  # the reward's preference vector
+    wish: str  # how the user states it in the prompt
+    label: str  # how the orchestrator restates it in its plan
+
+
 PREFERENCES = {
-    "accuracy_first": {"accuracy": 1.0, "cost": 0.1, "latency": 0.1},
-    "cost_sensitive": {"accuracy": 1.0, "cost": 1.0, "latency": 0.5},
+    "accuracy_first": Profile({"accuracy": 1.0, "cost": 0.0, "latency": 0.0},
+                              "the most accurate answer, whatever it costs", "accuracy first"),
+    "cost_sensitive": Profile({"accuracy": 1.0, "cost": 1.0, "latency": 0.5},
+                              "a correct answer at low cost and latency", "low cost"),
 }
+KINDS = {"arithmetic": "arithmetic", "lookup": "lookup", "reasoning": "puzzle"}  # category -> word in the plan
 _SYL = ["ka", "lo", "mi", "ra", "te", "vo", "zu", "ne", "sha", "dri", "pel", "tor", "vin", "qua", "bel"]
 
 
@@ -73,7 +89,7 @@ def make_task(rng: random.Random, category: str) -> TaskRecord:
     pref_name = rng.choice(sorted(PREFERENCES))
     return TaskRecord(
         problem=problem, answer=answer, category=category, tools=tools, prices=prices,
-        preference=dict(PREFERENCES[pref_name]), verifier=verifier, meta={"preference_name": pref_name},
+        preference=dict(PREFERENCES[pref_name].weights), verifier=verifier, meta={"preference_name": pref_name},
     )
 
 
@@ -88,8 +104,37 @@ def generate_tasks(n: int, seed: int) -> list[TaskRecord]:
     return tasks
 
 
-def system_prompt(pref: dict) -> str:
-    """The orchestrator's system prompt, stating the user's preference weights."""
+SYSTEM_PROMPT = ("You are an orchestrator. Solve the task by calling tools, then call answer. "
+                 "Weigh accuracy, cost and latency as the user's preference says.")
+
+
+def preference_line(pref: dict, name: str | None = None) -> str:
+    """The user's preference as the policy reads it: the weights, and in words when ``name`` is a
+    profile of this task set."""
     weights = ", ".join(f"{k} {pref[k]:g}" for k in ("accuracy", "cost", "latency") if k in pref)
-    return ("You are an orchestrator. Solve the task by calling tools, then call answer. "
-            f"User preference weights: {weights}.")
+    words = f" I want {PREFERENCES[name].wish}." if name in PREFERENCES else ""
+    return f"Preference weights: {weights}.{words}"
+
+
+def orchestrator_messages(problem: str, pref: dict, name: str | None = None) -> list[dict]:
+    """The conversation a rollout starts from: the system prompt, then the problem followed by the
+    preference. The preference closes the prompt, right before the policy's first turn, so even a
+    tiny policy reads it where it decides."""
+    return [{"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": f"{problem}\n\n{preference_line(pref, name)}"}]
+
+
+def plan_text(category: str, name: str | None, tool: str, arguments: dict) -> str:
+    """The short plan an orchestrator turn opens with, in a ``<think>`` block (ToolOrchestra's turns
+    reason before they call a tool): the kind of task, the user's preference, then the call it is
+    about to make. The warm start writes it from the task record and its (random) choice, so the
+    choice is made right after what it should depend on: a tiny policy conditions on a few tokens
+    back far more easily than on a line at the top of a long prompt."""
+    parts = [f"Task: {KINDS.get(category, category)}."]
+    if name in PREFERENCES:
+        parts.append(f"Preference: {PREFERENCES[name].label}.")
+    if "model" in arguments:
+        parts.append(f"Next: {'ask' if tool == 'expert' else tool + ' by'} {arguments['model']}.")
+    else:
+        parts.append(f"Next: {tool}.")
+    return "<think>" + " ".join(parts) + "</think>\n"

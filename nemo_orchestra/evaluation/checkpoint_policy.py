@@ -1,8 +1,8 @@
 """A trained orchestrator as the evaluation policy: a Hugging Face export folder, run in-process.
 
 ``checkpoint:DIR`` takes a run folder (its ``hf/`` export) or an export folder itself. The prompt
-is built exactly as in training (the same system prompt with the preference weights, the same
-chat template and tool schemas); the policy's own earlier turns are replayed as it wrote them.
+is built exactly as in training (the same system prompt, the problem followed by the preference,
+the same chat template and tool schemas); the policy's own earlier turns are replayed as it wrote them.
 Generation is greedy by default. The policy's tokens are priced like the orchestrator in training.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from nemo_orchestra.chat import ChatFormat, ToolCallParseError, parse_tool_call
-from nemo_orchestra.data.default_tasks import system_prompt
+from nemo_orchestra.data.default_tasks import orchestrator_messages
 from nemo_orchestra.evaluation.policy import Policy, PolicyFormatError, PolicyInput, ToolCall
 
 
@@ -23,6 +23,18 @@ def resolve_export(path: str) -> str:
         if os.path.isfile(os.path.join(folder, "config.json")):
             return folder
     raise FileNotFoundError(f"checkpoint:{path}: no Hugging Face export (config.json) in {path} or {path}/hf")
+
+
+def training_messages(inp: PolicyInput) -> list[dict[str, Any]]:
+    """The conversation as a training rollout has it: ``orchestrator_messages`` for the problem and
+    preference, then the turns so far, the policy's own as it wrote them."""
+    out = orchestrator_messages(inp.problem, inp.preference, inp.preference_name)
+    for m in inp.messages[1:]:  # the first is the problem, which orchestrator_messages states
+        if m["role"] == "assistant" and m.get("content"):
+            out.append({"role": "assistant", "content": m["content"]})
+        else:
+            out.append(m)
+    return out
 
 
 class CheckpointPolicy(Policy):
@@ -39,15 +51,6 @@ class CheckpointPolicy(Policy):
         self.price_in, self.price_out = price_in, price_out
         self.generator = torch.Generator().manual_seed(seed)
 
-    def messages(self, inp: PolicyInput) -> list[dict[str, Any]]:
-        out = [{"role": "system", "content": system_prompt(inp.preference)}]
-        for m in inp.messages:
-            if m["role"] == "assistant" and m.get("content"):
-                out.append({"role": "assistant", "content": m["content"]})  # as the policy wrote it
-            else:
-                out.append(m)
-        return out
-
     @torch.no_grad()
     def _generate(self, ids: list[int]) -> list[int]:
         stop = self.chat.end_of_turn_id
@@ -59,7 +62,7 @@ class CheckpointPolicy(Policy):
         return new[: new.index(stop)] if stop in new else new
 
     async def act(self, inp: PolicyInput) -> ToolCall:
-        ids = self.chat.prompt_ids(self.messages(inp), inp.tools)
+        ids = self.chat.prompt_ids(training_messages(inp), inp.tools)
         new = self._generate(ids)
         text = self.chat.decode(new)
         cost = (len(ids) * self.price_in + len(new) * self.price_out) / 1e6

@@ -48,6 +48,7 @@ class PolicyInput:
     preference: dict[str, Any]
     turn: int
     sample: int = 0  # index of this attempt when a task is run several times (pass@k)
+    preference_name: str | None = None  # the record's profile (meta.preference_name) when its preference is used
 
     def tool_names(self) -> list[str]:
         return [t["function"]["name"] for t in self.tools]

@@ -68,8 +68,9 @@ async def run_episode(client: Any, policy: Policy, record: dict[str, Any], *, pr
                       preference_name: str = "record", sample: int = 0, max_turns: int = 12,
                       alpha: float | None = None) -> EpisodeResult:
     task = dict(record)
+    profile = (record.get("meta") or {}).get("preference_name")  # the record's own profile, in words
     if preference is not None:
-        task["preference"] = preference
+        task["preference"], profile = preference, None
     created = await client.create_episode(task)
     eid = created["episode_id"]
     messages: list[dict[str, Any]] = [{"role": "user", "content": task["problem"]}]
@@ -78,7 +79,8 @@ async def run_episode(client: Any, policy: Policy, record: dict[str, Any], *, pr
         for turn in range(max_turns):
             inp = PolicyInput(task_id=task["id"], problem=task["problem"], category=task["category"],
                               tools=created["tools"], messages=messages, prices=task.get("prices", {}),
-                              preference=task.get("preference", {}), turn=turn, sample=sample)
+                              preference=task.get("preference", {}), turn=turn, sample=sample,
+                              preference_name=profile)
             try:
                 call = await policy.act(inp)
             except PolicyFormatError as e:

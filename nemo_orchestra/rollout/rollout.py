@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from nemo_orchestra.chat import ChatFormat, ToolCallParseError, parse_tool_call
 from nemo_orchestra.config import RewardConfig, RolloutConfig
-from nemo_orchestra.data.default_tasks import system_prompt
+from nemo_orchestra.data.default_tasks import orchestrator_messages
 from nemo_orchestra.types import StopReason, TaskRecord, Trajectory
 
 log = logging.getLogger(__name__)
@@ -35,8 +35,8 @@ class _Live:
 
 
 def prompt_messages(task: TaskRecord, reward_cfg: RewardConfig) -> list[dict]:
-    return [{"role": "system", "content": system_prompt(task.preference or reward_cfg.default_preference)},
-            {"role": "user", "content": task.problem}]
+    return orchestrator_messages(task.problem, task.preference or reward_cfg.default_preference,
+                                 task.meta.get("preference_name"))
 
 
 async def run_rollouts(tasks: list[TaskRecord], group_size: int, engine, client, chat: ChatFormat,

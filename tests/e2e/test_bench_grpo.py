@@ -20,7 +20,7 @@ def test_grpo_benchmark_reports_every_phase(tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     report = json.loads(out.read_text())
     s = report["per_step"]
-    phases = ("generation_s", "environment_s", "old_logprobs_s", "reference_logprobs_s", "training_s",
+    phases = ("generation_s", "environment_s", "reference_logprobs_s", "training_s",
               "weight_sync_s")
     assert all(s[k] > 0 for k in phases), s
     assert sum(s[k] for k in phases) <= s["step_s"] * 1.001 and s["other_s"] >= -1e-3 * s["step_s"]

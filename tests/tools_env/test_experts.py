@@ -27,7 +27,7 @@ def test_simulated_accuracy_follows_the_configured_rate():
         r = run(tool.call({"model": "expert-small", "query": "capital of France?"}, ctx_for(tag=str(i))))
         hits += r.observation == "expert-small: The answer is Paris."
         assert r.meta["simulated"] and r.usage["completion_tokens"] == 40  # expert-small, lookup
-    assert 0.85 * 400 <= hits <= 0.95 * 400  # accuracy 0.9; 4 sigma is about +-0.06
+    assert 0.74 * 400 <= hits <= 0.86 * 400  # accuracy 0.8; 4 sigma is about +-0.06
 
 
 def test_unlisted_categories_use_default_and_the_draw_is_seeded():

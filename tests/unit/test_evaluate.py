@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib.util
 import json
 import os
@@ -14,7 +15,7 @@ import pytest
 
 from nemo_orchestra.evaluation.openai_policy import parse_reply
 from nemo_orchestra.evaluation.policy import (
-    POLICIES, PolicyFormatError, PolicyInput, build_policy, cheapest, expert_reply_answer,
+    POLICIES, Policy, PolicyFormatError, PolicyInput, ToolCall, build_policy, cheapest, expert_reply_answer,
     strongest,
 )
 from nemo_orchestra.evaluation.report import pareto_front
@@ -135,3 +136,50 @@ def test_evaluate_recipe_rejects_unknown_keys_and_unavailable_policies(tmp_path)
     assert run.returncode != 0 and "unknown key 'polices'" in run.stderr
     run = subprocess.run(base + ["policies=checkpoint:/ckpt"], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert run.returncode != 0 and "no Hugging Face export" in run.stderr
+
+
+class _Recorder(Policy):
+    def __init__(self):
+        self.inputs = []
+
+    async def act(self, inp):
+        self.inputs.append(dataclasses.replace(inp, messages=list(inp.messages)))  # the runner appends later
+        return ToolCall("answer", {"answer": "x"})
+
+
+class _OneTurnService:
+    async def create_episode(self, task):
+        return {"episode_id": "e", "tools": []}
+
+    async def step(self, eid, name, arguments):
+        return {"observation": "ok", "done": True, "outcome": {"correct": False, "reason": "wrong"}}
+
+    async def get_episode(self, eid):
+        return {"total_cost": 0.0, "total_latency_s": 0.0, "turns": 1, "tool_counts": {}, "model_counts": {},
+                "ended_by": "answer"}
+
+    async def delete_episode(self, eid):
+        pass
+
+
+def test_checkpoint_policy_prompt_is_the_training_prompt():
+    """Evaluating a checkpoint must show it the prompt it was trained on: the record's preference in
+    words and weights; a preset preference replaces both (its weights, no profile words)."""
+    import asyncio
+
+    from nemo_orchestra.config import RewardConfig
+    from nemo_orchestra.data.default_tasks import generate_tasks
+    from nemo_orchestra.evaluation.checkpoint_policy import training_messages
+    from nemo_orchestra.evaluation.runner import run_episode
+    from nemo_orchestra.rollout.rollout import prompt_messages
+
+    task = generate_tasks(1, seed=5)[0]
+    policy = _Recorder()
+    asyncio.run(run_episode(_OneTurnService(), policy, task.to_dict(), preference=None))
+    expected = prompt_messages(task, RewardConfig())
+    assert training_messages(policy.inputs[0]) == expected
+    assert "I want" in expected[-1]["content"]  # the profile in words reached the prompt
+    preset = {"accuracy": 1.0, "cost": 0.5, "latency": 0.0}
+    asyncio.run(run_episode(_OneTurnService(), policy, task.to_dict(), preference=preset, preference_name="p"))
+    user = training_messages(policy.inputs[1])[-1]["content"]
+    assert user.endswith("Preference weights: accuracy 1, cost 0.5, latency 0.") and "I want" not in user

@@ -1,0 +1,278 @@
+"""In-process generation with the trainer's own Megatron-Core model and a KV cache (``rollout.engine=megatron``).
+
+For machines without vLLM. The engine holds the live policy module (this rank's tensor-parallel
+shard), so there is no second copy of the weights and nothing to sync: the next ``generate``
+after an optimizer step reads the new parameters (``load_weights`` is a no-op, and the trainer
+skips the weight gather for this engine).
+
+Megatron's ``StaticInferenceContext`` is not used: it keeps one sequence offset for the whole
+batch, so prompts of different lengths would need left padding, RoPE positions shifted by the
+padding and a key-padding mask, and our packed core attention (``megatron/attention.py``) takes
+no mask and runs each batch row as one causal sequence of the query's own length (a decode query
+of length 1 against longer cached keys does not fit it). The cache here is our own, and small:
+
+- prefill: the prompts packed into one sequence (THD) and run through the model's own core
+  attention with ``cu_seqlens``, as in training (same kernels, same RoPE positions, no padding);
+  every layer's keys and values go into the cache, [B, L, Hkv, D] per layer;
+- decode: one token per unfinished sequence, at its own position (RoPE from per-token
+  positions), attending to its row of the cache up to that position (SDPA with a length mask).
+
+Each layer's core attention is swapped for a cache-aware one for the duration of a ``generate``
+call, and the forward runs the model's pieces (embedding -> decoder -> output layer) so that RoPE
+can take per-token positions. Nothing is padded and rows attend only to themselves, so a prompt's
+generation does not depend on its batch (up to the rounding of batched matrix multiplies);
+finished rows leave the decode batch.
+
+Shapes (legend): B sequences, T tokens of one forward, N tokens whose next-token logits are
+wanted, L cache length, Hq/Hkv query/key-value heads (this rank's), D head dim, V vocabulary.
+
+Tensor parallelism: every rank of the TP group holds a slice of the heads and of the vocabulary,
+and all of them run each forward together. ``generate`` is called on the group's first rank
+(where the trainer's rollouts run); it sends the request to the other ranks, which wait in
+``serve()`` until ``release()``. The output layer gathers the vocabulary (N x V per step), every
+rank samples with the same seeded generator, and the first rank's tokens are broadcast so that
+the ranks cannot drift apart. Pipeline parallelism, sequence parallelism and FP8 are refused at
+construction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from nemo_orchestra.rollout.hf_engine import Generation
+
+if TYPE_CHECKING:
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+_ALTERNATIVES = "use rollout.engine=vllm or rollout.engine=hf"
+
+
+@dataclass
+class _Step:
+    """The tokens of one forward: cache row and position of each; packed lengths for a prefill."""
+
+    rows_T: torch.Tensor
+    pos_T: torch.Tensor
+    prefill: PackedSeqParams | None = None  # the prompts' packed lengths (None: a decode step)
+
+
+class _KVCache:
+    """Keys and values of every layer for B sequences, [B, L, Hkv, D] each (this rank's heads)."""
+
+    def __init__(self, num_layers: int, rows: int, length: int):
+        self.rows, self.length = rows, length
+        self.layers: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
+        self.step: _Step | None = None
+
+    def write(self, layer: int, key_TKD: torch.Tensor, value_TKD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.layers[layer] is None:  # shapes and dtype from the first keys: the TP shard's KV heads
+            shape = (self.rows, self.length, *key_TKD.shape[1:])
+            self.layers[layer] = (key_TKD.new_zeros(shape), value_TKD.new_zeros(shape))
+        k_BLKD, v_BLKD = self.layers[layer]
+        k_BLKD[self.step.rows_T, self.step.pos_T] = key_TKD
+        v_BLKD[self.step.rows_T, self.step.pos_T] = value_TKD
+        return k_BLKD, v_BLKD
+
+
+class _CachedAttention(torch.nn.Module):
+    """Stands in for one layer's core attention during generation: fills the cache, and attends
+    through the original module (prefill) or over the cache (decode).
+
+    Called by Megatron's attention as ``(query, key, value, attention_mask, attn_mask_type, ...)``
+    with q [T, 1, Hq, D], k and v [T, 1, Hkv, D], RoPE already applied; returns [T, 1, Hq*D].
+    """
+
+    def __init__(self, inner: torch.nn.Module, cache: _KVCache, layer: int):
+        super().__init__()
+        self.inner, self.cache, self.layer = inner, cache, layer
+        self.softmax_scale = getattr(inner, "softmax_scale", None)  # None: D**-0.5, as the inner module
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        T = query.shape[0]
+        step = self.cache.step
+        k_BLKD, v_BLKD = self.cache.write(self.layer, key[:, 0], value[:, 0])
+        if step.prefill is not None:  # the training path: causal attention within each packed prompt
+            out = self.inner(query[:, 0], key[:, 0], value[:, 0], None, attn_mask_type=attn_mask_type,
+                             packed_seq_params=step.prefill)
+            return out.reshape(T, 1, -1)
+        # decode: token t attends to keys 0..pos_t of its row
+        length = int(step.pos_T.max()) + 1
+        if T == self.cache.rows:  # no row has finished: rows 0..B-1 in order, a view of the cache
+            k_NLKD, v_NLKD = k_BLKD[:, :length], v_BLKD[:, :length]
+        else:
+            k_NLKD, v_NLKD = k_BLKD[step.rows_T, :length], v_BLKD[step.rows_T, :length]
+        k_NHLD, v_NHLD = k_NLKD.transpose(1, 2), v_NLKD.transpose(1, 2)
+        mask_N11L = (torch.arange(length, device=query.device) <= step.pos_T[:, None])[:, None, None, :]
+        out_NH1D = F.scaled_dot_product_attention(query[:, 0, :, None, :], k_NHLD, v_NHLD, attn_mask=mask_N11L,
+                                                  scale=self.softmax_scale, enable_gqa=True)
+        return out_NH1D.reshape(T, 1, -1)
+
+
+class MegatronEngine:
+    """Generates with ``model``, the trainer's GPTModel (not a copy), KV-cached; see the module docstring."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, seed: int = 0):
+        config = model.config
+        if config.pipeline_model_parallel_size > 1:
+            raise ValueError("rollout.engine=megatron does not support pipeline parallelism "
+                             f"(parallel.pp={config.pipeline_model_parallel_size}): {_ALTERNATIVES}")
+        if config.sequence_parallel:
+            raise ValueError("rollout.engine=megatron does not support parallel.sequence_parallel (it splits "
+                             "each forward's tokens over the TP ranks; a decode step has one per sequence): "
+                             f"{_ALTERNATIVES}")
+        if config.fp8:
+            raise ValueError("rollout.engine=megatron does not support model.fp8 (FP8 matrix multiplies need "
+                             f"token counts in multiples of 16; a decode step has one per sequence): {_ALTERNATIVES}")
+        self.model, self.device = model, device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.tp = config.tensor_model_parallel_size
+        self.tp_group = self.tp_src = None
+        if self.tp > 1:
+            from megatron.core import parallel_state as ps
+
+            self.tp_group = ps.get_tensor_model_parallel_group()
+            self.tp_src = ps.get_tensor_model_parallel_src_rank()
+            self.is_lead = ps.get_tensor_model_parallel_rank() == 0
+        else:
+            self.is_lead = True
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Nothing to load: ``generate`` reads the policy's parameters themselves."""
+
+    # ---- the TP group: the first rank leads, the others follow -------------------------------------------
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                 stop_ids: list[int]) -> list[Generation]:
+        """Token ids in, generated ids and their logprobs out (as ``HFEngine.generate``).
+
+        temperature <= 0 is greedy decoding (logprobs then under temperature 1); otherwise sampling
+        at ``temperature`` from the smallest set of tokens holding ``top_p`` of the probability,
+        with logprobs under the temperature over the whole vocabulary. A sequence ends after a
+        token of ``stop_ids`` (included, finished) or at ``max_new_tokens`` (not finished).
+        """
+        if not self.is_lead:
+            raise RuntimeError("rollout.engine=megatron: generate runs on the first rank of the tensor-parallel "
+                               "group; the other ranks call serve()")
+        request = (prompts, max_new_tokens, temperature, top_p, stop_ids)
+        self._broadcast_request(request)
+        return self._generate(*request)
+
+    def serve(self) -> None:
+        """On the other ranks of the TP group: run the first rank's generate calls until ``release()``."""
+        if self.is_lead:
+            return
+        while (request := self._broadcast_request(None)) is not None:
+            self._generate(*request)
+
+    def release(self) -> None:
+        """On the first rank: end the other ranks' ``serve()``."""
+        if self.is_lead:
+            self._broadcast_request(None)
+
+    def _broadcast_request(self, request):
+        if self.tp == 1:
+            return request
+        box = [request]
+        with self._on_device():
+            dist.broadcast_object_list(box, src=self.tp_src, group=self.tp_group)
+        return box[0]
+
+    def _on_device(self):
+        # the rollout calls generate from its own thread, whose current CUDA device is not this rank's
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+
+    # ---- generation ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                  stop_ids: list[int]) -> list[Generation]:
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("rollout.engine=megatron: a prompt has no tokens")
+        model, dev = self.model, self.device
+        B = len(prompts)
+        lengths_B = torch.tensor([len(p) for p in prompts], device=dev)
+        cache = _KVCache(len(model.decoder.layers), B, int(lengths_B.max()) + max_new_tokens)
+        stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=dev)
+        tokens: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[float]] = [[] for _ in prompts]
+        finished = [False] * B
+        was_training = model.training
+        layers = [layer.self_attention for layer in model.decoder.layers]
+        originals = [attention.core_attention for attention in layers]
+        with self._on_device():
+            try:
+                model.eval()
+                for i, attention in enumerate(layers):
+                    attention.core_attention = _CachedAttention(originals[i], cache, i)
+                logits_NV = self._prefill(prompts, lengths_B, cache)
+                rows_N = torch.arange(B, device=dev)
+                for step in range(max_new_tokens):
+                    ids_N, lp_N = self._sample(logits_NV, temperature, top_p)
+                    for r, t, lp in zip(rows_N.tolist(), ids_N.tolist(), lp_N.tolist()):
+                        tokens[r].append(t)
+                        logprobs[r].append(lp)
+                    stopped_N = torch.isin(ids_N, stops)
+                    for r in rows_N[stopped_N].tolist():
+                        finished[r] = True
+                    rows_N, ids_N = rows_N[~stopped_N], ids_N[~stopped_N]
+                    if step == max_new_tokens - 1 or len(rows_N) == 0:
+                        break
+                    cache.step = _Step(rows_N, lengths_B[rows_N] + step)  # token `step` sits after its prompt
+                    logits_NV = self._forward(ids_N, cache.step.pos_T)
+            finally:
+                for attention, original in zip(layers, originals):
+                    attention.core_attention = original
+                model.train(was_training)
+        return [Generation(t, lp, f) for t, lp, f in zip(tokens, logprobs, finished)]
+
+    def _prefill(self, prompts: list[list[int]], lengths_B: torch.Tensor, cache: _KVCache) -> torch.Tensor:
+        """The prompts packed into one sequence; the logits after each prompt's last token, [B, V]."""
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        dev = self.device
+        ids_T = torch.tensor([t for p in prompts for t in p], dtype=torch.long, device=dev)
+        rows_T = torch.repeat_interleave(torch.arange(len(prompts), device=dev), lengths_B)
+        cu_B1 = F.pad(torch.cumsum(lengths_B, 0), (1, 0)).to(torch.int32)
+        pos_T = torch.arange(len(ids_T), device=dev) - cu_B1[:-1].long()[rows_T]
+        longest = int(lengths_B.max())
+        packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_B1, cu_seqlens_kv=cu_B1,
+                                 max_seqlen_q=longest, max_seqlen_kv=longest)
+        cache.step = _Step(rows_T, pos_T, packed)
+        return self._forward(ids_T, pos_T, last_N=cu_B1[1:].long() - 1)
+
+    def _forward(self, ids_T: torch.Tensor, pos_T: torch.Tensor, last_N: torch.Tensor | None = None) -> torch.Tensor:
+        """GPTModel.forward for tokens at given positions: full-vocabulary logits [N, V] of the
+        tokens ``last_N`` (default: all)."""
+        m = self.model
+        hidden_T1H = m.embedding(input_ids=ids_T[None], position_ids=pos_T[None])
+        rope_T11D = m.rotary_pos_emb(max(m.max_sequence_length, int(pos_T.max()) + 1))[pos_T]
+        hidden_T1H = m.decoder(hidden_states=hidden_T1H, attention_mask=None, rotary_pos_emb=rope_T11D)
+        if last_N is not None:
+            hidden_T1H = hidden_T1H[last_N]
+        weight = m.shared_embedding_or_output_weight() if m.share_embeddings_and_output_weights else None
+        logits_N1V, _ = m.output_layer(hidden_T1H, weight=weight, runtime_gather_output=True)
+        return logits_N1V[:, 0]
+
+    def _sample(self, logits_NV: torch.Tensor, temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next token of each row and its log p under the temperature (1 when greedy)."""
+        greedy = temperature <= 0
+        lp_NV = torch.log_softmax(logits_NV.float() / (1.0 if greedy else temperature), dim=-1)
+        if greedy:
+            ids_N = lp_NV.argmax(dim=-1)
+        else:
+            probs_NV = lp_NV.exp()
+            if top_p < 1.0:  # nucleus: the most likely tokens until their mass reaches top_p
+                sorted_NV, order_NV = probs_NV.sort(dim=-1, descending=True)
+                keep_NV = sorted_NV.cumsum(dim=-1) - sorted_NV < top_p
+                probs_NV = torch.zeros_like(probs_NV).scatter_(-1, order_NV, sorted_NV * keep_NV)
+            ids_N = torch.multinomial(probs_NV, 1, generator=self.generator)[:, 0]
+        if self.tp > 1:  # the first rank's choice, so that the ranks decode the same sequences
+            dist.broadcast(ids_N, src=self.tp_src, group=self.tp_group)
+        return ids_N, lp_NV.gather(-1, ids_N[:, None])[:, 0]

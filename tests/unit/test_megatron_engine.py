@@ -1,0 +1,298 @@
+"""The megatron engine (the trainer's own GPTModel, KV-cached) against an uncached re-forward, the
+trainer's logprobs and the hf engine on the same weights; batching, stops, sampling, weight
+updates, the TP group (2 gloo ranks) and the layouts it refuses."""
+
+import json
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from nemo_orchestra.config import load_config
+from nemo_orchestra.hf.qwen3 import full_state_dict
+from nemo_orchestra.packing import pack
+from nemo_orchestra.policy import build_policy, forward_logprobs, set_lr, sft_loss_fn, train_step
+from nemo_orchestra.rollout.engines import POLICY_ENGINES, build_engine
+from nemo_orchestra.rollout.megatron_engine import MegatronEngine
+from tests.unit.helpers import traj
+
+VOCAB = 256
+CPU = torch.device("cpu")
+LP_TOL = 1e-5
+PROMPT_LENGTHS = (5, 17, 30, 1)
+
+
+def sharpen(gpt, seed: int = 0) -> None:
+    """Larger weights than the init: peaked distributions, no near-ties in greedy decoding."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in gpt.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.mul_(4.0)
+
+
+def make_prompts(seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, VOCAB, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
+
+
+def new_policy():
+    from nemo_orchestra.megatron.parallel import init_distributed
+
+    cfg = load_config([])  # the tiny default: 2 layers, 4 heads x 64, 2 KV groups, tied embeddings
+    info = init_distributed(cfg.parallel, seed=7)
+    policy = build_policy(cfg, VOCAB, info.device)
+    sharpen(policy.module)
+    return cfg, policy
+
+
+@pytest.fixture(scope="module")
+def setup():
+    cfg, policy = new_policy()
+    engine = build_engine("megatron", cfg.model, VOCAB, None, CPU, rollout=cfg.rollout, seed=3, model=policy.module)
+    return SimpleNamespace(cfg=cfg, policy=policy, gpt=policy.module, engine=engine, prompts=make_prompts())
+
+
+@torch.no_grad()
+def uncached_greedy(gpt, prompt: list[int], n: int) -> list[int]:
+    """argmax of a full forward over the growing sequence, n times."""
+    gpt.eval()
+    seq = list(prompt)
+    for _ in range(n):
+        logits = gpt(torch.tensor([seq]), torch.arange(len(seq))[None], None)
+        seq.append(int(logits[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
+def trainer_logprobs(gpt, prompts, gens, temperature: float) -> list[torch.Tensor]:
+    """The trainer's logprob of each generated token (packed trajectories, as in the GRPO step)."""
+    trajs = [traj(ids=p + g.token_ids, mask=[0] * len(p) + [1] * len(g.token_ids)) for p, g in zip(prompts, gens)]
+    (batch,) = pack(trajs, capacity=4096)
+    lp = forward_logprobs(gpt, batch, CPU, temperature)
+    out = [None] * len(trajs)
+    for j, (s, e) in enumerate(zip(batch.cu_seqlens_B1[:-1].tolist(), batch.cu_seqlens_B1[1:].tolist())):
+        i = batch.traj_index_B[j]
+        out[i] = lp[s + len(prompts[i]) - 1:e - 1]
+    return out
+
+
+def assert_logprobs(gpt, prompts, gens, temperature: float = 1.0) -> None:
+    for g, ref in zip(gens, trainer_logprobs(gpt, prompts, gens, temperature)):
+        assert len(g.logprobs) == len(g.token_ids)
+        torch.testing.assert_close(torch.tensor(g.logprobs), ref, atol=LP_TOL, rtol=0)
+
+
+def test_greedy_equals_uncached_reference_and_trainer_logprobs(setup):
+    s = setup
+    gens = s.engine.generate(s.prompts, 12, 0.0, 1.0, [])
+    for p, g in zip(s.prompts, gens):
+        assert g.token_ids == uncached_greedy(s.gpt, p, 12)
+        assert not g.finished
+    assert_logprobs(s.gpt, s.prompts, gens)
+
+
+def test_batch_equals_each_prompt_alone(setup):
+    s = setup
+    together = s.engine.generate(s.prompts, 10, 0.0, 1.0, [])
+    for p, t in zip(s.prompts, together):
+        (alone,) = s.engine.generate([p], 10, 0.0, 1.0, [])
+        assert alone.token_ids == t.token_ids and alone.finished == t.finished
+        assert alone.logprobs == pytest.approx(t.logprobs, abs=LP_TOL)
+    reordered = s.engine.generate(s.prompts[::-1], 10, 0.0, 1.0, [])
+    assert [g.token_ids for g in reordered[::-1]] == [g.token_ids for g in together]
+
+
+def test_greedy_equals_hf_engine(setup):
+    s = setup
+    tok = SimpleNamespace(get_vocab=dict, eos_token_id=1, pad_token_id=0)
+    hf = build_engine("hf", s.cfg.model, VOCAB, tok, CPU, init_state=full_state_dict(s.gpt))
+    ours = s.engine.generate(s.prompts, 12, 0.0, 1.0, [])
+    theirs = hf.generate(s.prompts, 12, 0.0, 1.0, [])
+    for a, b in zip(ours, theirs):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_stop_ids_and_max_new_tokens(setup):
+    s = setup
+    (free,) = s.engine.generate(s.prompts[:1], 12, 0.0, 1.0, [])
+    stop = free.token_ids[4]
+    k = free.token_ids.index(stop)
+    (g,) = s.engine.generate(s.prompts[:1], 12, 0.0, 1.0, [stop, VOCAB + 7])
+    assert g.finished and g.token_ids == free.token_ids[:k + 1]
+    assert g.logprobs == pytest.approx(free.logprobs[:k + 1], abs=LP_TOL)
+    (short,) = s.engine.generate(s.prompts[:1], 3, 0.0, 1.0, [])
+    assert not short.finished and short.token_ids == free.token_ids[:3]
+    # one row stops early: the others decode on as before
+    frees = s.engine.generate(s.prompts, 12, 0.0, 1.0, [])
+    mixed = s.engine.generate(s.prompts, 12, 0.0, 1.0, [stop])
+    for f, m in zip(frees, mixed):
+        n = f.token_ids.index(stop) + 1 if stop in f.token_ids else len(f.token_ids)
+        assert m.token_ids == f.token_ids[:n] and m.finished == (stop in f.token_ids)
+    assert mixed[0].finished and any(not m.finished for m in mixed)
+    assert s.engine.generate([], 5, 0.0, 1.0, []) == []
+
+
+def test_sampling_is_seeded_nucleus_with_logprobs_at_the_temperature(setup):
+    s = setup
+    temperature, top_p = 0.7, 0.8
+    runs = [MegatronEngine(s.gpt, CPU, seed=11).generate(s.prompts, 10, temperature, top_p, []) for _ in range(2)]
+    other = MegatronEngine(s.gpt, CPU, seed=12).generate(s.prompts, 10, temperature, top_p, [])
+    assert [g.token_ids for g in runs[0]] == [g.token_ids for g in runs[1]]
+    assert [g.token_ids for g in runs[0]] != [g.token_ids for g in other]
+    gens = runs[0]
+    assert_logprobs(s.gpt, s.prompts, gens, temperature)
+    with torch.no_grad():  # every sampled token is inside its step's nucleus
+        for p, g in zip(s.prompts, gens):
+            seq = p + g.token_ids
+            logits = s.gpt(torch.tensor([seq]), torch.arange(len(seq))[None], None)[0, len(p) - 1:-1]
+            probs = torch.softmax(logits / temperature, -1)
+            for probs_V, t in zip(probs, g.token_ids):
+                assert float(probs_V[probs_V > probs_V[t]].sum()) < top_p
+
+
+def test_generation_restores_the_model(setup):
+    s = setup
+    attentions = [type(layer.self_attention.core_attention) for layer in s.gpt.decoder.layers]
+    s.gpt.train()
+    s.engine.generate(s.prompts, 4, 1.0, 1.0, [])
+    assert s.gpt.training and all(m.training for m in s.gpt.modules())
+    s.gpt.eval()
+    s.engine.generate(s.prompts, 4, 1.0, 1.0, [])
+    assert not any(m.training for m in s.gpt.modules())
+    assert [type(layer.self_attention.core_attention) for layer in s.gpt.decoder.layers] == attentions
+    assert all(p.grad is None for p in s.gpt.parameters())
+
+
+def test_outputs_follow_the_weights_after_an_optimizer_step():
+    cfg, policy = new_policy()
+    gpt, prompts = policy.module, make_prompts(seed=5)
+    engine = MegatronEngine(gpt, CPU)
+    old = engine.generate(prompts, 8, 0.0, 1.0, [])
+    # one SFT step towards other continuations, at a learning rate that moves the greedy choices
+    targets = [[(t + 1) % VOCAB for t in g.token_ids] for g in old]
+    batch = [traj(ids=p + t, mask=[0] * len(p) + [1] * len(t)) for p, t in zip(prompts, targets)]
+    set_lr(policy.optimizer, 3e-2)
+    train_step(policy, pack(batch, capacity=4096), sft_loss_fn)
+    engine.load_weights({})  # nothing to load: the engine reads the updated parameters
+    new = engine.generate(prompts, 8, 0.0, 1.0, [])
+    for p, g in zip(prompts, new):
+        assert g.token_ids == uncached_greedy(gpt, p, 8)
+    assert_logprobs(gpt, prompts, new)
+    assert [g.token_ids for g in new] != [g.token_ids for g in old]
+
+
+def test_engine_is_registered_and_needs_the_model(setup):
+    s = setup
+    assert "megatron" in POLICY_ENGINES and isinstance(s.engine, MegatronEngine)
+    with pytest.raises(ValueError, match="pass model"):
+        build_engine("megatron", s.cfg.model, VOCAB, None, CPU)
+
+
+def test_trainer_pushes_no_weights_into_it(setup, monkeypatch):
+    from dataclasses import replace
+
+    import nemo_orchestra.trainer as trainer_module
+    from nemo_orchestra.trainer import Trainer
+
+    def no_gather(gpt):
+        raise AssertionError("the megatron engine needs no gathered state dict")
+
+    monkeypatch.setattr(trainer_module, "full_state_dict", no_gather)
+    s = setup
+    cfg = replace(s.cfg, rollout=replace(s.cfg.rollout, engine="megatron"))
+    trainer = Trainer(cfg, s.policy, None, None, None, [], None, engine_factory=lambda state: s.engine)
+    trainer.sync_weights()
+    assert trainer.engine is s.engine
+    trainer.sync_weights()
+    assert trainer.on_rollout_rank(lambda: 42) == 42  # one rank: it is the rollout rank
+    trainer.loop.close()
+
+
+@pytest.mark.parametrize("layout, message", [
+    (dict(pipeline_model_parallel_size=2), "does not support pipeline parallelism .*vllm.*hf"),
+    (dict(sequence_parallel=True), "does not support parallel.sequence_parallel"),
+    (dict(fp8="hybrid"), "does not support model.fp8"),
+], ids=["pp", "sequence_parallel", "fp8"])
+def test_refused_layouts_name_the_alternatives(layout, message):
+    config = dict(pipeline_model_parallel_size=1, sequence_parallel=False, fp8=None, tensor_model_parallel_size=1)
+    model = SimpleNamespace(config=SimpleNamespace(**{**config, **layout}))
+    with pytest.raises(ValueError, match=f"rollout.engine=megatron {message}"):
+        MegatronEngine(model, CPU)
+
+
+# ---- tensor parallel: 2 gloo ranks ----------------------------------------------------------------------
+def _tp_rank(rank: int, world: int, port: int, out_dir: str) -> None:
+    """TP=1 generation on full weights, then TP=2 on their shards: rank 0 generates from a worker
+    thread (as the rollouts do) while rank 1 serves, until rank 0 releases it."""
+    import warnings
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from nemo_orchestra.megatron import cpu_compat
+    from nemo_orchestra.megatron.model import build_gpt_model
+    from nemo_orchestra.megatron.sharding import load_full_state, model_state
+
+    warnings.filterwarnings("ignore")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    cpu_compat.install()
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    prompts = make_prompts()
+
+    def run(engine):
+        with ThreadPoolExecutor(max_workers=1) as thread:
+            calls = [thread.submit(engine.generate, prompts, 10, 0.0, 1.0, []),
+                     thread.submit(engine.generate, prompts, 10, 1.0, 0.9, [])]
+            return [[vars(g) for g in c.result()] for c in calls]
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=1)
+    model_parallel_cuda_manual_seed(0)
+    torch.manual_seed(0)
+    cfg = load_config([])
+    gpt = build_gpt_model(cfg.model, cfg.parallel, VOCAB, CPU)
+    sharpen(gpt)
+    full = {k: v.detach().clone() for k, v in model_state(gpt).items()}
+    one = run(MegatronEngine(gpt, CPU, seed=3))
+
+    ps.destroy_model_parallel()
+    ps.initialize_model_parallel(tensor_model_parallel_size=2)
+    cfg = load_config(["parallel.tp=2"])
+    gpt = build_gpt_model(cfg.model, cfg.parallel, VOCAB, CPU, initialize=False)
+    load_full_state(gpt, full.__getitem__, list(full))
+    engine = MegatronEngine(gpt, CPU, seed=3)
+    if rank == 0:
+        two = run(engine)
+        engine.release()
+        with open(os.path.join(out_dir, "results.json"), "w") as f:
+            json.dump({"tp1": one, "tp2": two}, f)
+    else:
+        engine.serve()
+    dist.barrier()
+    ps.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+def test_tp2_generates_what_tp1_does():
+    import torch.multiprocessing as mp
+
+    from nemo_orchestra.megatron.parallel import _free_port
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(_tp_rank, args=(2, _free_port(), out_dir), nprocs=2, join=True)
+        with open(os.path.join(out_dir, "results.json")) as f:
+            r = json.load(f)
+    for tp1, tp2 in zip(r["tp1"], r["tp2"]):  # greedy, then sampled with the same seed
+        for a, b in zip(tp1, tp2):
+            assert a["token_ids"] == b["token_ids"] and a["finished"] == b["finished"]
+            assert a["logprobs"] == pytest.approx(b["logprobs"], abs=LP_TOL)

@@ -1,0 +1,68 @@
+"""The GRPO update takes its old logprobs from its own forward (one optimizer step per batch of
+rollouts): the gradient must equal the one from a separate old-logprob pass, and the reported
+trainer-generator mismatch must be the mean |old - generator| over generated tokens."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from nemo_orchestra.config import load_config
+from nemo_orchestra.megatron.parallel import init_distributed
+from nemo_orchestra.packing import pack
+from nemo_orchestra.policy import build_policy, forward_backward, forward_logprobs, grpo_loss_fn, reference_logprobs
+from tests.unit.helpers import loss_cfg, traj
+
+VOCAB = 256
+TINY = ["model.hidden_size=64", "model.ffn_hidden_size=128", "model.num_attention_heads=4", "model.num_query_groups=2",
+        "model.head_dim=16", "model.num_layers=2"]
+
+
+@pytest.fixture(scope="module")
+def policy():
+    cfg = load_config(TINY)
+    init_distributed(cfg.parallel, seed=7)
+    p = build_policy(cfg, VOCAB, torch.device("cpu"))
+    with torch.no_grad():  # a reference that differs from the policy, so the KL term has a gradient
+        for w in p.reference.parameters():
+            w.add_(0.01 * torch.randn_like(w))
+    return p
+
+
+def _batch(policy):
+    g = torch.Generator().manual_seed(0)
+    trajs = []
+    for k, adv in enumerate((1.5, -0.7, 0.3)):
+        n = 12 + 5 * k
+        t = traj(ids=torch.randint(1, VOCAB, (n,), generator=g).tolist(), mask=[0] * 5 + [1] * (n - 5))
+        t.advantage = adv
+        t.gen_logprobs = [0.0] * 5 + (-torch.rand(n - 5, generator=g) * 3).tolist()
+        trajs.append(t)
+    (b,) = pack(trajs, capacity=128)
+    b.ref_logprobs_T = reference_logprobs(policy, [b])[0]
+    return b
+
+
+def _grads(policy, batch, cfg):
+    metrics = forward_backward(policy, [batch], grpo_loss_fn(cfg))
+    return [p.main_grad.clone() for p in policy.model.parameters()], metrics[0]
+
+
+@pytest.mark.parametrize("tis_cap", [None, 2.0])
+def test_own_forward_old_logprobs_equal_a_separate_pass(policy, tis_cap):
+    cfg = loss_cfg(tis_cap=tis_cap, kl_coef=0.1)
+    on_policy = _batch(policy)
+    assert on_policy.old_logprobs_T is None  # what pack leaves for the update to fill
+    separate = dataclasses.replace(on_policy, old_logprobs_T=forward_logprobs(policy.model, [on_policy], policy.device)[0])
+    g_own, m_own = _grads(policy, on_policy, cfg)
+    g_sep, m_sep = _grads(policy, separate, cfg)
+    assert max(float((a - b).abs().max()) for a, b in zip(g_own, g_sep)) < 1e-6
+    assert any(float(a.abs().max()) > 0 for a in g_own)
+    mask = on_policy.loss_mask_T.bool()
+    expected = (separate.old_logprobs_T - on_policy.gen_logprobs_T)[mask].abs().mean()
+    assert float(m_own["loss/logprob_mismatch"]) == pytest.approx(float(expected), abs=1e-5)
+    assert float(m_own["loss/ratio_mean"]) == pytest.approx(1.0)
+    # a stale old policy (as after an earlier update) gives another gradient: the test can tell them apart
+    stale = dataclasses.replace(separate, old_logprobs_T=separate.old_logprobs_T - 0.3 * on_policy.loss_mask_T)
+    g_stale, _ = _grads(policy, stale, cfg)
+    assert max(float((a - b).abs().max()) for a, b in zip(g_own, g_stale)) > 1e-4
