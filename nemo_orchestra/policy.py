@@ -160,6 +160,24 @@ def set_lr(optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
+@torch.no_grad()
+def reset_optimizer_state(optimizer) -> None:
+    """Zero the moments and step counts, in place: the next step is a fresh Adam's first step.
+
+    Between the warm start and GRPO: Adam's second moment decays with time constant
+    1 / (1 - beta2) = 1000 steps, so moments left from supervised gradients (several times the size
+    of policy-gradient ones) would shrink GRPO's steps well below ``optim.lr`` for its whole run."""
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", opt)  # Megatron's wrapper holds the torch optimizer
+        for state in inner.state.values():
+            for v in state.values():
+                if torch.is_tensor(v):
+                    v.zero_()
+        for group in inner.param_groups:
+            if "step" in group:  # optimizers that count steps per group (TE's FusedAdam)
+                group["step"] = 0
+
+
 def pack_for_step(trajs: list[Trajectory], parallel: ParallelConfig) -> list[PackedBatch]:
     """The step's microbatches; collective over the data-parallel and model-parallel groups.
 

@@ -62,8 +62,19 @@ def _aliases(evals) -> list[str]:
     return sorted(k.split("/", 1)[1] for k in keys)
 
 
+def _smooth(ys: list[float]) -> list[float]:
+    """Trailing mean over about an eighth of the run (NaN steps skipped)."""
+    w = max(2, len(ys) // 8)
+    out = []
+    for i in range(len(ys)):
+        xs = [y for y in ys[max(0, i - w + 1):i + 1] if y == y]
+        out.append(sum(xs) / len(xs) if xs else float("nan"))
+    return out
+
+
 def plot_curves(out_dir: str) -> str | None:
-    """Reward, accuracy and cost per step from metrics.jsonl; None without matplotlib."""
+    """Reward, accuracy and cost per step, and the expert choice per preference profile, from
+    metrics.jsonl; None without matplotlib."""
     try:
         import matplotlib
 
@@ -77,15 +88,21 @@ def plot_curves(out_dir: str) -> str | None:
     steps = [r["step"] for r in rows]
     panels = [("reward/mean", "reward"), ("reward/outcome", "accuracy (training rollouts)"),
               ("rollout/cost_mean", "cost per rollout ($)")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2))
+    share = "rollout/expert_share/"  # rollout/expert_share/<profile>/<alias>, see trainer.rollout_metrics
+    profiles = sorted({k[len(share):].split("/")[0] for r in rows for k in r if k.startswith(share)})
+    fig, axes = plt.subplots(1, len(panels) + len(profiles), figsize=(4.2 * (len(panels) + len(profiles)), 3.2))
     for ax, (key, label) in zip(axes, panels):
-        ys = [r.get(key, float("nan")) for r in rows]
-        ax.plot(steps, ys, marker="o", ms=3, lw=1, alpha=0.5)
-        if len(ys) >= 4:
-            w = max(2, len(ys) // 8)
-            smooth = [sum(ys[max(0, i - w + 1):i + 1]) / len(ys[max(0, i - w + 1):i + 1]) for i in range(len(ys))]
-            ax.plot(steps, smooth, lw=2)
+        ax.plot(steps, [r.get(key, float("nan")) for r in rows], marker="o", ms=3, lw=1, alpha=0.5)
+        ax.plot(steps, _smooth([r.get(key, float("nan")) for r in rows]), lw=2)
         ax.set_title(label)
+    for ax, name in zip(axes[len(panels):], profiles):
+        prefix = f"{share}{name}/"
+        for alias in sorted({k[len(prefix):] for r in rows for k in r if k.startswith(prefix)}):
+            ax.plot(steps, _smooth([r.get(prefix + alias, float("nan")) for r in rows]), lw=2, label=alias)
+        ax.set_title(f"expert choice, {name} tasks")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=7)
+    for ax in axes:
         ax.set_xlabel("GRPO step")
         ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -26,8 +26,8 @@ from nemo_orchestra.hf.qwen3 import full_state_dict
 from nemo_orchestra.megatron.parallel import (broadcast_in_model_parallel_group, data_parallel_gather,
                                               data_parallel_sum, model_parallel_rank)
 from nemo_orchestra.metrics import MetricLogger
-from nemo_orchestra.policy import (Policy, grpo_loss_fn, pack_for_step, reference_logprobs, set_lr,
-                                   sft_loss_fn, train_step)
+from nemo_orchestra.policy import (Policy, grpo_loss_fn, pack_for_step, reference_logprobs, reset_optimizer_state,
+                                   set_lr, sft_loss_fn, train_step)
 from nemo_orchestra.rollout.engines import POLICY_ENGINES
 from nemo_orchestra.rollout.rollout import run_rollouts
 from nemo_orchestra.types import PackedBatch, TaskRecord, Trajectory
@@ -203,6 +203,7 @@ class Trainer:
                 bar.set_postfix(nll=f"{m.get('loss/nll', float('nan')):.3f}")
             log.info("warm start done: %d steps, nll %.4f", sft.steps, m.get("loss/nll", float("nan")))
             set_lr(self.policy.optimizer, self.cfg.optim.lr)
+            reset_optimizer_state(self.policy.optimizer)  # GRPO starts with fresh Adam moments
         self.policy.reset_reference()
         self.sync_weights()
 
@@ -258,4 +259,13 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     tools = sorted({k for t in trajs for k in t.tool_counts})
     for k in tools:
         out[f"rollout/tool_share/{k}"] = sum(t.tool_counts.get(k, 0) for t in trajs) / n_calls
+    by_profile: dict[str, list[Trajectory]] = {}  # expert choice per preference profile, as it is learned
+    for t in trajs:
+        if "preference_name" in t.task.meta:
+            by_profile.setdefault(t.task.meta["preference_name"], []).append(t)
+    for name, group in sorted(by_profile.items()):
+        experts = {k: sum(t.tool_counts.get(k, 0) for t in group) for k in tools if k.startswith("expert-")}
+        for k, v in experts.items():
+            if sum(experts.values()):  # a step without expert calls for this profile says nothing
+                out[f"rollout/expert_share/{name}/{k}"] = v / sum(experts.values())
     return out

@@ -6,8 +6,7 @@ few minutes: a short SFT warm start on the tool-call format, then GRPO with the 
 reward. The run folder gets metrics.jsonl, config.yaml, the tokenizer, a checkpoint and a
 Hugging Face export.
 
-Simplifications of the default: a tiny model, three task categories, simulated experts, and
-the in-process generation engine.
+Simplifications of the default: a tiny model, three task categories and simulated experts.
 
 Launch:
     python recipes/grpo_orchestrator.py                                  # embedded default, CPU
@@ -18,13 +17,21 @@ Overrides are key=value (see conf/grpo_orchestrator.yaml); group=name picks conf
 
 import logging
 import os
+import signal
 import sys
 from contextlib import ExitStack
 
 from nemo_orchestra.config import ConfigError, load_config
 
 
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str]) -> int:
+    # SIGTERM (kill, SLURM's time limit) unwinds like an error: the generation engine's processes
+    # and the tool service are shut down, not left running
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         cfg = load_config(argv)
     except ConfigError as e:

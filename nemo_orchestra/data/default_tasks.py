@@ -38,14 +38,14 @@ EXPERT_PRICES = {  # $/1M tokens (input, output), after the paper's price table
 class Profile:
     weights: dict  # the reward's preference vector
     wish: str  # how the user states it in the prompt
-    label: str  # how the orchestrator restates it in its plan
+    label: str  # how the orchestrator restates it in its plan, in a word
 
 
 PREFERENCES = {
     "accuracy_first": Profile({"accuracy": 1.0, "cost": 0.0, "latency": 0.0},
-                              "the most accurate answer, whatever it costs", "accuracy first"),
+                              "the most accurate answer, whatever it costs", "accurate"),
     "cost_sensitive": Profile({"accuracy": 1.0, "cost": 1.0, "latency": 0.5},
-                              "a correct answer at low cost and latency", "low cost"),
+                              "a correct answer at low cost and latency", "cheap"),
 }
 KINDS = {"arithmetic": "arithmetic", "lookup": "lookup", "reasoning": "puzzle"}  # category -> word in the plan
 _SYL = ["ka", "lo", "mi", "ra", "te", "vo", "zu", "ne", "sha", "dri", "pel", "tor", "vin", "qua", "bel"]
@@ -126,15 +126,14 @@ def orchestrator_messages(problem: str, pref: dict, name: str | None = None) -> 
 
 def plan_text(category: str, name: str | None, tool: str, arguments: dict) -> str:
     """The short plan an orchestrator turn opens with, in a ``<think>`` block (ToolOrchestra's turns
-    reason before they call a tool): the kind of task, the user's preference, then the call it is
-    about to make. The warm start writes it from the task record and its (random) choice, so the
-    choice is made right after what it should depend on: a tiny policy conditions on a few tokens
-    back far more easily than on a line at the top of a long prompt."""
-    parts = [f"Task: {KINDS.get(category, category)}."]
-    if name in PREFERENCES:
-        parts.append(f"Preference: {PREFERENCES[name].label}.")
+    reason before they call a tool): the kind of task, the user's preference in a word, and the
+    call it is about to make, e.g. ``<think>puzzle, cheap: answer by expert-medium</think>``.
+    The warm start writes it from the task record and its (random) choice. The preference comes
+    right before the choice, so that a tiny policy conditions its choice on it: the word and the
+    action that follows it are a few tokens apart, not a prompt's length."""
+    head = KINDS.get(category, category) + (f", {PREFERENCES[name].label}" if name in PREFERENCES else "")
     if "model" in arguments:
-        parts.append(f"Next: {'ask' if tool == 'expert' else tool + ' by'} {arguments['model']}.")
+        action = f"{'ask' if tool == 'expert' else tool + ' by'} {arguments['model']}"
     else:
-        parts.append(f"Next: {tool}.")
-    return "<think>" + " ".join(parts) + "</think>\n"
+        action = tool
+    return f"<think>{head}: {action}</think>\n"

@@ -27,3 +27,21 @@ def loss_cfg(**kw) -> LossConfig:
     base = dict(clip_low=0.2, clip_high=0.28, dual_clip=10.0, kl_coef=0.0, tis_cap=None)
     base.update(kw)
     return LossConfig(**base)
+
+
+def generated_logprobs(gpt, prompts, gens, temperature: float = 1.0):
+    """The trainer's logprob of each generated token of ``gens`` (engine outputs for ``prompts``),
+    computed on the packed trajectories as in the GRPO step."""
+    import torch
+
+    from nemo_orchestra.packing import pack
+    from nemo_orchestra.policy import forward_logprobs
+
+    trajs = [traj(ids=p + g.token_ids, mask=[0] * len(p) + [1] * len(g.token_ids)) for p, g in zip(prompts, gens)]
+    (batch,) = pack(trajs, capacity=4096)
+    lp = forward_logprobs(gpt, batch, torch.device("cpu"), temperature)
+    out = [None] * len(trajs)
+    for j, (s, e) in enumerate(zip(batch.cu_seqlens_B1[:-1].tolist(), batch.cu_seqlens_B1[1:].tolist())):
+        i = batch.traj_index_B[j]
+        out[i] = lp[s + len(prompts[i]) - 1:e - 1]
+    return out

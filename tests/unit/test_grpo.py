@@ -7,7 +7,7 @@ from nemo_orchestra.config import AdvantageConfig
 from nemo_orchestra.grpo.advantages import assign_advantages
 from nemo_orchestra.grpo.loss import policy_loss
 from nemo_orchestra.packing import first_fit_decreasing, pack
-from tests.unit.helpers import loss_cfg, traj
+from tests.unit.helpers import loss_cfg, task, traj
 
 
 def _adv_cfg(**kw):
@@ -91,3 +91,24 @@ def test_pack_shifts_targets_and_masks_within_sequences():
     assert batch.cu_seqlens_B1.tolist() == [0, 3, 5, 8]
     assert batch.advantages_T.tolist()[:5] == [1.5, 1.5, 1.5, -0.5, -0.5]
     assert batch.traj_index_B == [0, 1, -1]
+
+
+def test_rollout_metrics_report_expert_choice_per_preference_profile():
+    from nemo_orchestra.trainer import rollout_metrics
+
+    def profiled(name, counts):
+        t = task()
+        t.meta["preference_name"] = name
+        return traj(t=t, counts=counts)
+
+    m = rollout_metrics([
+        profiled("cost_sensitive", {"answer": 1, "expert-small": 1}),
+        profiled("cost_sensitive", {"expert": 1, "answer": 1, "expert-small": 1, "expert-large": 1}),
+        profiled("accuracy_first", {"answer": 1, "expert-large": 1}),
+        traj(counts={"answer": 1, "expert-medium": 1}),  # no profile: in the overall shares only
+    ])
+    assert m["rollout/expert_share/cost_sensitive/expert-small"] == pytest.approx(2 / 3)
+    assert m["rollout/expert_share/cost_sensitive/expert-large"] == pytest.approx(1 / 3)
+    assert m["rollout/expert_share/cost_sensitive/expert-medium"] == 0.0
+    assert m["rollout/expert_share/accuracy_first/expert-large"] == 1.0
+    assert not any(k.startswith("rollout/expert_share/") and "medium" in k and m[k] for k in m)

@@ -14,10 +14,10 @@ import torch
 from nemo_orchestra.config import load_config
 from nemo_orchestra.hf.qwen3 import full_state_dict
 from nemo_orchestra.packing import pack
-from nemo_orchestra.policy import build_policy, forward_logprobs, set_lr, sft_loss_fn, train_step
+from nemo_orchestra.policy import build_policy, set_lr, sft_loss_fn, train_step
 from nemo_orchestra.rollout.engines import POLICY_ENGINES, build_engine
 from nemo_orchestra.rollout.megatron_engine import MegatronEngine
-from tests.unit.helpers import traj
+from tests.unit.helpers import generated_logprobs, traj
 
 VOCAB = 256
 CPU = torch.device("cpu")
@@ -69,20 +69,8 @@ def uncached_greedy(gpt, prompt: list[int], n: int) -> list[int]:
     return seq[len(prompt):]
 
 
-def trainer_logprobs(gpt, prompts, gens, temperature: float) -> list[torch.Tensor]:
-    """The trainer's logprob of each generated token (packed trajectories, as in the GRPO step)."""
-    trajs = [traj(ids=p + g.token_ids, mask=[0] * len(p) + [1] * len(g.token_ids)) for p, g in zip(prompts, gens)]
-    (batch,) = pack(trajs, capacity=4096)
-    lp = forward_logprobs(gpt, batch, CPU, temperature)
-    out = [None] * len(trajs)
-    for j, (s, e) in enumerate(zip(batch.cu_seqlens_B1[:-1].tolist(), batch.cu_seqlens_B1[1:].tolist())):
-        i = batch.traj_index_B[j]
-        out[i] = lp[s + len(prompts[i]) - 1:e - 1]
-    return out
-
-
 def assert_logprobs(gpt, prompts, gens, temperature: float = 1.0) -> None:
-    for g, ref in zip(gens, trainer_logprobs(gpt, prompts, gens, temperature)):
+    for g, ref in zip(gens, generated_logprobs(gpt, prompts, gens, temperature)):
         assert len(g.logprobs) == len(g.token_ids)
         torch.testing.assert_close(torch.tensor(g.logprobs), ref, atol=LP_TOL, rtol=0)
 

@@ -14,11 +14,9 @@ import torch
 
 from nemo_orchestra.config import load_config
 from nemo_orchestra.hf.qwen3 import full_state_dict, megatron_to_hf
-from nemo_orchestra.packing import pack
-from nemo_orchestra.policy import forward_logprobs
 from nemo_orchestra.rollout.engines import build_engine
 from nemo_orchestra.rollout.vllm_engine import VLLMEngine, call_with_timeout
-from tests.unit.helpers import traj
+from tests.unit.helpers import generated_logprobs
 
 VOCAB = 256
 CPU = torch.device("cpu")
@@ -53,24 +51,12 @@ def setup():
     engine.close()
 
 
-def megatron_logprobs(gpt, prompts, gens, temperature):
-    """The trainer's logprob of each generated token (packed trajectory, as in the GRPO step)."""
-    trajs = [traj(ids=p + g.token_ids, mask=[0] * len(p) + [1] * len(g.token_ids)) for p, g in zip(prompts, gens)]
-    (batch,) = pack(trajs, capacity=4096)
-    lp = forward_logprobs(gpt, batch, CPU, temperature)
-    out = [None] * len(trajs)
-    for j, (s, e) in enumerate(zip(batch.cu_seqlens_B1[:-1].tolist(), batch.cu_seqlens_B1[1:].tolist())):
-        i = batch.traj_index_B[j]
-        out[i] = lp[s + len(prompts[i]) - 1:e - 1]
-    return out
-
-
 @needs_vllm
 def test_greedy_equals_megatron_and_hf_engine(setup):
     s = setup
     gens = s.engine.generate(s.prompts, 12, temperature=0.0, top_p=1.0, stop_ids=[])
     ref = s.hf.generate(s.prompts, 12, temperature=0.0, top_p=1.0, stop_ids=[])
-    for g, r, m in zip(gens, ref, megatron_logprobs(s.gpt, s.prompts, gens, 1.0)):
+    for g, r, m in zip(gens, ref, generated_logprobs(s.gpt, s.prompts, gens, 1.0)):
         assert len(g.token_ids) == 12 and not g.finished
         assert g.token_ids == r.token_ids
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(r.logprobs), **TOL)
@@ -81,8 +67,8 @@ def test_greedy_equals_megatron_and_hf_engine(setup):
 def test_sampled_logprobs_are_under_the_sampling_temperature(setup):
     s = setup
     gens = s.engine.generate(s.prompts, 16, temperature=0.7, top_p=1.0, stop_ids=[])
-    at_t = megatron_logprobs(s.gpt, s.prompts, gens, 0.7)
-    at_1 = megatron_logprobs(s.gpt, s.prompts, gens, 1.0)
+    at_t = generated_logprobs(s.gpt, s.prompts, gens, 0.7)
+    at_1 = generated_logprobs(s.gpt, s.prompts, gens, 1.0)
     for g, m, m1 in zip(gens, at_t, at_1):
         torch.testing.assert_close(torch.tensor(g.logprobs), m, **TOL)
         assert (torch.tensor(g.logprobs) - m1).abs().max() > 1e-2  # vLLM's raw logprobs would equal these
@@ -130,7 +116,7 @@ def test_outputs_follow_the_weights_after_a_sync(setup):
     # the same prompts again: their prefix-cached KV from the old weights must not be reused
     new = s.engine.generate(s.prompts, 8, 0.0, 1.0, [])
     changed = 0.0
-    for n, o, m in zip(new, old, megatron_logprobs(s.gpt, s.prompts, new, 1.0)):
+    for n, o, m in zip(new, old, generated_logprobs(s.gpt, s.prompts, new, 1.0)):
         torch.testing.assert_close(torch.tensor(n.logprobs), m, **TOL)
         changed = max(changed, max(abs(a - b) for a, b in zip(n.logprobs, o.logprobs)))
     assert changed > 1e-2

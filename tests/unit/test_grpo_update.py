@@ -1,6 +1,7 @@
-"""The GRPO update takes its old logprobs from its own forward (one optimizer step per batch of
-rollouts): the gradient must equal the one from a separate old-logprob pass, and the reported
-trainer-generator mismatch must be the mean |old - generator| over generated tokens."""
+"""The GRPO update: old logprobs from its own forward (one optimizer step per batch of rollouts)
+give the gradient a separate old-logprob pass gives, and the reported trainer-generator mismatch
+is the mean |old - generator| over generated tokens; after the warm start the optimizer's
+moments are reset, so GRPO's first step is a fresh Adam step."""
 
 import dataclasses
 
@@ -10,7 +11,10 @@ import torch
 from nemo_orchestra.config import load_config
 from nemo_orchestra.megatron.parallel import init_distributed
 from nemo_orchestra.packing import pack
-from nemo_orchestra.policy import build_policy, forward_backward, forward_logprobs, grpo_loss_fn, reference_logprobs
+from nemo_orchestra.megatron.cpu_compat import cuda_type_names
+from nemo_orchestra.megatron.sharding import model_state
+from nemo_orchestra.policy import (build_policy, forward_backward, forward_logprobs, grpo_loss_fn, reference_logprobs,
+                                   reset_optimizer_state, set_lr, sft_loss_fn, train_step)
 from tests.unit.helpers import loss_cfg, traj
 
 VOCAB = 256
@@ -66,3 +70,33 @@ def test_own_forward_old_logprobs_equal_a_separate_pass(policy, tis_cap):
     stale = dataclasses.replace(separate, old_logprobs_T=separate.old_logprobs_T - 0.3 * on_policy.loss_mask_T)
     g_stale, _ = _grads(policy, stale, cfg)
     assert max(float((a - b).abs().max()) for a, b in zip(g_own, g_stale)) > 1e-4
+
+
+def test_reset_optimizer_state_makes_the_next_step_a_first_adam_step(policy):
+    """Adam's first step moves every weight by lr * sign(grad); moments left by earlier (larger)
+    gradients make the step smaller. After the reset the first-step rule holds again."""
+    lr, batch = 1e-3, _batch(policy)
+    set_lr(policy.optimizer, lr)
+    for _ in range(3):  # warm-start-like steps leave moments behind
+        with torch.no_grad():
+            batch.advantages_T.mul_(-1.0)
+        train_step(policy, [batch], grpo_loss_fn(loss_cfg()))
+
+    def step_moves():
+        before = {k: v.clone() for k, v in model_state(policy.module).items()}
+        forward_backward(policy, [batch], grpo_loss_fn(loss_cfg()))
+        grads = {n: p.main_grad.clone() for n, p in policy.module.named_parameters()}
+        with cuda_type_names():
+            policy.optimizer.step()
+        after = model_state(policy.module)
+        return {k: (after[k] - before[k], grads[k]) for k in grads if k in after}
+
+    stale = step_moves()
+    reset_optimizer_state(policy.optimizer)
+    fresh = step_moves()
+    for name, (delta, grad) in fresh.items():
+        big = grad.abs() > 1e-4  # Adam's eps (1e-8) is negligible there
+        if big.any():
+            assert torch.allclose(delta[big], -lr * grad[big].sign(), rtol=1e-3, atol=1e-9), name
+    ratio = [float(d[g.abs() > 1e-4].abs().mean() / lr) for d, g in stale.values() if (g.abs() > 1e-4).any()]
+    assert min(ratio) < 0.9  # without the reset the steps were smaller than lr
