@@ -236,10 +236,12 @@ class Trainer:
         bar.close()
 
     def close(self) -> None:
-        self.loop.run_until_complete(self.client.aclose())
-        self.loop.close()
-        if self.engine is not None and hasattr(self.engine, "close"):  # engines with processes of their own (vllm)
-            self.engine.close()
+        try:
+            self.loop.run_until_complete(self.client.aclose())
+            self.loop.close()
+        finally:  # engines with processes of their own (vllm) are shut down whatever happened before
+            if self.engine is not None and hasattr(self.engine, "close"):
+                self.engine.close()
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:

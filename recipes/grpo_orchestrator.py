@@ -25,6 +25,7 @@ from nemo_orchestra.config import ConfigError, load_config
 
 
 def _terminate(signum, frame):
+    logging.getLogger("grpo_orchestrator").warning("stopping on signal %d", signum)
     raise SystemExit(128 + signum)
 
 

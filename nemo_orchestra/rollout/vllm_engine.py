@@ -183,6 +183,7 @@ class VLLMEngine:
                 llm.llm_engine.engine_core.shutdown()
             except Exception as e:  # the processes are killed at exit anyway
                 log.warning("vllm engine: shutdown failed: %s", e)
+            log.info("vllm engine: shut down")
         self._cleanup()
 
 
