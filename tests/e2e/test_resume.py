@@ -76,3 +76,29 @@ def test_sigkill_then_resume_keeps_the_data_order(tmp_path):
     for row in rows:  # the killed run's steps (some redone after the kill) and the resumed run's
         assert row["data/task_ids"] == expected[row["step"] - 1], row["step"]
     assert sorted(os.listdir(out / "checkpoints")) == ["latest", f"step_{MAX_STEPS - 1:08d}", f"step_{MAX_STEPS:08d}"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sigterm_stops_the_run_and_its_tool_service(tmp_path):
+    """kill / SLURM's time limit: the run logs the signal, exits 143 promptly, and leaves nothing running."""
+    import re
+    import urllib.request
+
+    out = tmp_path / "run"
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(_cmd(out), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=err, text=True)
+        deadline = time.monotonic() + 600
+        while _latest_step(out) < 1:  # mid-run: the second step's rollouts are under way
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint within 10 minutes"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    text = log.read_text()
+    assert proc.returncode == 128 + signal.SIGTERM, text[-3000:]
+    assert "stopping on signal 15" in text
+    url = re.search(r"tool service started at (http://\S+)", text).group(1)
+    with pytest.raises(OSError):  # the service the run started is gone
+        urllib.request.urlopen(f"{url}/healthz", timeout=2)
