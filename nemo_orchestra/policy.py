@@ -298,7 +298,7 @@ def grpo_loss_fn(loss_cfg: LossConfig):
     policy that sampled them (as the trainer computes it) is the policy being updated, so a separate
     forward pass would give the same numbers (the ratio starts at 1 either way; TRL's GRPO trainer
     does the same when it takes one step per generation). Also reports
-    ``loss/logprob_mismatch``, mean |trainer - generator| logprob over generated tokens."""
+    ``rollout/logprob_mismatch``, mean |trainer - generator| logprob over generated tokens."""
     def fn(lp_T: torch.Tensor, batch: PackedBatch):
         dev = lp_T.device
         old = lp_T.detach() if batch.old_logprobs_T is None else batch.old_logprobs_T.to(dev)
@@ -311,7 +311,7 @@ def grpo_loss_fn(loss_cfg: LossConfig):
                                            loss_cfg, is_weights_T=weights)
         if batch.gen_logprobs_T is not None:
             gap = (old - batch.gen_logprobs_T.to(dev)).abs()
-            metrics["loss/logprob_mismatch"] = (gap * mask).sum() / mask.sum().clamp_min(1.0)
+            metrics["rollout/logprob_mismatch"] = (gap * mask).sum() / mask.sum().clamp_min(1.0)
         return loss_sum, n, metrics
 
     return fn

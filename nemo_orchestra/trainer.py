@@ -28,7 +28,6 @@ from nemo_orchestra.megatron.parallel import (broadcast_in_model_parallel_group,
 from nemo_orchestra.metrics import MetricLogger
 from nemo_orchestra.policy import (Policy, grpo_loss_fn, pack_for_step, reference_logprobs, reset_optimizer_state,
                                    set_lr, sft_loss_fn, train_step)
-from nemo_orchestra.rollout.engines import POLICY_ENGINES
 from nemo_orchestra.rollout.rollout import run_rollouts
 from nemo_orchestra.types import PackedBatch, TaskRecord, Trajectory
 
@@ -52,7 +51,7 @@ class Trainer:
     dp_size: int = 1
     step: int = 0
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
-    engine_factory: object = None  # builds the engine from a full state dict (None: POLICY_ENGINES), see sync_weights
+    engine_factory: object = None  # builds the engine from a full state dict, at the first sync (see sync_weights)
 
     # ---- data order: a seeded permutation per epoch; position = step --------------------------------
     def batch_tasks(self, step: int) -> list[TaskRecord]:
@@ -110,11 +109,9 @@ class Trainer:
         """Push the policy's weights into the engine. The engine itself is started here the first
         time, from the weights of that moment (after the warm start, or from a resumed checkpoint),
         so an engine with processes of its own (vLLM) does not compete with the warm start for CPU.
-        An engine that generates with the policy's own model (``POLICY_ENGINES``) gets nothing."""
+        An engine that reads the policy's own parameters (``reads_policy_weights``) gets nothing."""
         t0 = time.perf_counter()
-        if self.cfg.rollout.engine in POLICY_ENGINES:  # it reads the policy's parameters: nothing to gather or push
-            if self.engine is None:
-                self.engine = self.engine_factory(None)
+        if getattr(self.engine, "reads_policy_weights", False):  # nothing to gather or push
             return time.perf_counter() - t0
         state = full_state_dict(self.policy.module)  # gathered from TP/PP shards: every rank joins
         if self.engine is None:
@@ -141,8 +138,6 @@ class Trainer:
             t2 = time.perf_counter()
             metrics.update(train_step(self.policy, batches, grpo_loss_fn(self.cfg.loss), self.cfg.rollout.temperature))
             metrics["time/update_s"] = time.perf_counter() - t2
-            if "loss/logprob_mismatch" in metrics:
-                metrics["rollout/logprob_mismatch"] = metrics.pop("loss/logprob_mismatch")
         else:
             metrics["train/step_skipped"] = 1.0
         t_train = time.perf_counter() - t1
@@ -267,7 +262,6 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
             by_profile.setdefault(t.task.meta["preference_name"], []).append(t)
     for name, group in sorted(by_profile.items()):
         experts = {k: sum(t.tool_counts.get(k, 0) for t in group) for k in tools if k.startswith("expert-")}
-        for k, v in experts.items():
-            if sum(experts.values()):  # a step without expert calls for this profile says nothing
-                out[f"rollout/expert_share/{name}/{k}"] = v / sum(experts.values())
+        total = sum(experts.values())  # 0: this profile made no expert call this step, which says nothing
+        out.update({f"rollout/expert_share/{name}/{k}": v / total for k, v in experts.items() if total})
     return out

@@ -143,6 +143,8 @@ class MegatronEngine:
         else:
             self.is_lead = True
 
+    reads_policy_weights = True  # the trainer pushes no weights into it (Trainer.sync_weights)
+
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Nothing to load: ``generate`` reads the policy's parameters themselves."""
 

@@ -64,7 +64,7 @@ def test_own_forward_old_logprobs_equal_a_separate_pass(policy, tis_cap):
     assert any(float(a.abs().max()) > 0 for a in g_own)
     mask = on_policy.loss_mask_T.bool()
     expected = (separate.old_logprobs_T - on_policy.gen_logprobs_T)[mask].abs().mean()
-    assert float(m_own["loss/logprob_mismatch"]) == pytest.approx(float(expected), abs=1e-5)
+    assert float(m_own["rollout/logprob_mismatch"]) == pytest.approx(float(expected), abs=1e-5)
     assert float(m_own["loss/ratio_mean"]) == pytest.approx(1.0)
     # a stale old policy (as after an earlier update) gives another gradient: the test can tell them apart
     stale = dataclasses.replace(separate, old_logprobs_T=separate.old_logprobs_T - 0.3 * on_policy.loss_mask_T)

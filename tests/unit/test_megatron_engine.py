@@ -194,10 +194,14 @@ def test_trainer_pushes_no_weights_into_it(setup, monkeypatch):
     monkeypatch.setattr(trainer_module, "full_state_dict", no_gather)
     s = setup
     cfg = replace(s.cfg, rollout=replace(s.cfg.rollout, engine="megatron"))
-    trainer = Trainer(cfg, s.policy, None, None, None, [], None, engine_factory=lambda state: s.engine)
+
+    def no_factory(state):
+        raise AssertionError("the megatron engine is built with the policy, not at a weight sync")
+
+    trainer = Trainer(cfg, s.policy, s.engine, None, None, [], None, engine_factory=no_factory)
+    trainer.sync_weights()
     trainer.sync_weights()
     assert trainer.engine is s.engine
-    trainer.sync_weights()
     assert trainer.on_rollout_rank(lambda: 42) == 42  # one rank: it is the rollout rank
     trainer.loop.close()
 
