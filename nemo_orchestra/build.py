@@ -9,7 +9,7 @@ from contextlib import ExitStack
 
 from nemo_orchestra.chat import QWEN3_CHAT_TEMPLATE, ChatFormat
 from nemo_orchestra.config import Config, save_config
-from nemo_orchestra.data.default_tasks import generate_tasks
+from nemo_orchestra.data.default_tasks import generate_tasks, plan_phrases
 from nemo_orchestra.megatron.model import padded_vocab_size
 from nemo_orchestra.megatron.parallel import DistInfo, once_per_node
 from nemo_orchestra.metrics import MetricLogger
@@ -92,7 +92,7 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
         tokenizer = load_tokenizer(cfg.model.tokenizer)
     else:
         corpus = [render_text(ep, QWEN3_CHAT_TEMPLATE, cfg.reward) for ep in scripted]
-        tokenizer = build_embedded_tokenizer(corpus)
+        tokenizer = build_embedded_tokenizer(corpus, phrases=plan_phrases())
     if info.is_main:
         tokenizer.save_pretrained(os.path.join(cfg.run.output_dir, "tokenizer"))
     chat = ChatFormat(tokenizer)

@@ -21,8 +21,11 @@ from nemo_orchestra.chat import QWEN3_CHAT_TEMPLATE, SPECIAL_TOKENS
 log = logging.getLogger(__name__)
 
 
-def build_embedded_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, max_token_length: int = 24):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def build_embedded_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, max_token_length: int = 24,
+                             phrases: Iterable[str] = ()):
+    """``phrases``: strings that are always one token each (matched before BPE), e.g. the plan heads
+    of ``default_tasks.plan_phrases``."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -42,6 +45,7 @@ def build_embedded_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, max_
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
+    tok.add_tokens([AddedToken(p, normalized=False) for p in phrases])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",

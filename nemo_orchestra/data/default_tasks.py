@@ -124,6 +124,18 @@ def orchestrator_messages(problem: str, pref: dict, name: str | None = None) -> 
             {"role": "user", "content": f"{problem}\n\n{preference_line(pref, name)}"}]
 
 
+def plan_phrases() -> list[str]:
+    """Every plan a turn of the default task set can open with -- ``"<kind>, <label>: <action>"``
+    for each kind, preference and action (an expert alias to ask or to write the answer, the
+    calculator, or answering itself) -- and the expert aliases. The embedded tokenizer keeps each
+    one a single token ("tool tokens", as in ToolkenGPT, Hao et al. 2023): one token names the
+    action for this kind of task under this preference, so a tool choice has an output row of its
+    own per (kind, preference) that GRPO moves without moving the same choice elsewhere."""
+    actions = [f"{verb} {alias}" for verb in ("answer by", "ask") for alias in EXPERT_PRICES] + ["calculator", "answer"]
+    return [f"{kind}, {p.label}: {a}" for kind in KINDS.values() for p in PREFERENCES.values()
+            for a in actions] + list(EXPERT_PRICES)
+
+
 def plan_text(category: str, name: str | None, tool: str, arguments: dict) -> str:
     """The short plan an orchestrator turn opens with, in a ``<think>`` block (ToolOrchestra's turns
     reason before they call a tool): the kind of task, the user's preference in a word, and the

@@ -60,3 +60,33 @@ def test_parse_tool_call():
                 '<tool_call>{"name": "x", "arguments": [1]}</tool_call>'):
         with pytest.raises(ToolCallParseError):
             parse_tool_call(bad)
+
+
+def test_plan_phrases_are_single_tokens_and_round_trip(tmp_path):
+    """The embedded tokenizer keeps each plan ("<kind>, <label>: <action>") and expert alias whole,
+    whatever BPE learned, so a tool choice is one token of its own per kind and preference; the
+    text still decodes exactly, and the saved tokenizer encodes the same."""
+    from transformers import AutoTokenizer
+
+    from nemo_orchestra.data.default_tasks import EXPERT_PRICES, plan_phrases, plan_text
+
+    turns = [plan_text(kind, pref, tool, args) + format_tool_call(tool, args)
+             for kind in ("arithmetic", "lookup", "reasoning") for pref in ("cost_sensitive", "accuracy_first")
+             for tool, args in (("answer", {"model": "expert-small"}), ("expert", {"model": "expert-large", "query": "q"}),
+                                ("calculator", {"expression": "1 + 2"}), ("answer", {"answer": "3"}))]
+    plain = build_embedded_tokenizer(turns * 10, vocab_size=400)
+    tok = build_embedded_tokenizer(turns * 10, vocab_size=400, phrases=plan_phrases())
+    assert len(tok) == len(plain) + len(plan_phrases())
+    for phrase in plan_phrases():
+        assert len(tok.encode(phrase, add_special_tokens=False)) == 1, phrase
+    ids = tok.encode(plan_text("reasoning", "cost_sensitive", "answer", {"model": "expert-medium"}), add_special_tokens=False)
+    pieces = [tok.decode([i]) for i in ids]
+    assert pieces[1:3] == ["puzzle, cheap: answer by expert-medium", "</think>"]
+    head = tok.encode(plan_text("arithmetic", "accuracy_first", "answer", {"answer": "3"}), add_special_tokens=False)
+    assert tok.decode([head[1]]) == "arithmetic, accurate: answer"  # not a prefix of "...: answer by ..."
+    for text in turns:
+        assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    tok.save_pretrained(str(tmp_path))
+    again = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert all(again.encode(t, add_special_tokens=False) == tok.encode(t, add_special_tokens=False) for t in turns)
+    assert set(EXPERT_PRICES) <= set(plan_phrases())
