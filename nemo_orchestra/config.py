@@ -194,9 +194,11 @@ class SftConfig:
     lr: float = MISSING
     batch_size: int = MISSING
     num_episodes: int = MISSING  # scripted episodes run against the service to make the warm-start data
+    min_lr_ratio: float = MISSING  # the learning rate decays from lr to lr * this along a cosine
 
     def validate(self) -> None:
         _check(self.steps >= 0, "sft.steps", "must be >= 0")
+        _check(0.0 <= self.min_lr_ratio <= 1.0, "sft.min_lr_ratio", "must be in [0, 1]")
         _check(self.num_episodes >= 1, "sft.num_episodes", "must be >= 1")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import random
 import statistics
@@ -193,6 +194,7 @@ class Trainer:
             rng = random.Random(self.cfg.run.seed)
             bar = tqdm(range(sft.steps), desc="warm start", disable=self.rank != 0, dynamic_ncols=True)
             for i in bar:
+                set_lr(self.policy.optimizer, cosine_lr(sft.lr, sft.min_lr_ratio, i, sft.steps))
                 batch = rng.sample(sft_trajs, min(sft.batch_size, len(sft_trajs)))
                 m = train_step(self.policy, pack_for_step(batch, self.cfg.parallel), sft_loss_fn)
                 bar.set_postfix(nll=f"{m.get('loss/nll', float('nan')):.3f}")
@@ -237,6 +239,12 @@ class Trainer:
         finally:  # engines with processes of their own (vllm) are shut down whatever happened before
             if self.engine is not None and hasattr(self.engine, "close"):
                 self.engine.close()
+
+
+def cosine_lr(peak: float, min_ratio: float, step: int, steps: int) -> float:
+    """Cosine decay from ``peak`` at step 0 to ``peak * min_ratio`` at the last step."""
+    frac = step / max(steps - 1, 1)
+    return peak * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * frac)))
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:

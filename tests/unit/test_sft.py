@@ -41,3 +41,20 @@ def test_a_task_with_nothing_usable_is_a_clear_error():
     t = task()
     with pytest.raises(ValueError, match=r"offers none of .* its tools: \['search', 'answer'\]"):
         _choose(t, [_tool("search"), _tool("answer", answer={"type": "string"})], random.Random(0))
+
+
+def test_warm_start_lr_decays_along_a_cosine_to_its_floor():
+    from nemo_orchestra.trainer import cosine_lr
+
+    lrs = [cosine_lr(3e-3, 0.1, i, 400) for i in range(400)]
+    assert lrs[0] == pytest.approx(3e-3) and lrs[-1] == pytest.approx(3e-4)
+    assert lrs[200] == pytest.approx(3e-4 + 0.5 * 2.7e-3, rel=1e-2)
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+    assert cosine_lr(1e-3, 0.0, 0, 1) == pytest.approx(1e-3)  # one step: the peak
+
+
+def test_sft_min_lr_ratio_outside_0_1_is_refused():
+    from nemo_orchestra.config import load_config
+
+    with pytest.raises(ValueError, match="sft.min_lr_ratio"):
+        load_config(["sft.min_lr_ratio=1.5"])
