@@ -37,11 +37,14 @@ def summarize(trajs: list[Trajectory]) -> dict[str, float]:
 
 
 def breakdown(trajs: list[Trajectory]) -> dict[str, dict[str, float]]:
-    """Summaries for all tasks, per category and per preference profile (``meta.preference_name``)."""
+    """Summaries for all tasks, per category, per preference profile (``meta.preference_name``) and
+    per category under each profile (``category/<category>/<profile>``: the same kind of task under
+    two preferences, where a preference-following policy differs)."""
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajs:
         groups["all"].append(t)
         groups[f"category/{t.task.category}"].append(t)
         if "preference_name" in t.task.meta:
             groups[f"preference/{t.task.meta['preference_name']}"].append(t)
+            groups[f"category/{t.task.category}/{t.task.meta['preference_name']}"].append(t)
     return {k: summarize(v) for k, v in sorted(groups.items())}

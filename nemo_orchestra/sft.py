@@ -4,10 +4,12 @@ A scripted orchestrator makes random valid choices for each task: first the calc
 problem's expression (when it has one), a random expert alias, or straight to ``answer`` written
 by a random expert alias; after a tool result, ``answer`` with what the tool said or written by
 a random expert alias. Each turn opens with a short plan that restates the kind of task and the
-user's preference and then names the call (``plan_text``), so the choice is made right after what
-it should depend on. The episodes run against the tool service, so observations are exactly what the policy
-will see; the assistant turns are the only trained tokens. Which choices pay off under which plan
-is left for GRPO to find.
+user's preference and then names the call (``plan_text``; one token with the embedded tokenizer),
+so the choice is made together with what it should depend on. The episodes run against the tool
+service, so observations are exactly what the policy will see; the assistant turns are the only
+trained tokens. The learning rate decays along a cosine (``sft.min_lr_ratio``), so the policy
+ends on the data's even odds for each kind and preference. Which choices pay off under which
+plan is left for GRPO to find.
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@ saved as a Hugging Face ``PreTrainedTokenizerFast`` so the run folder and the ex
 Its merges are not cut at spaces and punctuation (digits stay single), so the tool schemas and
 turn boilerplate the corpus repeats become a few long tokens: the default held-out prompts are
 170-214 tokens (mean 197) instead of 536-666 (mean 613) with GPT-2-style pre-splitting. That is
-about a third of the compute per step, and a tool choice sits a few tokens after the plan it
-should follow.
+about a third of the compute per step. Phrases handed in (``phrases``) are single tokens matched
+before BPE: the run passes the default task set's plans (``default_tasks.plan_phrases``), so each
+(kind of task, preference, action) has an output row of its own and GRPO can make the tool choice
+depend on the preference without moving the same choice under the other preference.
 """
 
 from __future__ import annotations

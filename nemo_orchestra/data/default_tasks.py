@@ -140,9 +140,9 @@ def plan_text(category: str, name: str | None, tool: str, arguments: dict) -> st
     """The short plan an orchestrator turn opens with, in a ``<think>`` block (ToolOrchestra's turns
     reason before they call a tool): the kind of task, the user's preference in a word, and the
     call it is about to make, e.g. ``<think>puzzle, cheap: answer by expert-medium</think>``.
-    The warm start writes it from the task record and its (random) choice. The preference comes
-    right before the choice, so that a tiny policy conditions its choice on it: the word and the
-    action that follows it are a few tokens apart, not a prompt's length."""
+    The warm start writes it from the task record and its (random) choice. With the embedded
+    tokenizer the plan between the tags is one token (``plan_phrases``): the policy states the
+    kind and the preference it read and picks the action in one step."""
     head = KINDS.get(category, category) + (f", {PREFERENCES[name].label}" if name in PREFERENCES else "")
     if "model" in arguments:
         action = f"{'ask' if tool == 'expert' else tool + ' by'} {arguments['model']}"
