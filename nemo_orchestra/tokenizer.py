@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 def build_embedded_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, max_token_length: int = 24,
                              phrases: Iterable[str] = ()):
-    """``phrases``: strings that are always one token each (matched before BPE), e.g. the plan heads
+    """``phrases``: strings that are always one token each (matched before BPE), e.g. the plans
     of ``default_tasks.plan_phrases``."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
