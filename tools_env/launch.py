@@ -96,7 +96,8 @@ def start_service(config: dict | None = None, *, host: str = "127.0.0.1", port: 
         env["TOOLS_ENV_TOKEN"] = token  # not on the command line, where `ps` would show it
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, "-m", "tools_env.server", "--host", host, "--port", str(port or 0),
-           "--workers", str(workers), "--config", config_path, "--ready-file", ready_path, "--log-level", log_level]
+           "--workers", str(workers), "--config", config_path, "--ready-file", ready_path, "--log-level", log_level,
+           "--exit-with-parent"]  # a launcher killed by SIGKILL (no cleanup runs) does not leave the service behind
     with open(os.path.join(tmpdir, "server.log"), "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
@@ -146,7 +147,11 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 def supervise_workers(args: Any, token: str | None) -> int:
-    """Start ``args.workers`` workers, write the ready file, and wait; returns the exit code."""
+    """Start ``args.workers`` workers, write the ready file, and wait (until SIGTERM/SIGINT, a worker
+    exits, or, with ``--exit-with-parent``, the process that started this one is gone); returns the
+    exit code. The workers die with the supervisor (PR_SET_PDEATHSIG on Linux)."""
+    from tools_env.server import parent_gone
+
     env = dict(os.environ)
     if token:
         env["TOOLS_ENV_TOKEN"] = token
@@ -204,6 +209,10 @@ def supervise_workers(args: Any, token: str | None) -> int:
             print(f"READY {url}", flush=True)
     code = 0
     while not stopping.is_set():
+        if getattr(args, "parent_pid", None) and parent_gone(args.parent_pid):
+            print(f"the process that started this service (pid {args.parent_pid}) is gone: stopping", file=sys.stderr)
+            stop_all()
+            break
         dead = [c for c in children if c.poll() is not None]
         if dead:
             print(f"error: worker pid {dead[0].pid} exited with code {dead[0].returncode}; stopping", file=sys.stderr)

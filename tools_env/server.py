@@ -1,7 +1,7 @@
 """The tool-environment HTTP service (aiohttp). See tools_env/README.md for the API.
 
     python -m tools_env.server --host 127.0.0.1 --port 8700 [--config FILE.yaml|json]
-                               [--workers N] [--token T] [--ready-file PATH]
+                               [--workers N] [--token T] [--ready-file PATH] [--exit-with-parent]
 
 Binds 127.0.0.1 unless told otherwise; any other address needs a bearer token (``--token`` or
 ``TOOLS_ENV_TOKEN``). ``--workers N`` runs N independent worker processes on ports
@@ -266,8 +266,9 @@ def build_app(cfg: ServiceConfig, *, token: str | None = None, worker_index: int
 
 
 async def serve(cfg: ServiceConfig, host: str, port: int, *, token: str | None = None, worker_index: int = 0,
-                ready_file: str | None = None) -> None:
-    """Serve until SIGTERM/SIGINT; announces ``READY <url>`` on stdout once listening."""
+                ready_file: str | None = None, parent_pid: int | None = None) -> None:
+    """Serve until SIGTERM/SIGINT, or until process ``parent_pid`` is gone when given; announces
+    ``READY <url>`` on stdout once listening."""
     app = build_app(cfg, token=token, worker_index=worker_index)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=75.0)
     await runner.setup()
@@ -283,8 +284,25 @@ async def serve(cfg: ServiceConfig, host: str, port: int, *, token: str | None =
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watch = loop.create_task(_stop_when_orphaned(parent_pid, stop)) if parent_pid else None
     await stop.wait()
+    if watch is not None:
+        watch.cancel()
     await runner.cleanup()
+
+
+def parent_gone(parent_pid: int) -> bool:
+    """True once the process that started this one has exited (this one is then re-parented)."""
+    return os.getppid() != parent_pid
+
+
+async def _stop_when_orphaned(parent_pid: int, stop: asyncio.Event, every_s: float = 0.5) -> None:
+    while not stop.is_set():
+        if parent_gone(parent_pid):
+            log.warning("the process that started this service (pid %d) is gone: stopping", parent_pid)
+            stop.set()
+            return
+        await asyncio.sleep(every_s)
 
 
 def _tune_gc() -> None:
@@ -325,6 +343,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=1, help="independent worker processes, one port each")
     p.add_argument("--token", default=None, help="bearer token (default: env TOOLS_ENV_TOKEN)")
     p.add_argument("--ready-file", default=None, help="write {'urls': [...]} here once listening")
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="stop when the process that started this one exits, even by SIGKILL (launchers pass it)")
     p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
@@ -332,6 +352,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.parent_pid = os.getppid() if args.exit_with_parent else None
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     token = args.token or os.environ.get("TOOLS_ENV_TOKEN") or None
     if not is_loopback(args.host) and not token:
@@ -351,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         from tools_env.launch import supervise_workers
 
         return supervise_workers(args, token)
-    _run(serve(cfg, args.host, args.port, token=token, worker_index=args.worker_index, ready_file=args.ready_file))
+    _run(serve(cfg, args.host, args.port, token=token, worker_index=args.worker_index, ready_file=args.ready_file,
+               parent_pid=args.parent_pid))
     return 0
 
 

@@ -93,3 +93,34 @@ def test_idle_episodes_expire_over_http():
         status, body = http(f"{url}/v1/episodes/{eid}/step", "POST", {"name": "answer", "arguments": {"answer": "1"}})
         assert status == 410 and body["error"]["code"] == "episode_expired"
         assert "tools_env_episodes_expired_total 1" in http(f"{url}/metrics")[1]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_service_stops_when_its_launcher_is_killed(workers):
+    """A launcher killed by SIGKILL runs no cleanup (an OOM kill, SLURM's final kill): the service
+    it started notices it is orphaned and stops, workers and all, instead of running on."""
+    code = ("import sys, time\n"
+            "from tools_env.launch import start_service\n"
+            f"svc = start_service(workers={workers})\n"
+            "print(svc.process.pid, ' '.join(svc.urls), flush=True)\n"
+            "time.sleep(600)\n")
+    launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": REPO_ROOT})
+    try:
+        pid, *urls = launcher.stdout.readline().split()
+        assert len(urls) == workers and all(http(f"{u}/healthz")[0] == 200 for u in urls)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(int(pid), 0)  # the service's process group: its supervisor and workers
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the service (process group {pid}) outlived its launcher by 15 s")
+    for u in urls:
+        with pytest.raises(OSError):
+            http(f"{u}/healthz")
