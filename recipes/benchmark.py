@@ -18,8 +18,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
-    "tools_env": ("tools_env.bench", "tool service: calls/s and p50/p99 at 1/64/512 episodes"),
-    "grpo": ("nemo_orchestra.bench_grpo", "GRPO step: tokens/s and time per phase (generation, environment, "
+    "tools_env": ("benchmarks.tools_env", "tool service: calls/s and p50/p99 at 1/64/512 episodes"),
+    "grpo": ("benchmarks.grpo", "GRPO step: tokens/s and time per phase (generation, environment, "
              "logprobs, training, weight sync)"),
 }
 

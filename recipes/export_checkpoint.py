@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
 
     from nemo_orchestra.hf.convert import export_checkpoint
     from nemo_orchestra.megatron.parallel import destroy_distributed, init_distributed
-    from nemo_orchestra.metrics import setup_logging
+    from nemo_orchestra.train.metrics import setup_logging
 
     setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))
     info = init_distributed(cfg.parallel, cfg.run.seed)

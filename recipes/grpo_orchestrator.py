@@ -39,12 +39,12 @@ def main(argv: list[str]) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
 
-    from nemo_orchestra.build import build_trainer, load_eval_tasks
     from nemo_orchestra.hf.export import export_hf
     from nemo_orchestra.hf.qwen3 import full_state_dict
     from nemo_orchestra.megatron.parallel import destroy_distributed, init_distributed
-    from nemo_orchestra.metrics import setup_logging
-    from nemo_orchestra.report import plot_curves, write_report
+    from nemo_orchestra.train.build import build_trainer, load_eval_tasks
+    from nemo_orchestra.train.metrics import setup_logging
+    from nemo_orchestra.train.report import plot_curves, write_report
 
     setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))
     log = logging.getLogger("grpo_orchestrator")

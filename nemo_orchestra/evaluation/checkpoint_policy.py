@@ -13,9 +13,18 @@ from typing import Any
 
 import torch
 
-from nemo_orchestra.chat import ChatFormat, ToolCallParseError, parse_tool_call
 from nemo_orchestra.data.default_tasks import orchestrator_messages
-from nemo_orchestra.evaluation.policy import Policy, PolicyFormatError, PolicyInput, ToolCall
+from nemo_orchestra.evaluation.policy import (
+    Policy,
+    PolicyFormatError,
+    PolicyInput,
+    ToolCall,
+)
+from nemo_orchestra.prompting.chat import (
+    ChatFormat,
+    ToolCallParseError,
+    parse_tool_call,
+)
 
 
 def resolve_export(path: str) -> str:

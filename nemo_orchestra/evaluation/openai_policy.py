@@ -17,8 +17,13 @@ from typing import Any
 
 import aiohttp
 
-from nemo_orchestra.chat import ToolCallParseError, parse_tool_call
-from nemo_orchestra.evaluation.policy import Policy, PolicyFormatError, PolicyInput, ToolCall
+from nemo_orchestra.evaluation.policy import (
+    Policy,
+    PolicyFormatError,
+    PolicyInput,
+    ToolCall,
+)
+from nemo_orchestra.prompting.chat import ToolCallParseError, parse_tool_call
 
 SYSTEM_PROMPT = (
     "You are an orchestrator: you solve the user's task by calling tools, including stronger models "

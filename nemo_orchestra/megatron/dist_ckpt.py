@@ -42,7 +42,7 @@ def write_meta(folder: str, model_cfg, vocab_size: int, **extra) -> None:
 
 def check_model_config(folder: str, model_cfg) -> None:
     from nemo_orchestra.config import ModelConfig
-    from nemo_orchestra.policy import check_same_architecture
+    from nemo_orchestra.megatron.model import check_same_architecture
 
     found = ModelConfig(**{k: v for k, v in read_meta(folder)["model"].items()
                            if k in {f.name for f in dataclasses.fields(ModelConfig)}})

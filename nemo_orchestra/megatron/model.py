@@ -16,7 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from nemo_orchestra.config import ModelConfig, ParallelConfig
-from nemo_orchestra.megatron.attention import make_core_attention, resolve_attention_backend
+from nemo_orchestra.megatron.attention import (
+    make_core_attention,
+    resolve_attention_backend,
+)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -75,7 +78,9 @@ def layer_spec(model: ModelConfig):
     backend = resolve_attention_backend(model.attention_backend)
     if model.fp8 is not None or backend == "te":
         _require_te("model.attention_backend=te" if backend == "te" else "model.fp8")
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_layer_with_transformer_engine_spec,
+        )
 
         spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=model.qk_norm)
         if backend != "te":
@@ -133,3 +138,23 @@ def _require_te(what: str) -> None:
             f"{what} needs the 'transformer-engine' package, which is not installed "
             "(CUDA machines: pip install 'nemo-orchestra[gpu]')"
         ) from e
+
+
+ARCH_KEYS = ("hidden_size", "num_layers", "num_attention_heads", "num_query_groups", "head_dim", "ffn_hidden_size",
+             "tie_embeddings", "qk_norm", "rope_theta", "norm_eps")
+
+
+
+def check_vocab(found: int, ours: int, where: str) -> None:
+    if found != ours:
+        raise ValueError(f"model.init_from={where}: the checkpoint's vocabulary has {found} entries, the model "
+                         f"{ours} (set model.vocab_size={found})")
+
+
+
+def check_same_architecture(found, model_cfg, where: str) -> None:
+    diff = [f"model.{k}={getattr(model_cfg, k)} (checkpoint: {getattr(found, k)})"
+            for k in ARCH_KEYS if getattr(found, k) != getattr(model_cfg, k)]
+    if diff:
+        raise ValueError(f"model.init_from={where}: the checkpoint's architecture differs: " + ", ".join(diff))
+

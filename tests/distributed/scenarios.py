@@ -81,13 +81,13 @@ def with_logprobs(batches, trajs, index):
 
 
 def per_document(trajs, multiple=1):
-    from nemo_orchestra.packing import pack
+    from nemo_orchestra.train.packing import pack
 
     return [with_logprobs(pack([t], 10_000, pad_to_multiple=multiple), [t], [i])[0] for i, t in enumerate(trajs)]
 
 
 def packed(trajs, parallel, index=None):
-    from nemo_orchestra.policy import pack_for_step
+    from nemo_orchestra.train.step import pack_for_step
 
     return with_logprobs(pack_for_step(trajs, parallel), trajs, index or list(range(len(trajs))))
 
@@ -110,10 +110,11 @@ def full_weights():
 
 def reference(full, trajs, loss_cfg):
     """Per-document loss, metrics, logprobs, entropy and gradients on one plain TP=1 model."""
+    from nemo_orchestra.megatron.forward import packed_forward
     from nemo_orchestra.megatron.model import build_gpt_model
     from nemo_orchestra.megatron.sharding import load_local_state
     from nemo_orchestra.megatron.vocab_parallel import logprobs_and_entropy
-    from nemo_orchestra.policy import _forward, grpo_loss_fn
+    from nemo_orchestra.train.step import grpo_loss_fn
 
     layout(1, 1)
     cfg = config()
@@ -122,7 +123,7 @@ def reference(full, trajs, loss_cfg):
     docs = per_document(trajs)
     total, n, lps, ents, sums = 0.0, 0.0, [], [], {}
     for t, b in zip(trajs, docs):
-        logits = _forward(gpt, b, torch.device("cpu"))
+        logits = packed_forward(gpt, b, torch.device("cpu"))
         lp, ent = logprobs_and_entropy(logits[0], b.target_ids_T, 1.0)
         loss_sum, k, metrics = grpo_loss_fn(loss_cfg)(lp, b)
         total, n = total + loss_sum, n + float(k)
@@ -178,8 +179,14 @@ def compare_lps(ref_lps, ours: dict) -> float:
 # ---- scenarios -----------------------------------------------------------------------------------------
 def run_parallel(tp, pp, full, trajs, ref, share=None, dist_opt=True, offload=False, extra=()):
     """Loss, metrics, grads and logprobs of the trainer's policy under a layout."""
-    from nemo_orchestra.policy import (build_policy, forward_backward, forward_logprobs, grpo_loss_fn, reduce_metrics,
-                                       reference_logprobs)
+    from nemo_orchestra.megatron.forward import forward_logprobs
+    from nemo_orchestra.train.policy import build_policy
+    from nemo_orchestra.train.step import (
+        forward_backward,
+        grpo_loss_fn,
+        reduce_metrics,
+        reference_logprobs,
+    )
 
     layout(tp, pp)
     cfg = config(tp, pp, dist_opt, f"reference.offload={str(offload).lower()}", *extra)
@@ -221,7 +228,7 @@ def scenario_pp(full, trajs, ref):
 
 def scenario_dp(full, trajs, ref):
     """DP=2, half the documents each (all-reduced grads); then one distributed-optimizer step."""
-    from nemo_orchestra.policy import grpo_loss_fn, train_step
+    from nemo_orchestra.train.step import grpo_loss_fn, train_step
 
     share = list(range(dist.get_rank(), len(trajs), 2))
     out, _, _ = run_parallel(1, 1, full, trajs, ref, share=share, dist_opt=False)
@@ -248,7 +255,8 @@ def adam_step(full, grads, optim):
 
 def scenario_packed(full, trajs, ref):
     """At TP=2: one pack of all documents vs one pack per document (same loss and grads)."""
-    from nemo_orchestra.policy import build_policy, forward_backward, grpo_loss_fn, reduce_metrics
+    from nemo_orchestra.train.policy import build_policy
+    from nemo_orchestra.train.step import forward_backward, grpo_loss_fn, reduce_metrics
 
     results = {}
     for name in ("packed", "per_document"):
@@ -265,8 +273,9 @@ def scenario_packed(full, trajs, ref):
 
 def scenario_checkpoint(full, trajs, ref, folder):
     """Save at TP=2 after a step, resume at DP=2 (another layout): the next step matches."""
-    from nemo_orchestra.checkpoint import load_checkpoint, save_checkpoint
-    from nemo_orchestra.policy import build_policy, grpo_loss_fn, train_step
+    from nemo_orchestra.train.checkpoint import load_checkpoint, save_checkpoint
+    from nemo_orchestra.train.policy import build_policy
+    from nemo_orchestra.train.step import grpo_loss_fn, train_step
 
     rank = dist.get_rank()
     layout(2, 1)
@@ -297,8 +306,9 @@ def scenario_hf_tp2(folder):
     from transformers import Qwen3ForCausalLM
 
     from nemo_orchestra.hf.qwen3 import full_state_dict, hf_config, megatron_to_hf
-    from nemo_orchestra.packing import pack
-    from nemo_orchestra.policy import build_policy, forward_logprobs
+    from nemo_orchestra.megatron.forward import forward_logprobs
+    from nemo_orchestra.train.packing import pack
+    from nemo_orchestra.train.policy import build_policy
     from tests.unit.helpers import traj
 
     layout(2, 1)

@@ -36,8 +36,9 @@ def test_fp8_needs_bf16_weights():
 @pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
 def test_one_fp8_training_step(recipe):
     from nemo_orchestra.megatron.parallel import init_distributed
-    from nemo_orchestra.packing import pack
-    from nemo_orchestra.policy import build_policy, sft_loss_fn, train_step
+    from nemo_orchestra.train.packing import pack
+    from nemo_orchestra.train.policy import build_policy
+    from nemo_orchestra.train.step import sft_loss_fn, train_step
     from tests.unit.helpers import traj
 
     cfg = load_config([*TINY, "model.fp8=hybrid", f"model.fp8_recipe={recipe}", "model.params_dtype=bf16",

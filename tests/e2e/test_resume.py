@@ -42,7 +42,7 @@ def _expected_order(steps: int) -> list[list[str]]:
     """What an uninterrupted run feeds each step (the trainer's own function)."""
     from nemo_orchestra.config import load_config
     from nemo_orchestra.data.default_tasks import generate_tasks
-    from nemo_orchestra.trainer import Trainer
+    from nemo_orchestra.train.trainer import Trainer
 
     cfg = load_config(ARGS)
     fake = SimpleNamespace(cfg=cfg, tasks=generate_tasks(cfg.data.num_train_tasks, cfg.run.seed), dp_rank=0, dp_size=1)

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from tools_env import bench
+from benchmarks import tools_env as bench
 from tools_env.launch import REPO_ROOT
 
 SCRIPT = os.path.join(REPO_ROOT, "recipes", "benchmark.py")

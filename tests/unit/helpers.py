@@ -34,8 +34,8 @@ def generated_logprobs(gpt, prompts, gens, temperature: float = 1.0):
     computed on the packed trajectories as in the GRPO step."""
     import torch
 
-    from nemo_orchestra.packing import pack
-    from nemo_orchestra.policy import forward_logprobs
+    from nemo_orchestra.megatron.forward import forward_logprobs
+    from nemo_orchestra.train.packing import pack
 
     trajs = [traj(ids=p + g.token_ids, mask=[0] * len(p) + [1] * len(g.token_ids)) for p, g in zip(prompts, gens)]
     (batch,) = pack(trajs, capacity=4096)

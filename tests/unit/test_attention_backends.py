@@ -8,10 +8,14 @@ import torch
 
 from nemo_orchestra.config import load_config
 from nemo_orchestra.megatron.attention import resolve_attention_backend
+from nemo_orchestra.megatron.forward import (
+    forward_logprobs,
+    packed_params,
+    token_logprobs,
+)
 from nemo_orchestra.megatron.model import build_gpt_model
 from nemo_orchestra.megatron.parallel import init_distributed
-from nemo_orchestra.packing import pack
-from nemo_orchestra.policy import forward_logprobs, token_logprobs, _packed_params
+from nemo_orchestra.train.packing import pack
 from tests.unit.helpers import traj
 
 
@@ -36,7 +40,7 @@ def test_triton_backend_equals_torch_backend_in_the_model():
         lp = forward_logprobs(gpt, batch, info.device)
         gpt.train()
         logits = gpt(batch.input_ids_T[None], batch.position_ids_T[None], None,
-                     packed_seq_params=_packed_params(batch, info.device))
+                     packed_seq_params=packed_params(batch, info.device))
         (-(token_logprobs(logits, batch.target_ids_T) * batch.loss_mask_T).sum()).backward()
         grads = {n: p.grad.clone() for n, p in gpt.named_parameters() if "linear_qkv" in n}
         results[backend] = (lp, grads)

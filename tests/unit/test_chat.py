@@ -2,9 +2,16 @@ import json
 
 import pytest
 
-from nemo_orchestra.chat import (QWEN3_CHAT_TEMPLATE, ChatFormat, ToolCallParseError, format_tool_call,
-                                 parse_tool_call, render_chat, tool_call_message)
-from nemo_orchestra.tokenizer import build_embedded_tokenizer
+from nemo_orchestra.prompting.chat import (
+    QWEN3_CHAT_TEMPLATE,
+    ChatFormat,
+    ToolCallParseError,
+    format_tool_call,
+    parse_tool_call,
+    render_chat,
+    tool_call_message,
+)
+from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Arithmetic.",
                                            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]

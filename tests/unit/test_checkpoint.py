@@ -6,12 +6,17 @@ import random
 import pytest
 import torch
 
-from nemo_orchestra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from nemo_orchestra.config import load_config
 from nemo_orchestra.megatron.parallel import init_distributed
 from nemo_orchestra.megatron.sharding import model_state
-from nemo_orchestra.packing import pack
-from nemo_orchestra.policy import build_policy, sft_loss_fn, train_step
+from nemo_orchestra.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from nemo_orchestra.train.packing import pack
+from nemo_orchestra.train.policy import build_policy
+from nemo_orchestra.train.step import sft_loss_fn, train_step
 from tests.unit.helpers import traj
 
 VOCAB = 256

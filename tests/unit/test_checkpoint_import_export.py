@@ -22,9 +22,14 @@ SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden
 
 
 def _hf_folder(path, arch: str, tied: bool, seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
-    from nemo_orchestra.tokenizer import build_embedded_tokenizer
+    from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 
     config_cls, model_cls = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
     config = config_cls(tie_word_embeddings=tied, **SMALL)
@@ -99,8 +104,9 @@ def test_llama_import_has_no_qk_norm_and_round_trips(dist_init, tmp_path, tied):
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_policy_starts_from_an_hf_folder_or_its_import_with_transformers_logits(dist_init, tmp_path, arch):
     from nemo_orchestra.hf.convert import import_hf
-    from nemo_orchestra.packing import pack
-    from nemo_orchestra.policy import build_policy, forward_logprobs
+    from nemo_orchestra.megatron.forward import forward_logprobs
+    from nemo_orchestra.train.packing import pack
+    from nemo_orchestra.train.policy import build_policy
     from tests.unit.helpers import traj
 
     hf = _hf_folder(tmp_path / "hf", arch, tied=False, seed=4)
@@ -121,7 +127,7 @@ def test_policy_starts_from_an_hf_folder_or_its_import_with_transformers_logits(
 
 
 def test_init_from_a_different_architecture_names_the_keys(dist_init, tmp_path):
-    from nemo_orchestra.policy import build_policy
+    from nemo_orchestra.train.policy import build_policy
 
     _hf_folder(tmp_path / "hf", "qwen3", tied=False)
     cfg = load_config([f"model.init_from={tmp_path / 'hf'}"])  # the tiny default: hidden 128, not 64

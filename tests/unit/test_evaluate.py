@@ -15,7 +15,14 @@ import pytest
 
 from nemo_orchestra.evaluation.openai_policy import parse_reply
 from nemo_orchestra.evaluation.policy import (
-    POLICIES, Policy, PolicyFormatError, PolicyInput, ToolCall, build_policy, cheapest, expert_reply_answer,
+    POLICIES,
+    Policy,
+    PolicyFormatError,
+    PolicyInput,
+    ToolCall,
+    build_policy,
+    cheapest,
+    expert_reply_answer,
     strongest,
 )
 from nemo_orchestra.evaluation.report import pareto_front
@@ -171,7 +178,7 @@ def test_checkpoint_policy_prompt_is_the_training_prompt():
     from nemo_orchestra.data.default_tasks import generate_tasks
     from nemo_orchestra.evaluation.checkpoint_policy import training_messages
     from nemo_orchestra.evaluation.runner import run_episode
-    from nemo_orchestra.rollout.rollout import prompt_messages
+    from nemo_orchestra.rollout.loop import prompt_messages
 
     task = generate_tasks(1, seed=5)[0]
     policy = _Recorder()

@@ -6,7 +6,7 @@ import torch
 from nemo_orchestra.config import AdvantageConfig
 from nemo_orchestra.grpo.advantages import assign_advantages
 from nemo_orchestra.grpo.loss import policy_loss
-from nemo_orchestra.packing import first_fit_decreasing, pack
+from nemo_orchestra.train.packing import first_fit_decreasing, pack
 from tests.unit.helpers import loss_cfg, task, traj
 
 
@@ -94,7 +94,7 @@ def test_pack_shifts_targets_and_masks_within_sequences():
 
 
 def test_rollout_metrics_report_expert_choice_per_preference_profile():
-    from nemo_orchestra.trainer import rollout_metrics
+    from nemo_orchestra.train.trainer import rollout_metrics
 
     def profiled(name, counts):
         t = task()

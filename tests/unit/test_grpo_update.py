@@ -9,12 +9,18 @@ import pytest
 import torch
 
 from nemo_orchestra.config import load_config
-from nemo_orchestra.megatron.parallel import init_distributed
-from nemo_orchestra.packing import pack
 from nemo_orchestra.megatron.cpu_compat import cuda_type_names
+from nemo_orchestra.megatron.forward import forward_logprobs
+from nemo_orchestra.megatron.parallel import init_distributed
 from nemo_orchestra.megatron.sharding import model_state
-from nemo_orchestra.policy import (build_policy, forward_backward, forward_logprobs, grpo_loss_fn, reference_logprobs,
-                                   reset_optimizer_state, set_lr, sft_loss_fn, train_step)
+from nemo_orchestra.train.packing import pack
+from nemo_orchestra.train.policy import build_policy, reset_optimizer_state, set_lr
+from nemo_orchestra.train.step import (
+    forward_backward,
+    grpo_loss_fn,
+    reference_logprobs,
+    train_step,
+)
 from tests.unit.helpers import loss_cfg, traj
 
 VOCAB = 256

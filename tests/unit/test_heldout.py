@@ -3,7 +3,7 @@ profile, with the expert shares a preference-following policy is read from."""
 
 import pytest
 
-from nemo_orchestra.heldout import breakdown
+from nemo_orchestra.evaluation.heldout import breakdown
 from tests.unit.helpers import task, traj
 
 

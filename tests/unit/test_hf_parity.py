@@ -5,10 +5,10 @@ import torch
 
 from nemo_orchestra.config import load_config
 from nemo_orchestra.hf.qwen3 import full_state_dict, hf_to_megatron, megatron_to_hf
+from nemo_orchestra.megatron.forward import forward_logprobs
 from nemo_orchestra.megatron.model import build_gpt_model
 from nemo_orchestra.megatron.parallel import init_distributed
-from nemo_orchestra.packing import pack
-from nemo_orchestra.policy import forward_logprobs
+from nemo_orchestra.train.packing import pack
 from tests.unit.helpers import traj
 
 VOCAB = 256

@@ -13,10 +13,11 @@ import torch
 
 from nemo_orchestra.config import load_config
 from nemo_orchestra.hf.qwen3 import full_state_dict
-from nemo_orchestra.packing import pack
-from nemo_orchestra.policy import build_policy, set_lr, sft_loss_fn, train_step
 from nemo_orchestra.rollout.engines import POLICY_ENGINES, build_engine
-from nemo_orchestra.rollout.megatron_engine import MegatronEngine
+from nemo_orchestra.rollout.engines.megatron import MegatronEngine
+from nemo_orchestra.train.packing import pack
+from nemo_orchestra.train.policy import build_policy, set_lr
+from nemo_orchestra.train.step import sft_loss_fn, train_step
 from tests.unit.helpers import generated_logprobs, traj
 
 VOCAB = 256
@@ -185,8 +186,8 @@ def test_engine_is_registered_and_needs_the_model(setup):
 def test_trainer_pushes_no_weights_into_it(setup, monkeypatch):
     from dataclasses import replace
 
-    import nemo_orchestra.trainer as trainer_module
-    from nemo_orchestra.trainer import Trainer
+    import nemo_orchestra.train.trainer as trainer_module
+    from nemo_orchestra.train.trainer import Trainer
 
     def no_gather(gpt):
         raise AssertionError("the megatron engine needs no gathered state dict")

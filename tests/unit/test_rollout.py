@@ -8,10 +8,16 @@ import time
 
 import pytest
 
-from nemo_orchestra.chat import QWEN3_CHAT_TEMPLATE, ChatFormat, format_tool_call, render_chat, tool_call_message
-from nemo_orchestra.rollout.hf_engine import Generation
-from nemo_orchestra.rollout.rollout import prompt_messages, run_rollouts
-from nemo_orchestra.tokenizer import build_embedded_tokenizer
+from nemo_orchestra.prompting.chat import (
+    QWEN3_CHAT_TEMPLATE,
+    ChatFormat,
+    format_tool_call,
+    render_chat,
+    tool_call_message,
+)
+from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
+from nemo_orchestra.rollout.engines.hf import Generation
+from nemo_orchestra.rollout.loop import prompt_messages, run_rollouts
 from tests.unit.helpers import reward_cfg
 from tools_env.client import ToolsEnvClient
 from tools_env.launch import start_service

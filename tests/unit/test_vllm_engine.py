@@ -15,7 +15,7 @@ import torch
 from nemo_orchestra.config import load_config
 from nemo_orchestra.hf.qwen3 import full_state_dict, megatron_to_hf
 from nemo_orchestra.rollout.engines import build_engine
-from nemo_orchestra.rollout.vllm_engine import VLLMEngine, call_with_timeout
+from nemo_orchestra.rollout.engines.vllm import VLLMEngine, call_with_timeout
 from tests.unit.helpers import generated_logprobs
 
 VOCAB = 256
@@ -29,7 +29,7 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
 def setup():
     from nemo_orchestra.megatron.model import build_gpt_model
     from nemo_orchestra.megatron.parallel import init_distributed
-    from nemo_orchestra.rollout.hf_engine import HFEngine
+    from nemo_orchestra.rollout.engines.hf import HFEngine
 
     cfg = load_config([])  # the tiny default: 2 layers, 4 heads x 64, 2 KV groups, tied embeddings
     info = init_distributed(cfg.parallel, seed=7)
@@ -181,7 +181,7 @@ def test_missing_vllm_is_a_clear_error(monkeypatch):
 def test_reload_warnings_for_layers_without_weights_are_dropped_once_and_others_kept():
     import logging
 
-    from nemo_orchestra.rollout.vllm_worker import _quiet_expected_warnings
+    from nemo_orchestra.rollout.engines.vllm_worker import _quiet_expected_warnings
 
     log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
     saved = list(log.filters)

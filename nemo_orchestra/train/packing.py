@@ -8,7 +8,6 @@ import torch
 
 from nemo_orchestra.types import PackedBatch, Trajectory
 
-
 PAD_SEQUENCE = 256  # longest padding sequence
 
 
@@ -79,3 +78,11 @@ def _pack_one(trajs: Sequence[Trajectory], index: list[int], pad_to_multiple: in
         traj_index_B=list(index),
         gen_logprobs_T=torch.tensor(gen, dtype=torch.float32),
     )
+def padding_pack(length: int, multiple: int = 1) -> PackedBatch:
+    T = -(-length // multiple) * multiple
+    zeros = torch.zeros(T, dtype=torch.long)
+    return PackedBatch(input_ids_T=zeros, position_ids_T=torch.arange(T), target_ids_T=zeros,
+                       loss_mask_T=torch.zeros(T), advantages_T=torch.zeros(T), old_logprobs_T=torch.zeros(T),
+                       ref_logprobs_T=torch.zeros(T), cu_seqlens_B1=torch.tensor([0, T], dtype=torch.int32),
+                       max_seqlen=T, traj_index_B=[-1], gen_logprobs_T=torch.zeros(T))
+

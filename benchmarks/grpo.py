@@ -99,9 +99,9 @@ def main(args: Any) -> int:
 
     import torch
 
-    from nemo_orchestra.build import build_trainer
     from nemo_orchestra.megatron.parallel import destroy_distributed, init_distributed
-    from nemo_orchestra.metrics import setup_logging
+    from nemo_orchestra.train.build import build_trainer
+    from nemo_orchestra.train.metrics import setup_logging
 
     setup_logging("WARNING", int(os.environ.get("RANK", 0)))
     info = init_distributed(cfg.parallel, cfg.run.seed)

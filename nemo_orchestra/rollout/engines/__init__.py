@@ -19,7 +19,7 @@ import os
 
 
 def _hf(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None, seed=0, model=None):
-    from nemo_orchestra.rollout.hf_engine import HFEngine
+    from nemo_orchestra.rollout.engines.hf import HFEngine
 
     engine = HFEngine(model_cfg, vocab_size, tokenizer, device)
     if init_state is not None:
@@ -42,7 +42,7 @@ def require_vllm() -> None:
 
 def _vllm(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None, seed=0, model=None):
     require_vllm()
-    from nemo_orchestra.rollout.vllm_engine import VLLMEngine
+    from nemo_orchestra.rollout.engines.vllm import VLLMEngine
 
     if init_state is None:
         raise ValueError("the vllm engine is built from the policy's initial weights: pass init_state")
@@ -52,7 +52,7 @@ def _vllm(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=Non
 
 
 def _megatron(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None, seed=0, model=None):
-    from nemo_orchestra.rollout.megatron_engine import MegatronEngine
+    from nemo_orchestra.rollout.engines.megatron import MegatronEngine
 
     if model is None:
         raise ValueError("the megatron engine generates with the policy's own model: pass model")

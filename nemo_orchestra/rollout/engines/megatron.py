@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from nemo_orchestra.rollout.hf_engine import Generation
+from nemo_orchestra.rollout.engines.hf import Generation
 
 if TYPE_CHECKING:
     from megatron.core.packed_seq_params import PackedSeqParams

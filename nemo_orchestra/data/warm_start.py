@@ -19,10 +19,15 @@ import random
 import re
 from dataclasses import dataclass
 
-from nemo_orchestra.chat import ChatFormat, format_tool_call, render_chat, tool_call_message
 from nemo_orchestra.config import RewardConfig
 from nemo_orchestra.data.default_tasks import plan_text
-from nemo_orchestra.rollout.rollout import prompt_messages
+from nemo_orchestra.prompting.chat import (
+    ChatFormat,
+    format_tool_call,
+    render_chat,
+    tool_call_message,
+)
+from nemo_orchestra.rollout.loop import prompt_messages
 from nemo_orchestra.types import TaskRecord, Trajectory
 
 _EXPR_RE = re.compile(r"What is (-?\d+ [-+*] -?\d+)\?")

@@ -18,7 +18,7 @@ import logging
 import os
 from typing import Iterable
 
-from nemo_orchestra.chat import QWEN3_CHAT_TEMPLATE, SPECIAL_TOKENS
+from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, SPECIAL_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,14 @@ def build_embedded_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, max_
                              phrases: Iterable[str] = ()):
     """``phrases``: strings that are always one token each (matched before BPE), e.g. the plans
     of ``default_tasks.plan_phrases``."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())

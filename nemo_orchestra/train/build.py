@@ -7,17 +7,17 @@ import logging
 import os
 from contextlib import ExitStack
 
-from nemo_orchestra.chat import QWEN3_CHAT_TEMPLATE, ChatFormat
 from nemo_orchestra.config import Config, save_config
 from nemo_orchestra.data.default_tasks import generate_tasks, plan_phrases
+from nemo_orchestra.data.warm_start import render_text, scripted_episodes, to_trajectory
 from nemo_orchestra.megatron.model import padded_vocab_size
 from nemo_orchestra.megatron.parallel import DistInfo, once_per_node
-from nemo_orchestra.metrics import MetricLogger
-from nemo_orchestra.policy import build_policy
+from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, ChatFormat
+from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer, load_tokenizer
 from nemo_orchestra.rollout.engines import POLICY_ENGINES, build_engine, check_engine
-from nemo_orchestra.sft import render_text, scripted_episodes, to_trajectory
-from nemo_orchestra.tokenizer import build_embedded_tokenizer, load_tokenizer
-from nemo_orchestra.trainer import Trainer
+from nemo_orchestra.train.metrics import MetricLogger
+from nemo_orchestra.train.policy import build_policy
+from nemo_orchestra.train.trainer import Trainer
 from tools_env.task import load_jsonl
 
 log = logging.getLogger(__name__)

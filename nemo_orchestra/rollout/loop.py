@@ -16,9 +16,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from nemo_orchestra.chat import ChatFormat, ToolCallParseError, parse_tool_call
 from nemo_orchestra.config import RewardConfig, RolloutConfig
 from nemo_orchestra.data.default_tasks import orchestrator_messages
+from nemo_orchestra.prompting.chat import (
+    ChatFormat,
+    ToolCallParseError,
+    parse_tool_call,
+)
 from nemo_orchestra.types import StopReason, TaskRecord, Trajectory
 
 log = logging.getLogger(__name__)

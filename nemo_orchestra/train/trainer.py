@@ -17,19 +17,33 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nemo_orchestra.chat import ChatFormat
-from nemo_orchestra.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from nemo_orchestra.config import Config
-from nemo_orchestra.flops import forward_flops, perf_metrics, sequence_lengths
 from nemo_orchestra.grpo.advantages import assign_advantages
 from nemo_orchestra.grpo.reward import assign_rewards
 from nemo_orchestra.hf.qwen3 import full_state_dict
-from nemo_orchestra.megatron.parallel import (broadcast_in_model_parallel_group, data_parallel_gather,
-                                              data_parallel_sum, model_parallel_rank)
-from nemo_orchestra.metrics import MetricLogger
-from nemo_orchestra.policy import (Policy, grpo_loss_fn, pack_for_step, reference_logprobs, reset_optimizer_state,
-                                   set_lr, sft_loss_fn, train_step)
-from nemo_orchestra.rollout.rollout import run_rollouts
+from nemo_orchestra.megatron.parallel import (
+    broadcast_in_model_parallel_group,
+    data_parallel_gather,
+    data_parallel_sum,
+    model_parallel_rank,
+)
+from nemo_orchestra.prompting.chat import ChatFormat
+from nemo_orchestra.rollout.loop import run_rollouts
+from nemo_orchestra.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from nemo_orchestra.train.flops import forward_flops, perf_metrics, sequence_lengths
+from nemo_orchestra.train.metrics import MetricLogger
+from nemo_orchestra.train.policy import Policy, reset_optimizer_state, set_lr
+from nemo_orchestra.train.step import (
+    grpo_loss_fn,
+    pack_for_step,
+    reference_logprobs,
+    sft_loss_fn,
+    train_step,
+)
 from nemo_orchestra.types import PackedBatch, TaskRecord, Trajectory
 
 log = logging.getLogger(__name__)
@@ -170,7 +184,7 @@ class Trainer:
         model-parallel rank, shared with the others); summaries by slice."""
         from dataclasses import replace
 
-        from nemo_orchestra.heldout import breakdown
+        from nemo_orchestra.evaluation.heldout import breakdown
 
         cfg = replace(self.cfg.rollout, temperature=self.cfg.evaluation.temperature)
         trajs = broadcast_in_model_parallel_group(self.on_rollout_rank(lambda: self.loop.run_until_complete(

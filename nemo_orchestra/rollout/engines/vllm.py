@@ -39,13 +39,13 @@ import torch
 from nemo_orchestra.config import ModelConfig
 from nemo_orchestra.hf.export import export_hf
 from nemo_orchestra.hf.qwen3 import megatron_to_hf
-from nemo_orchestra.rollout.hf_engine import Generation
+from nemo_orchestra.rollout.engines.hf import Generation
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 KV_SEQUENCES = 32  # the KV cache holds this many sequences of max_model_len tokens
-EXTENSION = "nemo_orchestra.rollout.vllm_worker.WeightSyncExtension"
+EXTENSION = "nemo_orchestra.rollout.engines.vllm_worker.WeightSyncExtension"
 
 
 def _drop_chat_template_warmup(record: logging.LogRecord) -> bool:

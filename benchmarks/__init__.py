@@ -1,0 +1,1 @@
+"""Benchmarks run by recipes/benchmark.py: the tool service and the GRPO step."""

@@ -1,0 +1,96 @@
+"""Packed (THD) forwards through Megatron's pipeline schedule: logprobs, and forward/backward.
+
+Every forward goes through ``get_forward_backward_func``: with PP = 1 it is a plain loop over
+microbatches, with PP > 1 the 1F1B schedule, whose p2p shapes are fixed, so every pack of a step
+must have the same length (the trainer pads them). Logprobs and entropy come from the
+vocab-parallel logits (``megatron/vocab_parallel.py``) on the last stage; the forward-only pass
+broadcasts its logprobs to the other stages.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from nemo_orchestra.megatron.vocab_parallel import logprobs_and_entropy
+from nemo_orchestra.types import PackedBatch
+
+
+def packed_params(batch: PackedBatch, device):
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu = batch.cu_seqlens_B1.to(device)
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                           max_seqlen_q=batch.max_seqlen, max_seqlen_kv=batch.max_seqlen)
+
+
+def packed_forward(m, batch: PackedBatch, device):
+    return m(batch.input_ids_T[None].to(device), batch.position_ids_T[None].to(device), None,
+             packed_seq_params=packed_params(batch, device))
+
+
+def token_logprobs(logits_1TV: torch.Tensor, target_T: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(target) from (vocab-parallel) logits without gathering the vocabulary."""
+    return logprobs_and_entropy(logits_1TV[0], target_T, temperature)[0]
+
+
+def run_schedule(model, forward_step, batches: list[PackedBatch], forward_only: bool, collect: bool = False):
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    lengths = {b.num_tokens for b in batches}
+    if len(lengths) > 1 and pp_size() > 1:
+        raise ValueError(f"pipeline parallelism needs packs of one length, got {sorted(lengths)} "
+                         "(pack with pad_to_length)")
+    return get_forward_backward_func()(
+        forward_step_func=forward_step, data_iterator=iter(batches), model=model, num_microbatches=len(batches),
+        seq_length=max(lengths), micro_batch_size=1, forward_only=forward_only, collect_non_loss_data=collect,
+    )
+
+
+@torch.no_grad()
+def forward_logprobs(model: torch.nn.Module, batches: PackedBatch | list[PackedBatch], device,
+                     temperature: float = 1.0) -> torch.Tensor | list[torch.Tensor]:
+    """Token logprobs of each pack (forward only, through the pipeline), on every stage, on the CPU."""
+    single = isinstance(batches, PackedBatch)
+    batches = [batches] if single else list(batches)
+    if not batches:
+        return []
+    model.eval()
+
+    def forward_step(data_iterator, m):
+        batch = next(data_iterator)
+        out = packed_forward(m, batch, device)
+
+        def collect(output, non_loss_data=True):
+            return token_logprobs(output, batch.target_ids_T.to(output.device), temperature).cpu()
+
+        return out, collect
+
+    store = run_schedule(model, forward_step, batches, forward_only=True, collect=True)
+    out = _from_last_stage(store, [b.num_tokens for b in batches])
+    return out[0] if single else out
+
+
+def _from_last_stage(tensors: list[torch.Tensor], lengths: list[int]) -> list[torch.Tensor]:
+    """The last pipeline stage's per-pack fp32 tensors, broadcast to every stage."""
+    from megatron.core import parallel_state as ps
+
+    if pp_size() == 1:
+        return tensors
+    from nemo_orchestra.megatron.parallel import comm_device
+
+    group = ps.get_pipeline_model_parallel_group()
+    src = ps.get_pipeline_model_parallel_last_rank()
+    device = comm_device()
+    if ps.is_pipeline_last_stage():
+        flat = torch.cat(tensors).to(device)
+    else:
+        flat = torch.empty(sum(lengths), dtype=torch.float32, device=device)
+    dist.broadcast(flat, src=src, group=group)
+    return list(flat.cpu().split(lengths))
+
+
+def pp_size() -> int:
+    from megatron.core import parallel_state as ps
+
+    return ps.get_pipeline_model_parallel_world_size() if ps.model_parallel_is_initialized() else 1

@@ -1,0 +1,151 @@
+"""One training step of the policy: the step's packs, reference logprobs, the GRPO and SFT losses,
+forward/backward through the pipeline and the optimizer step, metrics reduced over the step."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+from nemo_orchestra.config import LossConfig, ParallelConfig
+from nemo_orchestra.grpo.loss import policy_loss, tis_weights
+from nemo_orchestra.megatron.forward import (
+    forward_logprobs,
+    packed_forward,
+    pp_size,
+    run_schedule,
+)
+from nemo_orchestra.megatron.vocab_parallel import logprobs_and_entropy
+from nemo_orchestra.train.packing import pack, padding_pack
+from nemo_orchestra.train.policy import Policy
+from nemo_orchestra.types import PackedBatch, Trajectory
+
+log = logging.getLogger(__name__)
+
+
+def pack_for_step(trajs: list[Trajectory], parallel: ParallelConfig) -> list[PackedBatch]:
+    """The step's microbatches; collective over the data-parallel and model-parallel groups.
+
+    Packs are padded to a TP multiple, and under PP all to one length (``microbatch_tokens``, or the
+    longest trajectory if longer). Empty when no data-parallel rank has a token to train on; when
+    only this rank has none, one all-padding pack, so that every rank joins the gradient reduction.
+    The ranks of one model replica all get the packs of its first rank (they must see one batch).
+    """
+    from nemo_orchestra.megatron.parallel import (
+        broadcast_in_model_parallel_group,
+        data_parallel_sum,
+    )
+
+    length = None
+    if parallel.pp > 1:
+        length = max([parallel.microbatch_tokens] + [len(t.token_ids) for t in trajs])
+    batches = pack(trajs, parallel.microbatch_tokens, pad_to_multiple=parallel.tp, pad_to_length=length)
+    tokens = data_parallel_sum([sum(float(b.loss_mask_T.sum()) for b in batches)])[0]
+    if tokens == 0:
+        return []
+    return broadcast_in_model_parallel_group(batches or [padding_pack(length or parallel.tp, parallel.tp)])
+
+
+def reference_logprobs(policy: Policy, batches: list[PackedBatch], temperature: float = 1.0) -> list[torch.Tensor]:
+    with policy.reference_model() as model:
+        return forward_logprobs(model, batches, policy.device, temperature)
+
+
+def grpo_loss_fn(loss_cfg: LossConfig):
+    """The GRPO loss of a pack. Its old logprobs are the pack's ``old_logprobs_T`` or, when that is
+    None, the update's own forward, detached: with one optimizer step per batch of rollouts the
+    policy that sampled them (as the trainer computes it) is the policy being updated, so a separate
+    forward pass would give the same numbers (the ratio starts at 1 either way; TRL's GRPO trainer
+    does the same when it takes one step per generation). Also reports
+    ``rollout/logprob_mismatch``, mean |trainer - generator| logprob over generated tokens."""
+    def fn(lp_T: torch.Tensor, batch: PackedBatch):
+        dev = lp_T.device
+        old = lp_T.detach() if batch.old_logprobs_T is None else batch.old_logprobs_T.to(dev)
+        weights = None
+        if loss_cfg.tis_cap is not None:
+            assert batch.gen_logprobs_T is not None, "loss.tis_cap needs the generator's logprobs in the pack"
+            weights = tis_weights(old, batch.gen_logprobs_T.to(dev), loss_cfg.tis_cap)
+        mask = batch.loss_mask_T.to(dev)
+        loss_sum, n, metrics = policy_loss(lp_T, old, batch.ref_logprobs_T.to(dev), batch.advantages_T.to(dev), mask,
+                                           loss_cfg, is_weights_T=weights)
+        if batch.gen_logprobs_T is not None:
+            gap = (old - batch.gen_logprobs_T.to(dev)).abs()
+            metrics["rollout/logprob_mismatch"] = (gap * mask).sum() / mask.sum().clamp_min(1.0)
+        return loss_sum, n, metrics
+
+    return fn
+
+
+def sft_loss_fn(lp_T: torch.Tensor, batch: PackedBatch):
+    """Summed negative log-likelihood of the generated (assistant) tokens."""
+    mask = batch.loss_mask_T.to(lp_T.device)
+    n = mask.sum()
+    nll = -(lp_T * mask).sum()
+    return nll, n, {"loss/nll": nll.detach() / n.clamp_min(1.0), "loss/tokens": n}
+
+
+def _loss_func(batch: PackedBatch, loss_fn, temperature: float, logits):
+    lp, ent = logprobs_and_entropy(logits[0], batch.target_ids_T.to(logits.device), temperature)
+    loss_sum, n, metrics = loss_fn(lp, batch)
+    mask = batch.loss_mask_T.to(ent.device)
+    metrics["train/entropy"] = (ent * mask).sum() / mask.sum().clamp_min(1.0)
+    return loss_sum, n.to(torch.int), metrics
+
+
+def forward_backward(policy: Policy, batches: list[PackedBatch], loss_fn, temperature: float = 1.0) -> list[dict]:
+    """Gradients of the step's summed loss / its global token count, in the DDP grad buffers.
+
+    Returns the last stage's per-microbatch metrics (an empty list on other stages).
+    """
+    model, device = policy.model, policy.device
+    model.train()
+    model.zero_grad_buffer()
+    policy.optimizer.zero_grad()
+
+    def forward_step(data_iterator, m):
+        batch = next(data_iterator)
+        return packed_forward(m, batch, device), partial(_loss_func, batch, loss_fn, temperature)
+
+    return run_schedule(model, forward_step, batches, forward_only=False)
+
+
+def train_step(policy: Policy, batches: list[PackedBatch], loss_fn, temperature: float = 1.0) -> dict:
+    """One optimizer step over all microbatches (gradients summed, scaled by 1/global tokens)."""
+    from nemo_orchestra.megatron.cpu_compat import cuda_type_names
+
+    losses = forward_backward(policy, batches, loss_fn, temperature)
+    with cuda_type_names():
+        ok, grad_norm, _ = policy.optimizer.step()
+    if not ok:
+        log.warning("optimizer step skipped (non-finite gradients)")
+    out = {"train/grad_norm": float(grad_norm or 0.0), "train/step_skipped": float(not ok)}
+    out.update(reduce_metrics(losses))
+    return out
+
+
+def reduce_metrics(losses: list[dict]) -> dict[str, float]:
+    """Token-weighted means of the microbatch metrics over the whole step (all stages, all DP ranks)."""
+    from megatron.core import parallel_state as ps
+
+    from nemo_orchestra.megatron.parallel import data_parallel_sum
+
+    sums: dict[str, float] = {}
+    for d in losses:
+        n = float(d["loss/tokens"])
+        for k, v in d.items():
+            sums[k] = sums.get(k, 0.0) + (n if k == "loss/tokens" else float(v) * n)
+    if pp_size() > 1:  # metrics exist on the last stage only
+        box = [sums]
+        group = ps.get_pipeline_model_parallel_group()
+        dist.broadcast_object_list(box, src=ps.get_pipeline_model_parallel_last_rank(), group=group)
+        sums = box[0]
+    if not sums:
+        return {}
+    keys = sorted(sums)
+    total = dict(zip(keys, data_parallel_sum([sums[k] for k in keys])))
+    toks = total.pop("loss/tokens")
+    out = {k: v / max(toks, 1.0) for k, v in total.items()}
+    out["train/loss_tokens"] = toks
+    return out
