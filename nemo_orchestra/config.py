@@ -167,9 +167,11 @@ class LossConfig:
     dual_clip: Optional[float] = MISSING
     kl_coef: float = MISSING
     tis_cap: Optional[float] = MISSING  # truncated importance sampling cap on trainer/generator ratios; null: off
+    minibatches: int = MISSING  # optimizer steps per batch of rollouts (each on 1/N of its trajectories)
 
     def validate(self) -> None:
         _check(self.clip_low > 0 and self.clip_high > 0, "loss.clip_low", "clip ranges must be > 0")
+        _check(self.minibatches >= 1, "loss.minibatches", "must be >= 1")
         _check(self.dual_clip is None or self.dual_clip > 1, "loss.dual_clip", "must be null or > 1")
         _check(self.kl_coef >= 0, "loss.kl_coef", "must be >= 0")
         _check(self.tis_cap is None or self.tis_cap > 0, "loss.tis_cap", "must be null or > 0")

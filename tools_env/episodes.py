@@ -38,7 +38,7 @@ from tools_env.config import ServiceConfig
 from tools_env.metrics import UNKNOWN_TOOL, Metrics
 from tools_env.task import TaskRecord, TaskRecordError
 from tools_env.tools.base import EpisodeContext, Tool, ToolArgumentError, ToolResult
-from tools_env.verify import Outcome
+from tools_env.verify import Outcome, UnknownVerifierError, get_verifier, verifier_type
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,10 @@ class EpisodeStore:
                                    f"tools of this service: {', '.join(self.tools)}")
         if len(set(task.tools)) != len(task.tools):
             raise ServiceError(400, "bad_task", "task record field 'tools' lists a tool twice")
+        try:
+            get_verifier(verifier_type(task))
+        except UnknownVerifierError as e:
+            raise ServiceError(400, "unknown_verifier", str(e)) from None
         if episode_id is None:
             episode_id = f"w{self.worker_index}-{secrets.token_hex(8)}"
         elif not EPISODE_ID_RE.fullmatch(episode_id):

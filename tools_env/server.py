@@ -24,6 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tools_env import domains as _domains  # noqa: F401  (registers the db_state verifier)
 from tools_env import tools as _plugins  # noqa: F401  (registers the tool plug-ins)
 from tools_env.config import ServiceConfig
 from tools_env.episodes import EpisodeStore, ServiceError

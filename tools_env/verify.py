@@ -1,6 +1,6 @@
 """Answer verification: the outcome of an episode.
 
-A task's ``verifier`` picks the check:
+A task's ``verifier`` picks the check by its ``type``, looked up in ``VERIFIERS``:
 
 - ``exact`` (default): normalized exact match — lower case, punctuation dropped, the
   articles a/an/the dropped, whitespace collapsed (the SQuAD normalization). Optional
@@ -8,12 +8,15 @@ A task's ``verifier`` picks the check:
 - ``numeric``: ``math.isclose(pred, gold, rel_tol, abs_tol)`` (defaults 1e-6, 1e-9). Numbers
   parse from "1,234", "3.0", "-2.5e3", "3/4", "$12", "50%" (-> 50), "\\boxed{7}"; an answer
   that is not a number as a whole is judged by the last number in it ("x = 42" -> 42).
-- ``db_state``: domain tasks; delegated to ``tools_env.domains.verify_db_state(ctx, task)``.
 - ``judge``: exact match first (free); otherwise an OpenAI-compatible LLM judge from the
   service config is asked whether the prediction matches the gold answer.
+- ``db_state``: domain tasks; registered by ``tools_env.domains`` when it is imported (the
+  service imports it), which replays the gold actions and compares databases.
 
-Every failure to verify (no judge configured, judge unreachable, domain module missing) is an
-incorrect outcome whose ``reason`` says why, never an exception.
+Other packages add types with ``register_verifier``. A verifier type nobody registered is an
+``UnknownVerifierError`` naming it (the service refuses such a task when the episode is
+created). A registered verifier that fails (no judge configured, judge unreachable, a domain
+bug) gives an incorrect outcome whose ``reason`` says why, never an exception.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import re
 import string
 from dataclasses import asdict, dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, Awaitable, Protocol, Union
 
 from tools_env.task import TaskRecord
 
@@ -123,46 +126,83 @@ def numeric_match(pred: str, gold: str, rel_tol: float = 1e-6, abs_tol: float = 
     return _wrong(f"{p!r} != {g!r} (rel_tol={rel_tol}, abs_tol={abs_tol})")
 
 
-async def db_state_match(ctx: Any, task: TaskRecord) -> Outcome:
+class Verifier(Protocol):
+    """``verifier(answer, task, ctx, judge) -> Outcome`` (or an awaitable of one).
+
+    ``ctx`` is the episode's ``EpisodeContext`` (its workdir, its state); ``judge`` is an object
+    with ``async grade(problem, gold, pred) -> (bool, str)`` or None when none is configured.
+    """
+
+    def __call__(self, answer: str, task: TaskRecord, ctx: Any, judge: Any) -> Union[Outcome, Awaitable[Outcome]]: ...
+
+
+class UnknownVerifierError(ValueError):
+    """A task names a verifier type that nothing registered."""
+
+
+VERIFIERS: dict[str, Verifier] = {}
+
+
+def register_verifier(kind: str, verifier: Verifier) -> Verifier:
+    """Make ``verifier`` the check of tasks whose ``verifier.type`` is ``kind``."""
+    known = VERIFIERS.get(kind, verifier)
+    if (known.__module__, known.__qualname__) != (verifier.__module__, verifier.__qualname__):  # a reload is fine
+        raise ValueError(f"verifier type {kind!r} is already registered by {known.__module__}")
+    VERIFIERS[kind] = verifier
+    return verifier
+
+
+def get_verifier(kind: str) -> Verifier:
+    if kind not in VERIFIERS:
+        hint = " (it is registered by importing tools_env.domains)" if kind == "db_state" else ""
+        raise UnknownVerifierError(f"verifier type {kind!r} is not registered{hint}; "
+                                   f"registered types: {', '.join(sorted(VERIFIERS))}")
+    return VERIFIERS[kind]
+
+
+def verifier_type(task: TaskRecord) -> str:
+    return (task.verifier or {}).get("type", "exact")
+
+
+def _exact(answer: str, task: TaskRecord, ctx: Any, judge: Any) -> Outcome:
+    return exact_match(answer, task.answer, (task.verifier or {}).get("aliases", []))
+
+
+def _numeric(answer: str, task: TaskRecord, ctx: Any, judge: Any) -> Outcome:
+    spec = task.verifier or {}
+    return numeric_match(answer, task.answer, float(spec.get("rel_tol", 1e-6)), float(spec.get("abs_tol", 1e-9)))
+
+
+async def _judge(answer: str, task: TaskRecord, ctx: Any, judge: Any) -> Outcome:
+    first = _exact(answer, task, ctx, judge)
+    if first.correct:
+        return first
+    if judge is None:
+        return _wrong("judge verifier requested but no judge endpoint is configured (config 'judge')")
     try:
-        from tools_env.domains import verify_db_state
-    except ImportError as e:
-        return _wrong(f"db_state verifier unavailable: cannot import tools_env.domains.verify_db_state ({e})")
-    try:
-        result = verify_db_state(ctx, task)
-        if inspect.isawaitable(result):
-            result = await result
-        correct, reason = result
-    except Exception as e:  # a domain bug must not lose the episode
-        return _wrong(f"db_state verifier failed: {type(e).__name__}: {e}")
-    return Outcome(bool(correct), 1.0 if correct else 0.0, f"db_state: {reason}")
+        correct, reason = await judge.grade(task.problem, task.answer, answer)
+    except Exception as e:
+        return _wrong(f"judge failed: {type(e).__name__}: {e}")
+    return Outcome(correct, 1.0 if correct else 0.0, f"judge: {reason}")
+
+
+register_verifier("exact", _exact)
+register_verifier("numeric", _numeric)
+register_verifier("judge", _judge)
 
 
 async def verify(answer: str, task: TaskRecord, ctx: Any = None, judge: Any = None) -> Outcome:
-    """Judge ``answer`` against ``task`` according to ``task.verifier``.
+    """Judge ``answer`` against ``task`` with the verifier its ``verifier.type`` names.
 
-    ``judge`` is an object with ``async grade(problem, gold, pred) -> (bool, str)`` (see
-    ``tools_env.tools.answer.LLMJudge``) or None when no judge endpoint is configured.
+    Raises ``UnknownVerifierError`` when no verifier of that type is registered; a registered
+    verifier that raises gives an incorrect outcome naming the exception.
     """
-    spec = task.verifier or {"type": "exact"}
-    kind = spec.get("type", "exact")
-    if kind == "exact":
-        return exact_match(answer, task.answer, spec.get("aliases", []))
-    if kind == "numeric":
-        rel_tol = float(spec.get("rel_tol", 1e-6))
-        abs_tol = float(spec.get("abs_tol", 1e-9))
-        return numeric_match(answer, task.answer, rel_tol, abs_tol)
-    if kind == "db_state":
-        return await db_state_match(ctx, task)
-    if kind == "judge":
-        first = exact_match(answer, task.answer, spec.get("aliases", []))
-        if first.correct:
-            return first
-        if judge is None:
-            return _wrong("judge verifier requested but no judge endpoint is configured (config 'judge')")
-        try:
-            correct, reason = await judge.grade(task.problem, task.answer, answer)
-        except Exception as e:
-            return _wrong(f"judge failed: {type(e).__name__}: {e}")
-        return Outcome(correct, 1.0 if correct else 0.0, f"judge: {reason}")
-    return _wrong(f"unknown verifier type {kind!r}")
+    kind = verifier_type(task)
+    verifier = get_verifier(kind)
+    try:
+        result = verifier(answer, task, ctx, judge)
+        if inspect.isawaitable(result):
+            result = await result
+    except Exception as e:  # a verifier bug must not lose the episode
+        return _wrong(f"{kind} verifier failed: {type(e).__name__}: {e}")
+    return result

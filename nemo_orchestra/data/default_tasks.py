@@ -18,7 +18,7 @@ preference profile: cost-sensitive tasks weight cost and latency, accuracy-first
 accuracy alone. Under the default simulated experts the best choices differ by profile: a
 cost-sensitive lookup goes to the cheap expert and a cost-sensitive puzzle to the medium one,
 while accuracy-first tasks go to the strong one; arithmetic goes to the calculator either way.
-The policy reads the preference at the end of the user message (``orchestrator_messages``).
+The policy reads the preference at the end of the user message (``prompting.prompts``).
 """
 
 from __future__ import annotations
@@ -102,26 +102,6 @@ def generate_tasks(n: int, seed: int) -> list[TaskRecord]:
         task.id = f"default-{seed}-{i:05d}"
         tasks.append(task)
     return tasks
-
-
-SYSTEM_PROMPT = ("You are an orchestrator. Solve the task by calling tools, then call answer. "
-                 "Weigh accuracy, cost and latency as the user's preference says.")
-
-
-def preference_line(pref: dict, name: str | None = None) -> str:
-    """The user's preference as the policy reads it: the weights, and in words when ``name`` is a
-    profile of this task set."""
-    weights = ", ".join(f"{k} {pref[k]:g}" for k in ("accuracy", "cost", "latency") if k in pref)
-    words = f" I want {PREFERENCES[name].wish}." if name in PREFERENCES else ""
-    return f"Preference weights: {weights}.{words}"
-
-
-def orchestrator_messages(problem: str, pref: dict, name: str | None = None) -> list[dict]:
-    """The conversation a rollout starts from: the system prompt, then the problem followed by the
-    preference. The preference closes the prompt, right before the policy's first turn, so even a
-    tiny policy reads it where it decides."""
-    return [{"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"{problem}\n\n{preference_line(pref, name)}"}]
 
 
 def plan_phrases() -> list[str]:

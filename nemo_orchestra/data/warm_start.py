@@ -27,7 +27,7 @@ from nemo_orchestra.prompting.chat import (
     render_chat,
     tool_call_message,
 )
-from nemo_orchestra.rollout.loop import prompt_messages
+from nemo_orchestra.prompting.prompts import task_messages, with_default_preference
 from nemo_orchestra.types import TaskRecord, Trajectory
 
 _EXPR_RE = re.compile(r"What is (-?\d+ [-+*] -?\d+)\?")
@@ -107,16 +107,16 @@ def _plan(task: TaskRecord, name: str, args: dict) -> str:
 
 def render_text(ep: ScriptedEpisode, template: str, reward_cfg: RewardConfig) -> str:
     """The whole conversation as the chat template renders it (tokenizer training text)."""
-    msgs = prompt_messages(ep.task, reward_cfg)
+    msgs = task_messages(with_default_preference(ep.task, reward_cfg.default_preference))
     for name, args, obs in ep.turns:
-        msgs.append({**tool_call_message(name, args), "content": _plan(ep.task, name, args)})
+        msgs.append(tool_call_message(name, args, _plan(ep.task, name, args)))
         msgs.append({"role": "tool", "content": obs})
     return render_chat(template, msgs, ep.tools)
 
 
 def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfig) -> Trajectory:
     """Token ids built exactly as a rollout builds them: prompt, then (turn, observation)*."""
-    ids = chat.prompt_ids(prompt_messages(ep.task, reward_cfg), ep.tools)
+    ids = chat.prompt_ids(task_messages(with_default_preference(ep.task, reward_cfg.default_preference)), ep.tools)
     traj = Trajectory(task=ep.task, group=0, token_ids=list(ids), loss_mask=[0] * len(ids),
                       gen_logprobs=[0.0] * len(ids), prompt_len=len(ids))
     for i, (name, args, obs) in enumerate(ep.turns):

@@ -1,8 +1,9 @@
 """The policy interface of evaluation, the fixed routing baselines and the policy registry.
 
-A policy sees what an orchestrator sees — the problem, the episode's tool schemas, the prices
-and preference of the record, and the conversation so far — and returns the next tool call.
-It never sees the gold answer (the ``oracle`` check policy is built from the task file instead).
+Every policy runs in the agent loop (``rollout/loop.py``), the one training uses. A policy sees
+what an orchestrator sees — the episode's task (problem, prices, preference), its tool schemas and
+the conversation so far — and produces the next turn. It never sees the gold answer (the
+``oracle`` check policy is built from the task file instead).
 
 Policies by spec (``POLICIES``, a plain dict of builders; ``build_policy("name:arg")``):
 
@@ -20,56 +21,27 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
-
-class PolicyFormatError(ValueError):
-    """The policy's turn holds no valid tool call; the runner counts it and tells the policy."""
-
-
-@dataclass
-class ToolCall:
-    name: str
-    arguments: dict[str, Any]
-    text: str = ""  # the assistant turn's text, when the policy is a language model
-    usage: dict[str, int] = field(default_factory=dict)  # the policy's own tokens this turn
-    cost: float = 0.0  # $ for those tokens
-
-
-@dataclass
-class PolicyInput:
-    task_id: str
-    problem: str
-    category: str
-    tools: list[dict[str, Any]]  # OpenAI function schemas, as the service returned them
-    messages: list[dict[str, Any]]  # OpenAI-format conversation: user problem, assistant calls, tool results
-    prices: dict[str, dict[str, float]]
-    preference: dict[str, Any]
-    turn: int
-    sample: int = 0  # index of this attempt when a task is run several times (pass@k)
-    preference_name: str | None = None  # the record's profile (meta.preference_name) when its preference is used
-
-    def tool_names(self) -> list[str]:
-        return [t["function"]["name"] for t in self.tools]
-
-    def expert_aliases(self) -> list[str]:
-        for t in self.tools:
-            if t["function"]["name"] == "expert":
-                return list(t["function"]["parameters"]["properties"]["model"].get("enum", []))
-        return []
-
-    def last_observation(self) -> str:
-        for m in reversed(self.messages):
-            if m["role"] == "tool":
-                return m["content"]
-        return ""
+from nemo_orchestra.prompting.chat import ToolCall, format_tool_call
+from nemo_orchestra.rollout.loop import Episode, Turn
 
 
 class Policy:
-    name = "policy"
+    """A message-level policy of the agent loop (``rollout.loop.TurnPolicy``) deciding one episode at a
+    time: ``decide`` returns the next call for one episode; ``act`` serves a batch."""
 
-    async def act(self, inp: PolicyInput) -> ToolCall:
+    name = "policy"
+    chat = None  # works on messages, not token ids
+
+    async def act(self, episodes: list[Episode]) -> list[Turn]:
+        return [await self.turn(e) for e in episodes]
+
+    async def turn(self, episode: Episode) -> Turn:
+        call = self.decide(episode)
+        return Turn(format_tool_call(call.name, call.arguments), call=call)
+
+    def decide(self, episode: Episode) -> ToolCall:
         raise NotImplementedError
 
     async def aclose(self) -> None:
@@ -90,25 +62,25 @@ def expert_reply_answer(observation: str) -> str:
 class FixedRouting(Policy):
     """Ask one expert alias (chosen by ``choose``) the problem, then submit its answer."""
 
-    def __init__(self, name: str, choose: Callable[[PolicyInput], str]) -> None:
+    def __init__(self, name: str, choose: Callable[[Episode], str]) -> None:
         self.name, self.choose = name, choose
 
-    async def act(self, inp: PolicyInput) -> ToolCall:
+    def decide(self, inp: Episode) -> ToolCall:
         aliases = inp.expert_aliases()
         if inp.turn == 0 and aliases:
-            return ToolCall("expert", {"model": self.choose(inp), "query": inp.problem})
+            return ToolCall("expert", {"model": self.choose(inp), "query": inp.task.problem})
         answer = expert_reply_answer(inp.last_observation()) if inp.turn > 0 else "I don't know"
         return ToolCall("answer", {"answer": answer})
 
 
-def _price(inp: PolicyInput, alias: str) -> tuple[float, float]:
-    p = inp.prices.get(alias)
+def _price(inp: Episode, alias: str) -> tuple[float, float]:
+    p = inp.task.prices.get(alias)
     if p:
         return float(p.get("input", 0.0)), float(p.get("output", 0.0))
     return _price_from_table(inp, alias)
 
 
-def _price_from_table(inp: PolicyInput, alias: str) -> tuple[float, float]:
+def _price_from_table(inp: Episode, alias: str) -> tuple[float, float]:
     """Read ``| alias ... | in | out |`` from the expert tool's description (the service's table)."""
     for t in inp.tools:
         if t["function"]["name"] != "expert":
@@ -123,18 +95,18 @@ def _price_from_table(inp: PolicyInput, alias: str) -> tuple[float, float]:
     return 0.0, 0.0
 
 
-def strongest(inp: PolicyInput) -> str:
+def strongest(inp: Episode) -> str:
     return max(inp.expert_aliases(), key=lambda a: (_price(inp, a)[1], _price(inp, a)[0], a))
 
 
-def cheapest(inp: PolicyInput) -> str:
+def cheapest(inp: Episode) -> str:
     return min(inp.expert_aliases(), key=lambda a: (sum(_price(inp, a)), a))
 
 
 class RandomRouting(FixedRouting):
     def __init__(self, seed: int = 0) -> None:
-        def choose(inp: PolicyInput) -> str:  # per task and sample, so results do not depend on scheduling
-            return random.Random(f"{seed}|{inp.task_id}|{inp.sample}").choice(sorted(inp.expert_aliases()))
+        def choose(inp: Episode) -> str:  # per task and sample, so results do not depend on scheduling
+            return random.Random(f"{seed}|{inp.task.id}|{inp.sample}").choice(sorted(inp.expert_aliases()))
 
         super().__init__("random", choose)
 
@@ -147,8 +119,8 @@ class Oracle(Policy):
     def __init__(self, tasks: list[dict[str, Any]]) -> None:
         self.gold = {t["id"]: t for t in tasks}
 
-    async def act(self, inp: PolicyInput) -> ToolCall:
-        task = self.gold[inp.task_id]
+    def decide(self, inp: Episode) -> ToolCall:
+        task = self.gold[inp.task.id]
         actions = task.get("gold_actions") or []
         if inp.turn < len(actions):
             a = actions[inp.turn]

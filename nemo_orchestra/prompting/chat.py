@@ -33,7 +33,8 @@ QWEN3_CHAT_TEMPLATE = (
     "{%- elif message.role == 'assistant' %}"
     "{{- '<|im_start|>assistant\\n' + (message.content or '') }}"
     "{%- for tc in message.tool_calls or [] %}"
-    "{%- if (loop.first and message.content) or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{%- if (loop.first and message.content and not message.content.endswith('\\n')) or not loop.first %}"
+    "{{- '\\n' }}{%- endif %}"
     "{{- '<tool_call>\\n{\"name\": \"' + tc.function.name + '\", \"arguments\": ' }}"
     "{%- if tc.function.arguments is string %}{{- tc.function.arguments }}"
     "{%- else %}{{- tc.function.arguments | tojson }}{%- endif %}"
@@ -95,8 +96,30 @@ def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
 
 
-def tool_call_message(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    return {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": name, "arguments": arguments}}]}
+def tool_call_message(name: str, arguments: dict[str, Any], content: str = "", call_id: str | None = None
+                      ) -> dict[str, Any]:
+    """An assistant message with one call, as the OpenAI API has it (arguments as a JSON string).
+    The template renders it as ``content`` followed by the ``<tool_call>`` block, on a new line
+    unless ``content`` already ends one: exactly ``content + format_tool_call(name, arguments)``
+    when ``content`` ends with a newline, which is how the orchestrator writes its turns."""
+    call = {"type": "function", "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+    if call_id is not None:
+        call = {"id": call_id, **call}
+    return {"role": "assistant", "content": content, "tool_calls": [call]}
+
+
+def assistant_message(text: str, call: ToolCall | None, call_id: str | None = None) -> dict[str, Any]:
+    """The OpenAI message for an assistant turn written as ``text``: its text before the call and the
+    call itself when ``call`` was read from it, the whole text otherwise (a turn without a valid call)."""
+    if call is None:
+        return {"role": "assistant", "content": text}
+    cut = text.find("<tool_call>")
+    return tool_call_message(call.name, call.arguments, text[:cut] if cut >= 0 else text, call_id)
+
+
+def tool_message(observation: str, call_id: str | None = None) -> dict[str, Any]:
+    """What a tool (or the loop, for a turn without a valid call) answers; rendered as ``<tool_response>``."""
+    return {"role": "tool", "content": observation, **({"tool_call_id": call_id} if call_id else {})}
 
 
 def render_chat(template: str, messages, tools=None, add_generation_prompt: bool = False) -> str:

@@ -1,11 +1,25 @@
-"""Multi-turn rollouts: G trajectories per prompt against the tool service.
+"""The agent loop: one episode loop for training rollouts, held-out evaluation and ``evaluate.py``.
 
-Generation overlaps the tools: while some trajectories wait for their tool calls, the others'
-next turns are generated in one batched engine call. Token ids are appended as produced — the
-prompt once, each turn's generated ids (trained on), each observation's ids (masked out) — and
-never re-tokenized.
-A trajectory stops at an answer, at ``rollout.max_turns``, at the context limit, or when the
-service ends the episode (its turn, cost or time guards).
+An episode: the tool service creates it from a task record (its preference filled in with the
+default when it has none), the loop builds its messages (``prompting.prompts.task_messages``),
+then turn by turn asks the policy for an assistant turn, reads the tool call in it, steps the
+service and appends the observation, until the service ends the episode (an answer, or its turn,
+cost or time guards), ``max_turns`` pass, or the context is full. A turn without a valid call gets
+the same error observation on every path and counts as a format error.
+
+Policies differ only in how a turn is produced (``TurnPolicy.act``):
+
+- token-level policies (``EnginePolicy``: a generation engine, in training or on an exported
+  checkpoint) continue the episode's token ids; the loop keeps them as they are — the prompt once,
+  each turn's generated ids (trained on), each observation's ids (masked out) — and never
+  re-tokenizes. Their ``chat`` is the chat format the observation suffix comes from.
+- message-level policies (an OpenAI-compatible endpoint, the routing baselines) read the
+  episode's OpenAI ``messages`` and ``tools``. The same messages, rendered by the chat template,
+  are the token ids a token-level policy sees.
+
+Generation overlaps the tools: while some episodes wait for their tool calls, the policy produces
+the next turn of every episode that is ready in one call (one batched engine call). When none is
+ready the loop waits for the first tool call to return, then up to ``batch_window_s`` for others.
 """
 
 from __future__ import annotations
@@ -13,16 +27,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from nemo_orchestra.config import RewardConfig, RolloutConfig
-from nemo_orchestra.data.default_tasks import orchestrator_messages
-from nemo_orchestra.prompting.chat import (
-    ChatFormat,
-    ToolCallParseError,
-    parse_tool_call,
-)
+from nemo_orchestra.config import RolloutConfig
+from nemo_orchestra.prompting.chat import (ChatFormat, ToolCall, ToolCallParseError, assistant_message,
+                                           parse_tool_call, tool_call_message, tool_message)
+from nemo_orchestra.prompting.prompts import task_messages, with_default_preference
+from nemo_orchestra.rollout.engines.base import GenerationEngine
 from nemo_orchestra.types import StopReason, TaskRecord, Trajectory
 
 log = logging.getLogger(__name__)
@@ -30,148 +44,269 @@ log = logging.getLogger(__name__)
 _ENGINE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-engine")
 
 
+def malformed_call_observation(error: str) -> str:
+    """What the policy reads after a turn without a valid tool call, on every path."""
+    return f"Error: {error}. Call a tool as <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>."
+
+
 @dataclass
-class _Live:
-    traj: Trajectory
+class LoopLimits:
+    max_turns: int = 12
+    max_context: int | None = None  # tokens, for token-level policies; None: no limit here
+    turn_tokens: int = 0  # tokens a turn may add (the engine's max_new_tokens): room kept for it
+    batch_window_s: float = 0.0
+    price_in: float = 0.2  # $/1M tokens the policy itself reads (Qwen3-8B as the orchestrator: 0.2)
+    price_out: float = 0.2
+
+    @classmethod
+    def from_rollout(cls, cfg: RolloutConfig) -> "LoopLimits":
+        return cls(cfg.max_turns, cfg.max_context, cfg.max_new_tokens_per_turn, cfg.batch_window_s,
+                   cfg.orchestrator_price_in, cfg.orchestrator_price_out)
+
+
+@dataclass
+class Turn:
+    """One assistant turn, as a policy produced it."""
+
+    text: str  # the turn as written (its plan, then the <tool_call> block), without the end-of-turn token
+    token_ids: list[int] | None = None  # token-level policies: the generated ids, kept as they are
+    logprobs: list[float] | None = None
+    finished: bool = True  # ended with the end-of-turn token (False: cut at the token budget)
+    call: ToolCall | None = None  # a call the policy's server parsed already (OpenAI tool_calls)
+    prompt_tokens: int = 0  # the policy's own tokens this turn, priced by LoopLimits
+    completion_tokens: int = 0
+    failure: str | None = None  # the policy could not produce a turn (an unreachable endpoint)
+
+
+@dataclass
+class Episode:
+    """A live episode as a policy sees it: the task, the tools, the conversation so far."""
+
+    task: TaskRecord  # with its preference filled in
+    group: int  # index of the task in the call; the samples of a task share it
+    sample: int  # index of this attempt at the task
     episode_id: str
-    tokens_read: int = 0  # orchestrator input tokens over all turns (each turn re-reads the context)
-    tokens_written: int = 0
+    tools: list[dict[str, Any]]  # OpenAI function schemas, as the service returned them
+    messages: list[dict[str, Any]]
+    traj: Trajectory
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def turn(self) -> int:
+        return self.traj.turns
+
+    def tool_names(self) -> list[str]:
+        return [t["function"]["name"] for t in self.tools]
+
+    def expert_aliases(self) -> list[str]:
+        for t in self.tools:
+            if t["function"]["name"] == "expert":
+                return list(t["function"]["parameters"]["properties"]["model"].get("enum", []))
+        return []
+
+    def last_observation(self) -> str:
+        for m in reversed(self.messages):
+            if m["role"] == "tool":
+                return m["content"]
+        return ""
 
 
-def prompt_messages(task: TaskRecord, reward_cfg: RewardConfig) -> list[dict]:
-    return orchestrator_messages(task.problem, task.preference or reward_cfg.default_preference,
-                                 task.meta.get("preference_name"))
+class TurnPolicy(Protocol):
+    name: str
+    chat: ChatFormat | None  # token-level policies: the chat format of their token ids; None: messages
+
+    async def act(self, episodes: list[Episode]) -> list[Turn]:
+        """The next turn of each episode (one call for all: an engine batches them)."""
+        ...
+
+    async def aclose(self) -> None:
+        ...
 
 
-async def run_rollouts(tasks: list[TaskRecord], group_size: int, engine, client, chat: ChatFormat,
-                       cfg: RolloutConfig, reward_cfg: RewardConfig, seed: str = "", progress=None,
-                       stats: dict | None = None) -> list[Trajectory]:
-    """Roll out ``group_size`` trajectories for each task; trajectory.group = index of its task.
+@dataclass
+class EnginePolicy:
+    """A generation engine as the policy: continues each episode's token ids (training, held-out
+    evaluation, an exported checkpoint in ``evaluate.py``)."""
 
-    Generation and tools overlap: the engine generates, in one batched call on its own thread,
-    the next turn of every trajectory that is ready, while the tool calls of the others are in
-    flight. A trajectory whose tool call returns joins the next batch; when none is ready the
-    loop waits for the first to return, then up to ``cfg.batch_window_s`` for the rest, so one
-    engine call serves many. ``stats``, when given, receives the time spent generating
-    (``generate_s``), the time the engine sat idle waiting for tools (``env_wait_s``) and the
-    engine calls made (``generate_calls``).
+    engine: GenerationEngine
+    chat: ChatFormat
+    max_new_tokens: int
+    temperature: float
+    top_p: float = 1.0
+    name: str = "engine"
 
-    Each episode gets its own ``meta.seed`` (``seed`` + its index), so the service's random draws
-    (simulated experts) differ between the rollouts of a group as they would for sampled experts.
+    async def act(self, episodes: list[Episode]) -> list[Turn]:
+        gens = await asyncio.get_running_loop().run_in_executor(
+            _ENGINE_THREAD, self.engine.generate, [e.traj.token_ids for e in episodes], self.max_new_tokens,
+            self.temperature, self.top_p, [self.chat.end_of_turn_id])
+        turns = []
+        for e, g in zip(episodes, gens):
+            ids = g.token_ids[:-1] if g.finished and g.token_ids[-1:] == [self.chat.end_of_turn_id] else g.token_ids
+            turns.append(Turn(self.chat.decode(ids), g.token_ids, g.logprobs, g.finished,
+                              prompt_tokens=len(e.traj.token_ids), completion_tokens=len(g.token_ids)))
+        return turns
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def run_episodes(tasks: list[TaskRecord], policy: TurnPolicy, client, *, samples: int = 1,
+                       limits: LoopLimits, default_preference: dict, seed: str = "",
+                       concurrency: int | None = None, progress=None, stats: dict | None = None) -> list[Trajectory]:
+    """``samples`` episodes of each task with ``policy``; trajectory.group = index of its task.
+
+    At most ``concurrency`` episodes are live at once (None: all). Each episode gets its own
+    ``meta.seed`` (``seed`` / its index), so the service's random draws (simulated experts) differ
+    between the samples of a task, and are the same for two policies run with the same seed.
+    ``stats``, when given, receives the time spent producing turns (``generate_s``), the time the
+    policy sat idle waiting for tools (``env_wait_s``) and the policy calls made (``generate_calls``).
+    ``progress(done, total)`` is called as episodes end.
     """
-    records = [{**t.to_dict(), "meta": {**t.meta, "seed": f"{seed}/{k}"}}
-               for k, t in enumerate(t for t in tasks for _ in range(group_size))]
-    created = await asyncio.gather(*[client.create_episode(r) for r in records])
-    everyone: list[_Live] = []
-    for k, ep in enumerate(created):
-        task = tasks[k // group_size]
-        ids = chat.prompt_ids(prompt_messages(task, reward_cfg), ep["tools"])
-        traj = Trajectory(task=task, group=k // group_size, token_ids=list(ids), loss_mask=[0] * len(ids),
-                          gen_logprobs=[0.0] * len(ids), prompt_len=len(ids))
-        everyone.append(_Live(traj, ep["episode_id"]))
+    chat = policy.chat
+    filled = [with_default_preference(t, default_preference) for t in tasks]
+    queue = deque(range(len(filled) * samples))
+    total, finished = len(queue), 0
+    episodes: list[Episode | None] = [None] * total
     stats = {} if stats is None else stats
     stats.update(generate_s=0.0, env_wait_s=0.0, generate_calls=0)
-    ready: list[_Live] = list(everyone)
+    ready: list[Episode] = []
     in_flight: set[asyncio.Task] = set()
-    finished = 0
 
-    def stopped() -> None:
+    async def start(k: int) -> None:
+        task = filled[k // samples]
+        record = task.to_dict()
+        record["meta"] = {**task.meta, "seed": f"{seed}/{k}"}
+        created = await client.create_episode(record)
+        messages = task_messages(task)
+        ids = chat.prompt_ids(messages, created["tools"]) if chat is not None else []
+        traj = Trajectory(task=task, group=k // samples, token_ids=list(ids), loss_mask=[0] * len(ids),
+                          gen_logprobs=[0.0] * len(ids), prompt_len=len(ids), messages=messages)
+        ep = Episode(task, k // samples, k % samples, created["episode_id"], created["tools"], messages, traj)
+        episodes[k] = ep
+        ready.append(ep)
+
+    async def finish(ep: Episode) -> None:
         nonlocal finished
+        try:
+            await _settle(ep, client, limits)
+        finally:
+            await client.delete_episode(ep.episode_id)
+            ep.episode_id = ""
         finished += 1
         if progress is not None:
-            progress(finished, len(everyone))
+            progress(finished, total)
+        if queue:
+            await start(queue.popleft())
 
-    async def turn(x: _Live, gen) -> None:
-        done = await _act(x, gen, client, chat)
-        if not done and x.traj.turns >= cfg.max_turns:
-            x.traj.stop_reason, done = StopReason.MAX_TURNS, True
+    async def turn(ep: Episode, t: Turn) -> None:
+        done = await _apply(ep, t, client, chat)
+        if not done and ep.traj.turns >= limits.max_turns:
+            ep.traj.stop_reason, done = StopReason.MAX_TURNS, True
         if done:
-            stopped()
+            await finish(ep)
         else:
-            ready.append(x)
+            ready.append(ep)
 
+    first = [queue.popleft() for _ in range(min(concurrency or total, total))]
     try:
+        await asyncio.gather(*[start(k) for k in first])
         while ready or in_flight:
             if not ready:  # all wait for tools: wait for the first, then briefly for the rest
                 t0 = time.perf_counter()
                 done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-                if in_flight and cfg.batch_window_s > 0:
-                    more, in_flight = await asyncio.wait(in_flight, timeout=cfg.batch_window_s)
+                if in_flight and limits.batch_window_s > 0:
+                    more, in_flight = await asyncio.wait(in_flight, timeout=limits.batch_window_s)
                     done |= more
                 for d in done:
-                    d.result()  # a tool call that raised ends the rollout with its error
+                    d.result()  # a tool call that raised ends the run with its error
                 stats["env_wait_s"] += time.perf_counter() - t0
                 continue
             batch = list(ready)
-            ready.clear()  # turn() appends to this list
-            for x in batch:
-                if not _fits(x.traj, cfg):
-                    x.traj.stop_reason = StopReason.CONTEXT
-                    stopped()
-            batch = [x for x in batch if not x.traj.stop_reason]
+            ready.clear()  # turn() and finish() append to this list
+            full = [ep for ep in batch if not _fits(ep, limits)]
+            for ep in full:
+                ep.traj.stop_reason = StopReason.CONTEXT
+            in_flight |= {asyncio.ensure_future(finish(ep)) for ep in full}
+            batch = [ep for ep in batch if ep.traj.stop_reason != StopReason.CONTEXT]
             if not batch:
                 continue
             t0 = time.perf_counter()
-            gens = await asyncio.get_running_loop().run_in_executor(
-                _ENGINE_THREAD, engine.generate, [x.traj.token_ids for x in batch], cfg.max_new_tokens_per_turn,
-                cfg.temperature, cfg.top_p, [chat.end_of_turn_id])
+            turns = await policy.act(batch)
             stats["generate_s"] += time.perf_counter() - t0
             stats["generate_calls"] += 1
-            in_flight |= {asyncio.ensure_future(turn(x, g)) for x, g in zip(batch, gens)}
-        await asyncio.gather(*[_settle(x, client, cfg) for x in everyone])
+            in_flight |= {asyncio.ensure_future(turn(ep, t)) for ep, t in zip(batch, turns)}
     finally:
         for d in in_flight:
             d.cancel()
-        await asyncio.gather(*[client.delete_episode(x.episode_id) for x in everyone], return_exceptions=True)
-    return [x.traj for x in everyone]
+        await asyncio.gather(*[client.delete_episode(ep.episode_id) for ep in episodes if ep and ep.episode_id],
+                             return_exceptions=True)
+    return [ep.traj for ep in episodes]
 
 
-def _fits(traj: Trajectory, cfg: RolloutConfig) -> bool:
-    return len(traj.token_ids) + cfg.max_new_tokens_per_turn <= cfg.max_context
+def _fits(ep: Episode, limits: LoopLimits) -> bool:
+    if limits.max_context is None or not ep.traj.token_ids:
+        return True
+    return len(ep.traj.token_ids) + max(limits.turn_tokens, 1) <= limits.max_context
 
 
-async def _act(x: _Live, gen, client, chat: ChatFormat) -> bool:
-    """Append one generated turn, execute its tool call, append the observation. True when done."""
-    t = x.traj
-    x.tokens_read += len(t.token_ids)
-    x.tokens_written += len(gen.token_ids)
-    t.token_ids += gen.token_ids
-    t.loss_mask += [1] * len(gen.token_ids)
-    t.gen_logprobs += gen.logprobs
+async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bool:
+    """Append one turn, execute its tool call, append the observation. True when the episode is done."""
+    t = ep.traj
+    if turn.failure is not None:
+        t.stop_reason, t.meta["failure"] = StopReason.POLICY_ERROR, turn.failure
+        return True
     t.turns += 1
-    if not gen.finished:  # close the turn the way the template does, as a non-trained token
-        t.token_ids.append(chat.end_of_turn_id)
-        t.loss_mask.append(0)
-        t.gen_logprobs.append(0.0)
-    call = None
-    try:
-        call = parse_tool_call(chat.decode(gen.token_ids))
-    except ToolCallParseError as e:
-        result = {"observation": f"Error: {e}. Call a tool as <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>.",
-                  "done": False, "error": str(e)}
-    else:
-        result = await client.step(x.episode_id, call.name, call.arguments)
+    ep.prompt_tokens += turn.prompt_tokens
+    ep.completion_tokens += turn.completion_tokens
+    if chat is not None:
+        t.token_ids += turn.token_ids
+        t.loss_mask += [1] * len(turn.token_ids)
+        t.gen_logprobs += turn.logprobs
+        if not turn.finished:  # close the turn the way the template does, as a non-trained token
+            t.token_ids.append(chat.end_of_turn_id)
+            t.loss_mask.append(0)
+            t.gen_logprobs.append(0.0)
+    call, call_id = turn.call, f"call_{t.turns}"
+    if call is None:
+        try:
+            call = parse_tool_call(turn.text)
+        except ToolCallParseError as e:
+            error = str(e)
+            result = {"observation": malformed_call_observation(error), "done": False, "error": error}
+            t.format_errors += 1
+    if turn.call is None:
+        ep.messages.append(assistant_message(turn.text, call, call_id))
+    else:  # the server parsed the call: its text is what came before it
+        ep.messages.append(tool_call_message(call.name, call.arguments, turn.text, call_id))
+    if call is not None:
+        result = await client.step(ep.episode_id, call.name, call.arguments)
     if result.get("error"):
         t.tool_errors += 1
     if result.get("done"):
         t.stop_reason = StopReason.ANSWER if call is not None and call.name == "answer" else StopReason.SERVICE_GUARD
         t.correct = bool((result.get("outcome") or {}).get("correct", False))
         return True
-    obs_ids = chat.encode(chat.observation_suffix(str(result.get("observation", ""))))
-    t.token_ids += obs_ids
-    t.loss_mask += [0] * len(obs_ids)
-    t.gen_logprobs += [0.0] * len(obs_ids)
+    observation = str(result.get("observation", ""))
+    ep.messages.append(tool_message(observation, call_id if call is not None else None))
+    if chat is not None:
+        obs_ids = chat.encode(chat.observation_suffix(observation))
+        t.token_ids += obs_ids
+        t.loss_mask += [0] * len(obs_ids)
+        t.gen_logprobs += [0.0] * len(obs_ids)
     return False
 
 
-async def _settle(x: _Live, client, cfg: RolloutConfig) -> None:
-    """Read the episode's accounting from the service; add the orchestrator's own token cost."""
-    status = await client.get_episode(x.episode_id)
-    t = x.traj
+async def _settle(ep: Episode, client, limits: LoopLimits) -> None:
+    """Read the episode's accounting from the service; add the policy's own token cost."""
+    status = await client.get_episode(ep.episode_id)
+    t = ep.traj
     t.tool_cost = float(status["total_cost"])
     t.latency_s = float(status["total_latency_s"])
     t.tool_counts = {**status.get("tool_counts", {}), **status.get("model_counts", {})}  # tools and expert aliases
-    t.policy_cost = (x.tokens_read * cfg.orchestrator_price_in + x.tokens_written * cfg.orchestrator_price_out) / 1e6
+    t.policy_cost = (ep.prompt_tokens * limits.price_in + ep.completion_tokens * limits.price_out) / 1e6
+    t.meta["episode"] = status
+    t.meta["sample"] = ep.sample
     outcome = status.get("outcome") or {}
     if outcome:
         t.correct = bool(outcome.get("correct", False))

@@ -14,7 +14,7 @@ from nemo_orchestra.megatron.model import padded_vocab_size
 from nemo_orchestra.megatron.parallel import DistInfo, once_per_node
 from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, ChatFormat
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer, load_tokenizer
-from nemo_orchestra.rollout.engines import POLICY_ENGINES, build_engine, check_engine
+from nemo_orchestra.rollout.engines import EngineContext, capabilities, check_engine, start_engine
 from nemo_orchestra.train.metrics import MetricLogger
 from nemo_orchestra.train.policy import build_policy
 from nemo_orchestra.train.trainer import Trainer
@@ -101,13 +101,15 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     policy = build_policy(cfg, vocab, info.device)
     check_engine(cfg.rollout.engine)  # a missing vLLM stops the run now, not after the warm start
 
-    def engine_factory(state):  # started at the first weight sync (Trainer.sync_weights)
-        return build_engine(cfg.rollout.engine, cfg.model, vocab, tokenizer, info.device, rollout=cfg.rollout,
-                            init_state=state, seed=cfg.run.seed, model=policy.module)
+    ctx = EngineContext(cfg.model, vocab, tokenizer, info.device, rollout=cfg.rollout, seed=cfg.run.seed,
+                        model=policy.module)
 
-    # an engine on the policy's own model waits for no weights: built now, so that a layout it cannot
+    def engine_factory(state):  # the engine starts at the first weight sync (Trainer.sync_weights)
+        return start_engine(cfg.rollout.engine, ctx, state)
+
+    # an engine on the policy's own model waits for no weights: started now, so that a layout it cannot
     # serve stops the run before the warm start
-    engine = engine_factory(None) if cfg.rollout.engine in POLICY_ENGINES else None
+    engine = engine_factory(None) if capabilities(cfg.rollout.engine).reads_policy_weights else None
     logger = MetricLogger(cfg.run.output_dir, enabled=info.is_main)
     return Trainer(cfg, policy, engine, client, chat, tasks, logger, tokenizer=tokenizer, vocab_size=vocab,
                    sft_trajectories=[to_trajectory(ep, chat, cfg.reward) for ep in scripted], rank=info.rank,

@@ -1,9 +1,12 @@
 """One training step of the policy: the step's packs, reference logprobs, the GRPO and SFT losses,
-forward/backward through the pipeline and the optimizer step, metrics reduced over the step."""
+forward/backward through the pipeline and the optimizer step, metrics reduced over the step; the
+GRPO update of a batch of rollouts as ``loss.minibatches`` such steps."""
 
 from __future__ import annotations
 
+import itertools
 import logging
+import time
 from functools import partial
 
 import torch
@@ -18,7 +21,7 @@ from nemo_orchestra.megatron.forward import (
     run_schedule,
 )
 from nemo_orchestra.megatron.vocab_parallel import logprobs_and_entropy
-from nemo_orchestra.train.packing import pack, padding_pack
+from nemo_orchestra.train.packing import PAD_SEQUENCE, first_fit_decreasing, pack, padding_pack
 from nemo_orchestra.train.policy import Policy
 from nemo_orchestra.types import PackedBatch, Trajectory
 
@@ -55,10 +58,10 @@ def reference_logprobs(policy: Policy, batches: list[PackedBatch], temperature: 
 
 def grpo_loss_fn(loss_cfg: LossConfig):
     """The GRPO loss of a pack. Its old logprobs are the pack's ``old_logprobs_T`` or, when that is
-    None, the update's own forward, detached: with one optimizer step per batch of rollouts the
-    policy that sampled them (as the trainer computes it) is the policy being updated, so a separate
-    forward pass would give the same numbers (the ratio starts at 1 either way; TRL's GRPO trainer
-    does the same when it takes one step per generation). Also reports
+    None, the update's own forward, detached: with one optimizer step per batch of rollouts
+    (``loss.minibatches=1``) the policy that sampled them (as the trainer computes it) is the policy
+    being updated, so a separate forward pass would give the same numbers (the ratio is 1 either
+    way; TRL's GRPO trainer does the same when it takes one step per generation). Also reports
     ``rollout/logprob_mismatch``, mean |trainer - generator| logprob over generated tokens."""
     def fn(lp_T: torch.Tensor, batch: PackedBatch):
         dev = lp_T.device
@@ -76,6 +79,105 @@ def grpo_loss_fn(loss_cfg: LossConfig):
         return loss_sum, n, metrics
 
     return fn
+
+
+def grpo_update(policy: Policy, batches: list[PackedBatch], loss_cfg: LossConfig, parallel: ParallelConfig,
+                temperature: float = 1.0) -> dict:
+    """The GRPO update of one batch of rollouts (the step's ``batches``, reference logprobs filled):
+    ``loss.minibatches`` = N optimizer steps.
+
+    N = 1: one step on every pack, old logprobs = its own forward, detached (ratio 1: the clip
+    never binds, the loss is the policy gradient plus the KL term). N > 1: first a forward-only
+    pass of the policy at the rollout temperature gives the old logprobs (the sampling policy's,
+    before any step); then this rank's trajectories are split into N minibatches
+    (``split_minibatches``), one optimizer step each, each normalized by its own global token
+    count. From the second step on the policy has moved, and the clip bounds how far it goes.
+
+    Metrics: token-weighted means of the steps' ``loss/*`` and ``train/*``, their summed
+    ``train/loss_tokens`` and ``train/optimizer_steps``.
+    """
+    loss_fn = grpo_loss_fn(loss_cfg)
+    if loss_cfg.minibatches == 1:
+        return {**train_step(policy, batches, loss_fn, temperature), "train/optimizer_steps": 1.0}
+    t0 = time.perf_counter()
+    for b, lp in zip(batches, forward_logprobs(policy.model, batches, policy.device, temperature), strict=True):
+        b.old_logprobs_T = lp
+    t_old = time.perf_counter() - t0
+    steps = [train_step(policy, mb, loss_fn, temperature)
+             for mb in split_minibatches(batches, loss_cfg.minibatches, parallel) if mb]
+    return {**mean_over_steps(steps), "time/old_logprobs_s": t_old}
+
+
+Segment = tuple[int, PackedBatch, int, int]  # (trajectory index or -1, pack, start, end): one sequence
+
+
+def split_minibatches(batches: list[PackedBatch], n: int, parallel: ParallelConfig) -> list[list[PackedBatch]]:
+    """This rank's trajectories in ``n`` minibatches, each packed as ``pack_for_step`` packs.
+
+    Whole trajectories (every per-token field kept), in trajectory order, in ``n`` contiguous runs
+    whose sizes differ by at most one. Collective over the data-parallel group, so that every rank
+    takes the same optimizer steps: a minibatch with no loss token on any rank is [] on every rank
+    (it is skipped), one with none on this rank only is one all-padding pack.
+    """
+    from nemo_orchestra.megatron.parallel import data_parallel_sum
+
+    seqs = sorted((s for b in batches for s in _segments(b) if s[0] >= 0), key=lambda s: s[0])
+    runs = [seqs[i * len(seqs) // n:(i + 1) * len(seqs) // n] for i in range(n)]
+    tokens = data_parallel_sum([sum(float(b.loss_mask_T[lo:hi].sum()) for _, b, lo, hi in r) for r in runs])
+    out = []
+    for run, total in zip(runs, tokens):
+        length = None
+        if parallel.pp > 1:  # one length for every pack of the step, as in pack_for_step
+            length = max([parallel.microbatch_tokens] + [hi - lo for _, _, lo, hi in run])
+        bins = first_fit_decreasing([hi - lo for _, _, lo, hi in run], parallel.microbatch_tokens)
+        packs = [_join([run[i] for i in sorted(b)], parallel.tp, length) for b in bins]
+        out.append([] if total == 0 else packs or [padding_pack(length or parallel.tp, parallel.tp)])
+    return out
+
+
+def _segments(b: PackedBatch) -> list[Segment]:
+    cu = b.cu_seqlens_B1.tolist()
+    return [(j, b, lo, hi) for j, lo, hi in zip(b.traj_index_B, cu[:-1], cu[1:])]
+
+
+_PER_TOKEN = ("input_ids_T", "position_ids_T", "target_ids_T", "loss_mask_T", "advantages_T", "old_logprobs_T",
+              "ref_logprobs_T", "gen_logprobs_T")
+
+
+def _join(segs: list[Segment], multiple: int, length: int | None) -> PackedBatch:
+    """One pack of these sequences, padded like ``packing.pack`` (to ``length`` tokens, then to a ``multiple``)."""
+    used = sum(hi - lo for _, _, lo, hi in segs)
+    pad = max(length or 0, used) - used
+    pad += (-(used + pad)) % multiple
+    while pad:  # short padding sequences, their attention costs little
+        k = min(pad, PAD_SEQUENCE)
+        segs = segs + [(-1, padding_pack(k), 0, k)]
+        pad -= k
+    lens = [hi - lo for _, _, lo, hi in segs]
+    fields = {}
+    for f in _PER_TOKEN:
+        parts = [getattr(b, f) for j, b, _, _ in segs if j >= 0]
+        if any(p is None for p in parts):  # e.g. no generator logprobs
+            fields[f] = None
+        else:
+            fields[f] = torch.cat([getattr(b, f)[lo:hi] for _, b, lo, hi in segs])
+    return PackedBatch(**fields, cu_seqlens_B1=torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32),
+                       max_seqlen=max(lens), traj_index_B=[j for j, *_ in segs])
+
+
+def mean_over_steps(steps: list[dict]) -> dict[str, float]:
+    """Token-weighted means of the optimizer steps' metrics; ``train/loss_tokens`` summed."""
+    weights = [s.get("train/loss_tokens", 0.0) for s in steps]
+    sums: dict[str, list[float]] = {}
+    for s, w in zip(steps, weights):
+        for k, v in s.items():
+            acc = sums.setdefault(k, [0.0, 0.0])
+            acc[0] += v * w
+            acc[1] += w
+    out = {k: v / max(w, 1.0) for k, (v, w) in sums.items()}
+    out["train/loss_tokens"] = sum(weights)
+    out["train/optimizer_steps"] = float(len(steps))
+    return out
 
 
 def sft_loss_fn(lp_T: torch.Tensor, batch: PackedBatch):

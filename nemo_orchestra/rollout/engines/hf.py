@@ -7,32 +7,46 @@ export writes, so generator and export cannot drift apart.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from nemo_orchestra.config import ModelConfig
 from nemo_orchestra.hf.qwen3 import hf_config, megatron_to_hf
+from nemo_orchestra.rollout.engines.base import EngineCapabilities, EngineContext, Generation, GenerationEngine
 
 
-@dataclass
-class Generation:
-    token_ids: list[int]  # generated ids, up to and including the stop token when one was produced
-    logprobs: list[float]  # log p(token) under the sampling temperature, one per generated id
-    finished: bool  # ended with a stop token (False: hit max_new_tokens)
+class HFEngine(GenerationEngine):
+    capabilities = EngineCapabilities()
 
-
-class HFEngine:
-    def __init__(self, model_cfg: ModelConfig, vocab_size: int, tokenizer, device: torch.device):
+    def __init__(self, model_cfg: ModelConfig | None, vocab_size: int, tokenizer, device: torch.device,
+                 model: torch.nn.Module | None = None):
         from transformers import Qwen3ForCausalLM
 
         self.model_cfg = model_cfg
         self.pad_id = tokenizer.pad_token_id
-        self.model = Qwen3ForCausalLM(hf_config(model_cfg, vocab_size, tokenizer)).to(device).eval()
+        if model is None:
+            model = Qwen3ForCausalLM(hf_config(model_cfg, vocab_size, tokenizer))
+        self.model = model.to(device).eval()
         self.device = device
+
+    @classmethod
+    def create(cls, ctx: EngineContext, init_state: dict[str, torch.Tensor] | None) -> "HFEngine":
+        engine = cls(ctx.model_cfg, ctx.vocab_size, ctx.tokenizer, ctx.device)
+        if init_state is not None:
+            engine.load_weights(init_state)
+        return engine
+
+    @classmethod
+    def from_export(cls, folder: str, tokenizer, device: torch.device = torch.device("cpu")) -> "HFEngine":
+        """The engine on an exported Hugging Face folder (``hf/`` of a run): what evaluation runs."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
+        return cls(None, 0, tokenizer, device, model=model)
 
     @torch.no_grad()
     def load_weights(self, megatron_state: dict[str, torch.Tensor]) -> None:
+        if self.model_cfg is None:
+            raise ValueError("hf engine: built from an export folder, it takes no trainer weights")
         hf = megatron_to_hf(megatron_state, self.model_cfg)
         missing, unexpected = self.model.load_state_dict(hf, strict=False)
         missing = [k for k in missing if not (k == "lm_head.weight" and self.model_cfg.tie_embeddings)]

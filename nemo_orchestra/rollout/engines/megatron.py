@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from nemo_orchestra.rollout.engines.hf import Generation
+from nemo_orchestra.rollout.engines.base import EngineCapabilities, EngineContext, Generation, GenerationEngine
 
 if TYPE_CHECKING:
     from megatron.core.packed_seq_params import PackedSeqParams
@@ -115,7 +115,7 @@ class _CachedAttention(torch.nn.Module):
         return out_NH1D.reshape(T, 1, -1)
 
 
-class MegatronEngine:
+class MegatronEngine(GenerationEngine):
     """Generates with ``model``, the trainer's GPTModel (not a copy), KV-cached; see the module docstring."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, seed: int = 0):
@@ -143,7 +143,14 @@ class MegatronEngine:
         else:
             self.is_lead = True
 
-    reads_policy_weights = True  # the trainer pushes no weights into it (Trainer.sync_weights)
+    # the trainer pushes no weights into it (Trainer.sync_weights); every TP rank runs its forwards
+    capabilities = EngineCapabilities(reads_policy_weights=True, spans_tensor_parallel_group=True)
+
+    @classmethod
+    def create(cls, ctx: EngineContext, init_state=None) -> "MegatronEngine":
+        if ctx.model is None:
+            raise ValueError("the megatron engine generates with the policy's own model: pass model")
+        return cls(ctx.model, ctx.device, seed=ctx.seed)
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Nothing to load: ``generate`` reads the policy's parameters themselves."""

@@ -39,7 +39,7 @@ import torch
 from nemo_orchestra.config import ModelConfig
 from nemo_orchestra.hf.export import export_hf
 from nemo_orchestra.hf.qwen3 import megatron_to_hf
-from nemo_orchestra.rollout.engines.hf import Generation
+from nemo_orchestra.rollout.engines.base import EngineCapabilities, EngineContext, Generation, GenerationEngine
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,18 @@ def _drop_chat_template_warmup(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("Chat template warmup failed")
 
 
-class VLLMEngine:
+class VLLMEngine(GenerationEngine):
+    capabilities = EngineCapabilities(owns_processes=True)
+
+    @classmethod
+    def create(cls, ctx: EngineContext, init_state: dict[str, torch.Tensor] | None) -> "VLLMEngine":
+        if init_state is None:
+            raise ValueError("the vllm engine is built from the policy's initial weights: pass init_state")
+        rollout = ctx.rollout
+        return cls(ctx.model_cfg, ctx.vocab_size, ctx.tokenizer, ctx.device, init_state,
+                   sync_timeout_s=rollout.sync_timeout_s if rollout is not None else 60.0,
+                   max_model_len=rollout.max_context if rollout is not None else None, seed=ctx.seed)
+
     def __init__(self, model_cfg: ModelConfig, vocab_size: int, tokenizer, device: torch.device,
                  init_state: dict[str, torch.Tensor], sync_timeout_s: float = 60.0, max_model_len: int | None = None,
                  seed: int = 0):

@@ -1,0 +1,73 @@
+"""The generation-engine interface: token ids in, token ids and their logprobs out.
+
+Every engine (``rollout.engine``: ``vllm``, ``hf``, ``megatron``) implements ``GenerationEngine``.
+The agent loop (``rollout/loop.py``) drives it through ``generate`` only; the trainer pushes its
+weights with ``load_weights`` after each optimizer step, unless the engine reads the policy's own
+parameters (``capabilities.reads_policy_weights``); ``close`` releases what the engine holds
+(processes, files). An engine whose forward spans the tensor-parallel group
+(``capabilities.spans_tensor_parallel_group``) is driven from the group's first rank, while the
+others run its calls in ``serve()`` until the first rank calls ``release()``.
+
+Engines are built in one place, ``rollout.engines.start_engine``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]  # generated ids, up to and including the stop token when one was produced
+    logprobs: list[float]  # log p(token) under the sampling temperature, one per generated id
+    finished: bool  # ended with a stop token (False: hit max_new_tokens)
+
+
+@dataclass(frozen=True)
+class EngineCapabilities:
+    reads_policy_weights: bool = False  # generates with the live policy module: no weights to push
+    spans_tensor_parallel_group: bool = False  # every TP rank joins generate: the others serve() until release()
+    owns_processes: bool = False  # runs processes of its own, which close() shuts down
+
+
+@dataclass
+class EngineContext:
+    """What building an engine may need; each engine takes what it uses."""
+
+    model_cfg: Any  # config.ModelConfig
+    vocab_size: int
+    tokenizer: Any
+    device: torch.device
+    rollout: Any = None  # config.RolloutConfig (context length, sync timeout)
+    seed: int = 0
+    model: torch.nn.Module | None = None  # the live policy module, for engines that read its parameters
+
+
+@runtime_checkable
+class GenerationEngine(Protocol):
+    capabilities: EngineCapabilities
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                 stop_ids: list[int]) -> list[Generation]:
+        """One ``Generation`` per prompt. temperature <= 0 is greedy (logprobs then under temperature
+        1); a sequence ends after a token of ``stop_ids`` (kept, finished) or at ``max_new_tokens``."""
+        ...
+
+    def load_weights(self, megatron_state: dict[str, torch.Tensor]) -> None:
+        """The trainer's full (gathered) Megatron state dict, loaded in place."""
+        ...
+
+    def close(self) -> None:
+        """Release processes and files; the engine is unusable afterwards."""
+        return None
+
+    def serve(self) -> None:
+        """On the other ranks of the TP group: run the first rank's generate calls until ``release()``."""
+        return None
+
+    def release(self) -> None:
+        """On the first rank of the TP group: end the other ranks' ``serve()``."""
+        return None
