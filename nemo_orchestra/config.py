@@ -13,7 +13,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, TypeVar
 
 import yaml
 from omegaconf import MISSING, OmegaConf
@@ -22,6 +22,8 @@ from omegaconf.errors import OmegaConfBaseException
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("model", "parallel", "reward", "tools")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "te")
+ROLLOUT_ENGINES = ("vllm", "hf", "megatron")  # rollout.engines.ENGINES implements each (a test checks)
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -122,9 +124,7 @@ class RolloutConfig:
     batch_window_s: float = MISSING  # once a tool call returns, wait this long for others before generating
 
     def validate(self) -> None:
-        from nemo_orchestra.rollout.engines import ENGINES
-
-        _check(self.engine in ENGINES, "rollout.engine", f"must be one of {sorted(ENGINES)}")
+        _check(self.engine in ROLLOUT_ENGINES, "rollout.engine", f"must be one of {sorted(ROLLOUT_ENGINES)}")
         _check(self.group_size >= 2, "rollout.group_size", "must be >= 2 (GRPO compares rollouts within a group)")
         _check(self.max_turns >= 1, "rollout.max_turns", "must be >= 1")
         _check(self.max_new_tokens_per_turn >= 1, "rollout.max_new_tokens_per_turn", "must be >= 1")
@@ -255,7 +255,20 @@ class ToolsConfig:
     token: Optional[str] = MISSING
     workers: int = MISSING
     startup_timeout_s: float = MISSING
-    service: Dict[str, Any] = MISSING  # passed to the service as its config file
+    service: Dict[str, Any] = MISSING  # the service's config file: tools_env.config.ServiceConfig's keys
+
+    def validate(self) -> None:
+        self.service_config()
+
+    def service_config(self):
+        """``service`` as the service reads it (``tools_env.config.ServiceConfig``): every key it
+        leaves out keeps the service's default; an unknown key or a wrong type names ``tools.service.KEY``."""
+        from tools_env.config import ServiceConfig
+
+        try:
+            return ServiceConfig.from_dict(self.service)
+        except ValueError as e:
+            raise ConfigError(f"tools.service: {e}") from None
 
 
 @dataclass
@@ -335,33 +348,79 @@ def compose(overrides: List[str] = (), base: str = "grpo_orchestrator", conf_dir
 def load_config(overrides: List[str] = (), base: str = "grpo_orchestrator", conf_dir: Path = CONF_DIR) -> Config:
     """Build the typed config; raise ConfigError naming the key on any mistake."""
     tree, dotlist = compose(overrides, base, conf_dir)
-    schema = OmegaConf.structured(Config)
+    cfg: Config = _structured(Config, tree, dotlist, base)
+    try:
+        return cfg.validate()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def load_structured(cls: type[T], overrides: List[str] = ()) -> T:
+    """A recipe's own typed config (a dataclass with defaults) from ``key=value`` overrides: the same
+    rules as ``load_config`` (dotted keys, YAML values, comma lists for list fields, an unknown key or
+    a wrong type is a ConfigError naming the key); the dataclass's ``validate()`` runs when it has one."""
+    dotlist = []
+    for item in overrides:
+        if "=" not in item or not item.split("=", 1)[0].strip():
+            raise ConfigError(f"argument {item!r} is not of the form key=value")
+        key, value = item.split("=", 1)
+        dotlist.append(f"{key.strip()}={value}")
+    cfg = _structured(cls, OmegaConf.create(), dotlist, cls.__name__)
+    validate = getattr(cfg, "validate", None)
+    if validate is not None:
+        try:
+            validate()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    return cfg
+
+
+def _structured(cls: type[T], tree, dotlist: List[str], source: str) -> T:
+    schema = OmegaConf.structured(cls)
     try:
         merged = OmegaConf.merge(schema, tree)
         for item in dotlist:
             key, value = item.split("=", 1)
-            if OmegaConf.select(merged, key, default="__absent__") == "__absent__" and not _is_open_dict_key(merged, key):
-                raise ConfigError(f"{key}: unknown config key")
-            OmegaConf.update(merged, key, yaml.safe_load(value) if value else value, merge=True)
+            node = OmegaConf.select(merged, key, default="__absent__")
+            if node == "__absent__" and not _is_open_dict_key(merged, key):
+                raise ConfigError(f"{key}: unknown config key{_valid_keys(merged, key)}")
+            OmegaConf.update(merged, key, _parse_value(value, node), merge=True)
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
-            raise ConfigError(f"{missing[0]}: no value set (every key needs a default in {base}.yaml)")
-        cfg: Config = OmegaConf.to_object(merged)
+            raise ConfigError(f"{missing[0]}: no value set (every key needs a default in {source})")
+        return OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or ""
         raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
-    return cfg.validate()
 
 
 def _is_open_dict_key(merged, key: str) -> bool:
-    """Keys under a free-form ``Dict[str, Any]`` (tools.service.*, reward.default_preference.*)."""
+    """A key under a free-form mapping (``Dict[str, ...]``: tools.service.*, reward.default_preference.*,
+    a recipe's ``mix.*``), where new keys are allowed; a dataclass section's keys are fixed."""
     parts = key.split(".")
     for i in range(len(parts) - 1, 0, -1):
-        parent = ".".join(parts[:i])
-        node = OmegaConf.select(merged, parent, default=None)
+        node = OmegaConf.select(merged, ".".join(parts[:i]), default=None)
         if node is not None and OmegaConf.is_dict(node):
-            return parent in ("tools.service", "reward.default_preference") or parent.startswith("tools.service.")
+            return OmegaConf.get_type(node) is dict
     return False
+
+
+def _parse_value(raw: str, node: Any) -> Any:
+    """A YAML scalar; for a list field, ``a,b`` is the list [a, b]."""
+    value = yaml.safe_load(raw) if raw else raw
+    if OmegaConf.is_list(node) and not isinstance(value, list):
+        return [yaml.safe_load(v.strip()) for v in str(raw).split(",") if v.strip()]
+    if isinstance(node, str) and value is not None and not isinstance(value, str):
+        return raw  # a string field keeps what was typed ("007" stays "007")
+    return value
+
+
+def _valid_keys(merged, key: str) -> str:
+    parent = key.rpartition(".")[0]
+    node = OmegaConf.select(merged, parent, default=None) if parent else merged
+    if node is None or not OmegaConf.is_dict(node):
+        return ""
+    return f"; valid keys{' under ' + parent if parent else ''}: {', '.join(sorted(str(k) for k in node.keys()))}"
 
 
 def to_dict(cfg: Config) -> Dict[str, Any]:

@@ -18,8 +18,16 @@ Launch:
         policies=strongest,cheapest,random preferences=record,accuracy,cost
     python recipes/evaluate.py tasks=data/toolscale/eval.jsonl output=runs/eval_qwen \
         policies=openai:http://127.0.0.1:8000/v1:Qwen3-8B tools_env.url=http://127.0.0.1:8700
+Every policy runs in the agent loop training uses (``nemo_orchestra.rollout.loop``), with the
+prompt training uses. A checkpoint of a run folder is evaluated under that run's rollout settings
+(turns, context, tokens per turn, prices, default preference), so its figures are the run's
+held-out figures; the other policies under ``max_turns``, ``orchestrator.*`` and ``default_preference``.
+To evaluate an exported orchestrator served by vLLM's OpenAI-compatible server (README, "Serving"),
+give its run's settings: ``max_turns=3 openai.max_tokens=48`` for the default run.
 Keys: tasks, output, policies, preferences, alpha, samples, limit, max_turns, concurrency, seed,
-tools_env.{url,token,config}, openai.{api_key_env,temperature,max_tokens,timeout_s,price_in,price_out}, progress.
+default_preference.{accuracy,cost,latency}, orchestrator.{price_in,price_out},
+tools_env.{url,token,config}, openai.{api_key_env,temperature,max_tokens,timeout_s}, checkpoint.{temperature,top_p},
+progress.
 """
 
 import asyncio
@@ -29,12 +37,13 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Dict, Optional
 
+from nemo_orchestra.config import ConfigError, load_config, load_structured
 from nemo_orchestra.evaluation.policy import build_policy
 from nemo_orchestra.evaluation.report import summarize, write_report
-from nemo_orchestra.evaluation.runner import run_all
-from nemo_orchestra.synth.cli import apply_overrides, parse_key_values
+from nemo_orchestra.evaluation.runner import PolicyRun, run_all
+from nemo_orchestra.rollout.loop import LoopLimits
 from tools_env.task import load_jsonl
 
 PRESETS = {"accuracy": {"accuracy": 1.0, "cost": 0.0, "latency": 0.0},
@@ -55,7 +64,17 @@ class OpenAIOptions:
     temperature: float = 0.0
     max_tokens: int = 1024
     timeout_s: float = 120.0
-    price_in: float = 0.2
+
+
+@dataclass
+class CheckpointOptions:
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+
+
+@dataclass
+class OrchestratorPrices:
+    price_in: float = 0.2  # $/1M tokens the policy itself reads and writes (Qwen3-8B in the paper)
     price_out: float = 0.2
 
 
@@ -71,9 +90,20 @@ class EvalConfig:
     max_turns: int = 12
     concurrency: int = 16
     seed: int = 0
+    default_preference: Dict[str, float] = field(  # for records without one: the training reward's default
+        default_factory=lambda: dict(load_config().reward.default_preference))
+    orchestrator: OrchestratorPrices = field(default_factory=OrchestratorPrices)
     tools_env: ToolsEnvOptions = field(default_factory=ToolsEnvOptions)
     openai: OpenAIOptions = field(default_factory=OpenAIOptions)
+    checkpoint: CheckpointOptions = field(default_factory=CheckpointOptions)
     progress: bool = True
+
+    def validate(self) -> None:
+        if not self.tasks or not self.output:
+            raise ValueError("tasks=FILE and output=DIR are required")
+        if self.max_turns < 1 or self.samples < 1 or self.concurrency < 1:
+            raise ValueError("max_turns, samples and concurrency must be >= 1")
+        parse_preferences(self.preferences)
 
 
 def parse_preferences(spec: str) -> dict:
@@ -112,34 +142,55 @@ def service_config(cfg: EvalConfig) -> dict:
     return config
 
 
+def policy_runs(cfg: EvalConfig, records: list) -> list:
+    """Each policy of ``cfg.policies`` with its loop settings: a run folder's own for its checkpoint."""
+    from nemo_orchestra.evaluation.checkpoint_policy import run_settings
+
+    options = {"tasks": [r.to_dict() for r in records], "seed": cfg.seed, "openai": asdict(cfg.openai),
+               "checkpoint": asdict(cfg.checkpoint)}
+    limits = LoopLimits(max_turns=cfg.max_turns, price_in=cfg.orchestrator.price_in,
+                        price_out=cfg.orchestrator.price_out)
+    runs = []
+    for spec in (s.strip() for s in cfg.policies.split(",") if s.strip()):
+        policy = build_policy(spec, options)
+        settings = run_settings(spec.split(":", 1)[1]) if spec.startswith("checkpoint:") else None
+        if settings is not None:
+            runs.append(PolicyRun(policy, settings.limits, settings.default_preference))
+        else:
+            runs.append(PolicyRun(policy, limits, dict(cfg.default_preference)))
+    return runs
+
+
 async def evaluate(cfg: EvalConfig, urls: list, token: Optional[str]) -> list:
     from tools_env.client import ToolsEnvClient
 
-    records = [r.to_dict() for r in load_jsonl(cfg.tasks)]
+    records = load_jsonl(cfg.tasks)
     records = records[: cfg.limit] if cfg.limit else records
-    options = {"tasks": records, "seed": cfg.seed, "openai": asdict(cfg.openai)}
-    policies = [build_policy(spec.strip(), options) for spec in cfg.policies.split(",") if spec.strip()]
+    runs = policy_runs(cfg, records)
     client = ToolsEnvClient(urls, token=token)
     try:
-        return await run_all(client, policies, records, parse_preferences(cfg.preferences), samples=cfg.samples,
-                             max_turns=cfg.max_turns, alpha=cfg.alpha, concurrency=cfg.concurrency,
-                             progress=cfg.progress)
+        return await run_all(client, runs, records, parse_preferences(cfg.preferences), samples=cfg.samples,
+                             alpha=cfg.alpha, concurrency=cfg.concurrency, progress=cfg.progress)
     finally:
         await client.aclose()
-        for p in policies:
-            await p.aclose()
+        for run in runs:
+            await run.policy.aclose()
 
 
 def main(argv: list) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = apply_overrides(EvalConfig(), parse_key_values(argv))
-        if not cfg.tasks or not cfg.output:
-            raise ValueError("tasks=FILE and output=DIR are required")
-        parse_preferences(cfg.preferences)
+        cfg = load_structured(EvalConfig, argv)
         for spec in cfg.policies.split(","):  # fail on an unknown or unavailable policy before starting anything
-            build_policy(spec.strip(), {"tasks": [], "openai": asdict(cfg.openai)})
-    except Exception as e:
+            if not spec.strip().startswith("checkpoint:"):
+                build_policy(spec.strip(), {"tasks": [], "openai": asdict(cfg.openai)})
+            else:
+                from nemo_orchestra.evaluation.checkpoint_policy import resolve_export
+
+                resolve_export(spec.strip().split(":", 1)[1])
+        if not os.path.isfile(cfg.tasks):
+            raise ValueError(f"tasks: no such file {cfg.tasks}")
+    except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()

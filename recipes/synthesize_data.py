@@ -26,15 +26,15 @@ import json
 import logging
 import sys
 
+from nemo_orchestra.config import ConfigError, load_structured
 from nemo_orchestra.synth import SynthConfig, synthesize
-from nemo_orchestra.synth.cli import apply_overrides, parse_key_values
 
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = apply_overrides(SynthConfig(), parse_key_values(argv)).validate()
-    except ValueError as e:
+        cfg = load_structured(SynthConfig, argv)
+    except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     manifest = synthesize(cfg)

@@ -196,8 +196,11 @@ class ExpertsConfig:
         kw = _fill(cls, {k: v for k, v in d.items() if k not in ("endpoints", "simulated")}, path)
         kw["endpoints"] = {a: EndpointExpertConfig.from_dict(v, f"{path}.endpoints.{a}")
                            for a, v in _check_map(d.get("endpoints", {}), f"{path}.endpoints").items()}
-        kw["simulated"] = {a: SimulatedExpertConfig.from_dict(v, f"{path}.simulated.{a}")
-                           for a, v in _check_map(d.get("simulated", {}), f"{path}.simulated").items()}
+        if "simulated" in d:  # a section that is given replaces the default table; one left out keeps it
+            kw["simulated"] = {a: SimulatedExpertConfig.from_dict(v, f"{path}.simulated.{a}")
+                               for a, v in _check_map(d["simulated"], f"{path}.simulated").items()}
+        elif kw["endpoints"]:  # endpoints alone: the run uses real experts only
+            kw["simulated"] = {}
         clash = sorted(set(kw["endpoints"]) & set(kw["simulated"]))
         if clash:
             raise ValueError(f"expert alias(es) {clash} are both an endpoint and simulated")

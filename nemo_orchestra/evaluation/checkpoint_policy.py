@@ -3,25 +3,52 @@
 ``checkpoint:DIR`` takes a run folder (its ``hf/`` export) or an export folder itself. It is the
 ``hf`` generation engine on the exported weights, driven by the same ``EnginePolicy`` as training's
 rollouts: the prompt is the chat template's rendering of the episode's messages and tools, the
-policy's own turns stay as it generated them. Generation is greedy by default.
+policy's own turns stay as it generated them. Generation is greedy by default. A run folder's
+``config.yaml`` supplies the settings its held-out report used (``run_settings``): turn and
+context limits, tokens per turn, the orchestrator's token prices and the default preference.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
 from nemo_orchestra.prompting.chat import ChatFormat
 from nemo_orchestra.rollout.engines.hf import HFEngine
-from nemo_orchestra.rollout.loop import EnginePolicy
+from nemo_orchestra.rollout.loop import EnginePolicy, LoopLimits
 
 
 def resolve_export(path: str) -> str:
-    for folder in (os.path.join(path, "hf"), path):
+    for folder in (path, os.path.join(path, "hf")):
         if os.path.isfile(os.path.join(folder, "config.json")):
             return folder
     raise FileNotFoundError(f"checkpoint:{path}: no Hugging Face export (config.json) in {path} or {path}/hf")
+
+
+@dataclass
+class RunSettings:
+    limits: LoopLimits
+    max_new_tokens: int
+    default_preference: dict[str, float]
+
+
+def run_settings(path: str) -> RunSettings | None:
+    """The rollout settings of the run whose folder (or ``hf/`` export) is ``path``; None without its
+    ``config.yaml``."""
+    for folder in (path, os.path.dirname(os.path.normpath(path))):
+        file = os.path.join(folder, "config.yaml")
+        if os.path.isfile(os.path.join(folder, "hf", "config.json")) and os.path.isfile(file):
+            import yaml
+
+            with open(file) as f:
+                cfg = yaml.safe_load(f)
+            r = cfg["rollout"]
+            limits = LoopLimits(r["max_turns"], r["max_context"], r["max_new_tokens_per_turn"], r["batch_window_s"],
+                                r["orchestrator_price_in"], r["orchestrator_price_out"])
+            return RunSettings(limits, r["max_new_tokens_per_turn"], dict(cfg["reward"]["default_preference"]))
+    return None
 
 
 def checkpoint_policy(path: str, temperature: float = 0.0, max_new_tokens: int = 96, top_p: float = 1.0,

@@ -23,8 +23,8 @@ import random
 import re
 from typing import Any, Callable
 
-from nemo_orchestra.prompting.chat import ToolCall, format_tool_call
-from nemo_orchestra.rollout.loop import Episode, Turn
+from nemo_orchestra.prompting.chat import ToolCall
+from nemo_orchestra.rollout.loop import Episode, Turn, TurnPolicy
 
 
 class Policy:
@@ -38,8 +38,7 @@ class Policy:
         return [await self.turn(e) for e in episodes]
 
     async def turn(self, episode: Episode) -> Turn:
-        call = self.decide(episode)
-        return Turn(format_tool_call(call.name, call.arguments), call=call)
+        return Turn("", call=self.decide(episode))  # no text before the call
 
     def decide(self, episode: Episode) -> ToolCall:
         raise NotImplementedError
@@ -128,15 +127,19 @@ class Oracle(Policy):
         return ToolCall("answer", {"answer": task["answer"] or "done"})
 
 
-def _checkpoint(arg: str | None, options: dict[str, Any]) -> Policy:
-    from nemo_orchestra.evaluation.checkpoint_policy import CheckpointPolicy
+def _checkpoint(arg: str | None, options: dict[str, Any]) -> TurnPolicy:
+    from nemo_orchestra.evaluation.checkpoint_policy import checkpoint_policy, run_settings
 
     if not arg:
         raise ValueError("checkpoint policy spec is checkpoint:DIR (a run folder or its hf/ export)")
-    return CheckpointPolicy(arg, **options.get("checkpoint", {}))
+    kwargs = dict(options.get("checkpoint", {}))
+    settings = run_settings(arg)
+    if settings is not None:  # the run's own tokens per turn
+        kwargs["max_new_tokens"] = settings.max_new_tokens
+    return checkpoint_policy(arg, **kwargs)
 
 
-def _openai(arg: str | None, options: dict[str, Any]) -> Policy:
+def _openai(arg: str | None, options: dict[str, Any]) -> TurnPolicy:
     from nemo_orchestra.evaluation.openai_policy import OpenAIChatPolicy
 
     if not arg or ":" not in arg.replace("://", ""):
@@ -145,7 +148,7 @@ def _openai(arg: str | None, options: dict[str, Any]) -> Policy:
     return OpenAIChatPolicy(url, model, **options.get("openai", {}))
 
 
-POLICIES: dict[str, Callable[[str | None, dict[str, Any]], Policy]] = {
+POLICIES: dict[str, Callable[[str | None, dict[str, Any]], TurnPolicy]] = {
     "strongest": lambda arg, o: FixedRouting("strongest", strongest),
     "cheapest": lambda arg, o: FixedRouting("cheapest", cheapest),
     "random": lambda arg, o: RandomRouting(int(arg) if arg else o.get("seed", 0)),
@@ -155,8 +158,8 @@ POLICIES: dict[str, Callable[[str | None, dict[str, Any]], Policy]] = {
 }
 
 
-def build_policy(spec: str, options: dict[str, Any] | None = None) -> Policy:
-    """``name`` or ``name:arg`` -> a Policy; an unknown name lists the known ones."""
+def build_policy(spec: str, options: dict[str, Any] | None = None) -> TurnPolicy:
+    """``name`` or ``name:arg`` -> a policy of the agent loop; an unknown name lists the known ones."""
     name, _, arg = spec.partition(":")
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(POLICIES)}")

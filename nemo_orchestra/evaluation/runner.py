@@ -1,25 +1,25 @@
 """Run policies over task records through the tool service, one episode per (task, policy, preference, sample).
 
-An episode: create it from the record (its preference replaced by the evaluated one), then
-turn by turn ask the policy for a call and step the service until the service says done or
-``max_turns`` pass. A turn without a valid call is counted (``format_errors``) and answered
-with an error message, as the trainer does. The result carries the service's outcome, cost
-(tool cost from the service plus the policy's own tokens), latency and per-tool counts.
+Every episode runs in the agent loop training uses (``rollout.loop.run_episodes``): the same
+prompt, the same handling of malformed calls (an error observation, counted as a format error)
+and of records without a preference (``default_preference``, which the reward also uses). An
+evaluated preference replaces the record's own, and then the record's profile words are not
+shown (they describe the record's preference, not the evaluated one). A result carries the
+service's outcome, cost (tool cost from the service plus the policy's own tokens), latency
+and per-tool counts.
 """
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import json
-import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tqdm import tqdm
 
-from nemo_orchestra.evaluation.policy import Policy, PolicyFormatError, PolicyInput
-
-log = logging.getLogger(__name__)
+from nemo_orchestra.rollout.loop import HELDOUT_SEED, LoopLimits, TurnPolicy, run_episodes
+from nemo_orchestra.types import StopReason, TaskRecord, Trajectory
 
 
 @dataclass
@@ -42,6 +42,7 @@ class EpisodeResult:
     format_errors: int = 0
     ended_by: str | None = None
     alpha: float = 1.0  # utility weight of accuracy against cost for this episode
+    calls: list[dict[str, Any]] = field(default_factory=list)  # the policy's calls in order: name, arguments
 
     @property
     def utility(self) -> float:
@@ -58,81 +59,71 @@ def alpha_of(preference: dict[str, Any]) -> float:
     return acc / (acc + cost) if acc + cost > 0 else 1.0
 
 
-def _call_message(turn: int, name: str, arguments: dict[str, Any], text: str) -> dict[str, Any]:
-    return {"role": "assistant", "content": text,
-            "tool_calls": [{"id": f"call_{turn}", "type": "function",
-                            "function": {"name": name, "arguments": json.dumps(arguments)}}]}
+def with_preference(task: TaskRecord, preference: dict[str, Any] | None) -> TaskRecord:
+    """``task`` under an evaluated preference (None: its own); its profile words dropped when replaced."""
+    if preference is None:
+        return task
+    meta = {k: v for k, v in task.meta.items() if k != "preference_name"}
+    return dataclasses.replace(task, preference=dict(preference), meta=meta)
 
 
-async def run_episode(client: Any, policy: Policy, record: dict[str, Any], *, preference: dict[str, Any] | None,
-                      preference_name: str = "record", sample: int = 0, max_turns: int = 12,
-                      alpha: float | None = None) -> EpisodeResult:
-    task = dict(record)
-    profile = (record.get("meta") or {}).get("preference_name")  # the record's own profile, in words
-    if preference is not None:
-        task["preference"], profile = preference, None
-    created = await client.create_episode(task)
-    eid = created["episode_id"]
-    messages: list[dict[str, Any]] = [{"role": "user", "content": task["problem"]}]
-    policy_cost, format_errors, outcome = 0.0, 0, None
-    try:
-        for turn in range(max_turns):
-            inp = PolicyInput(task_id=task["id"], problem=task["problem"], category=task["category"],
-                              tools=created["tools"], messages=messages, prices=task.get("prices", {}),
-                              preference=task.get("preference", {}), turn=turn, sample=sample,
-                              preference_name=profile)
-            try:
-                call = await policy.act(inp)
-            except PolicyFormatError as e:
-                format_errors += 1
-                policy_cost += getattr(e, "cost", 0.0)
-                messages += [{"role": "assistant", "content": getattr(e, "text", "")},
-                             {"role": "user", "content": f"error: {e}. Call exactly one tool."}]
-                continue
-            except Exception as e:  # an unreachable model endpoint ends this episode, not the evaluation
-                log.warning("policy %s failed on task %s: %s", policy.name, task["id"], e)
-                outcome = {"correct": False, "reason": f"policy failed: {type(e).__name__}: {e}"}
-                break
-            policy_cost += call.cost
-            step = await client.step(eid, call.name, call.arguments)
-            messages += [_call_message(turn, call.name, call.arguments, call.text),
-                         {"role": "tool", "tool_call_id": f"call_{turn}", "content": step["observation"]}]
-            if step["done"]:
-                outcome = step["outcome"]
-                break
-        summary = await client.get_episode(eid)
-    finally:
-        await client.delete_episode(eid)
-    if outcome is None:
-        outcome = {"correct": False, "reason": f"no answer within {max_turns} policy turns"}
-    pref = task.get("preference", {})
+def calls_of(traj: Trajectory) -> list[dict[str, Any]]:
+    """The policy's tool calls in order, read from the conversation's assistant messages."""
+    out = []
+    for m in traj.messages:
+        for tc in m.get("tool_calls") or []:
+            out.append({"name": tc["function"]["name"], "arguments": json.loads(tc["function"]["arguments"])})
+    return out
+
+
+def to_result(traj: Trajectory, policy: str, preference: str, alpha: float | None) -> EpisodeResult:
+    status = traj.meta.get("episode") or {}
+    outcome = status.get("outcome") or {}
+    if traj.stop_reason == StopReason.POLICY_ERROR:
+        reason = traj.meta.get("failure", "policy failed")
+    else:
+        reason = outcome.get("reason") or f"no answer ({traj.stop_reason} after {traj.turns} policy turns)"
     return EpisodeResult(
-        task_id=task["id"], category=task["category"], domain=task.get("domain"), policy=policy.name,
-        preference=preference_name, sample=sample, correct=bool(outcome["correct"]), reason=outcome["reason"],
-        cost=summary["total_cost"] + policy_cost, tool_cost=summary["total_cost"], policy_cost=policy_cost,
-        latency_s=summary["total_latency_s"], turns=summary["turns"], tool_counts=summary["tool_counts"],
-        model_counts=summary["model_counts"], format_errors=format_errors, ended_by=summary["ended_by"],
-        alpha=alpha if alpha is not None else alpha_of(pref),
-    )
+        task_id=traj.task.id, category=traj.task.category, domain=traj.task.domain, policy=policy,
+        preference=preference, sample=int(traj.meta.get("sample", 0)), correct=bool(traj.correct), reason=reason,
+        cost=traj.cost, tool_cost=traj.tool_cost, policy_cost=traj.policy_cost, latency_s=traj.latency_s,
+        turns=traj.turns, tool_counts=dict(status.get("tool_counts", {})),
+        model_counts=dict(status.get("model_counts", {})), format_errors=traj.format_errors,
+        ended_by=status.get("ended_by"), alpha=alpha if alpha is not None else alpha_of(traj.task.preference),
+        calls=calls_of(traj))
 
 
-async def run_all(client: Any, policies: list[Policy], records: list[dict[str, Any]],
-                  preferences: dict[str, dict[str, Any] | None], *, samples: int = 1, max_turns: int = 12,
-                  alpha: float | None = None, concurrency: int = 16, progress: bool = True) -> list[EpisodeResult]:
-    """Every (policy, preference, record, sample) episode, ``concurrency`` at a time, in a stable order."""
-    jobs = [(p, name, pref, r, s) for p in policies for name, pref in preferences.items()
-            for r in records for s in range(samples)]
-    sem = asyncio.Semaphore(concurrency)
-    bar = tqdm(total=len(jobs), desc="episodes", disable=not progress)
+@dataclass
+class PolicyRun:
+    """A policy with the loop settings it is evaluated under."""
 
-    async def one(p, name, pref, r, s):
-        async with sem:
-            res = await run_episode(client, p, r, preference=pref, preference_name=name, sample=s,
-                                    max_turns=max_turns, alpha=alpha)
-            bar.update(1)
-            return res
+    policy: TurnPolicy
+    limits: LoopLimits = field(default_factory=LoopLimits)
+    default_preference: dict[str, float] = field(default_factory=dict)  # for records that state none
 
+
+async def run_all(client: Any, runs: list[PolicyRun], records: list[TaskRecord],
+                  preferences: dict[str, dict[str, Any] | None], *, samples: int = 1, alpha: float | None = None,
+                  concurrency: int = 16, progress: bool = True, seed: str = HELDOUT_SEED) -> list[EpisodeResult]:
+    """Every (policy, preference, record, sample) episode, ``concurrency`` live at a time, in a stable
+    order. The service's random draws depend on the seed and the episode's index only, so every
+    policy meets the same simulated experts' luck."""
+    bar = tqdm(total=len(runs) * len(preferences) * len(records) * samples, desc="episodes", disable=not progress)
+    results: list[EpisodeResult] = []
     try:
-        return list(await asyncio.gather(*(one(*j) for j in jobs)))
+        for run in runs:
+            for name, pref in preferences.items():
+                done = [0]
+
+                def tick(n: int, total: int, done=done) -> None:
+                    bar.update(n - done[0])
+                    done[0] = n
+
+                trajs = await run_episodes([with_preference(r, pref) for r in records], run.policy, client,
+                                           samples=samples, limits=run.limits,
+                                           default_preference=run.default_preference, seed=seed,
+                                           concurrency=concurrency, progress=tick)
+                results += [to_result(t, run.policy.name, name, alpha) for t in trajs]
     finally:
         bar.close()
+    return results

@@ -11,31 +11,32 @@ from nemo_orchestra.config import AdvantageConfig
 from nemo_orchestra.types import Trajectory
 
 
-def assign_advantages(trajectories: Sequence[Trajectory], cfg: AdvantageConfig) -> tuple[list[Trajectory], dict]:
+def assign_advantages(trajectories: Sequence[Trajectory], cfg: AdvantageConfig,
+                      device: torch.device | str = "cpu") -> tuple[list[Trajectory], dict]:
     """Set ``advantage`` (A_i = clip((R_i - mean)/(std + eps), -c, c) for mode std) on every rollout.
 
-    Returns the rollouts of groups whose reward std exceeds ``cfg.min_group_std`` (a group whose
-    rewards are all equal has zero advantage everywhere: it costs compute and teaches nothing),
-    and metrics.
+    Rewards and advantages live on ``device``, the training device: on a GPU the Triton kernel
+    (``kernels.grouped_advantage``) computes them, on CPU its PyTorch reference (or the kernel under
+    ``TRITON_INTERPRET=1``). Returns the rollouts of groups whose reward std exceeds
+    ``cfg.min_group_std`` (a group whose rewards are all equal has zero advantage everywhere: it
+    costs compute and teaches nothing), and metrics.
     """
     if not trajectories:
         return [], {"advantage/groups_kept": 0, "advantage/groups_dropped": 0}
-    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
-    group_ids = torch.tensor([t.group for t in trajectories], dtype=torch.int64)
+    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32, device=device)
+    group_ids = torch.tensor([t.group for t in trajectories], dtype=torch.int64, device=device)
     adv = kernels.grouped_advantage(rewards, group_ids=group_ids, mode=cfg.mode, eps=cfg.eps, clip=cfg.clip)
-    for t, a in zip(trajectories, adv.tolist()):
+    for t, a in zip(trajectories, adv.tolist()):  # one device-to-host copy
         t.advantage = a
-    keep_groups, dropped = set(), 0
-    for g in group_ids.unique().tolist():
-        r = rewards[group_ids == g]
-        std = r.std(unbiased=True).item() if r.numel() > 1 else 0.0
-        if std > cfg.min_group_std + 1e-8:
-            keep_groups.add(g)
-        else:
-            dropped += 1
+    groups, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    mean = torch.zeros(len(groups), device=device).index_add_(0, inverse, rewards) / counts
+    sq = torch.zeros(len(groups), device=device).index_add_(0, inverse, (rewards - mean[inverse]) ** 2)
+    std = torch.where(counts > 1, (sq / (counts - 1).clamp(min=1)).sqrt(), torch.zeros_like(sq))  # Bessel, as the kernel
+    keep = (std > cfg.min_group_std + 1e-8).tolist()
+    keep_groups = {g for g, k in zip(groups.tolist(), keep) if k}
     kept = [t for t in trajectories if t.group in keep_groups]
     return kept, {
         "advantage/groups_kept": len(keep_groups),
-        "advantage/groups_dropped": dropped,
+        "advantage/groups_dropped": len(groups) - len(keep_groups),
         "advantage/abs_mean": float(adv.abs().mean()),
     }

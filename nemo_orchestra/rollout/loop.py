@@ -42,6 +42,9 @@ from nemo_orchestra.types import StopReason, TaskRecord, Trajectory
 log = logging.getLogger(__name__)
 # engines are driven from one thread, always the same (vLLM's client sockets are not thread-safe)
 _ENGINE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-engine")
+# the seed of evaluation episodes (a run's held-out report, evaluate.py): the service's draws for the
+# k-th episode depend on it and k only, so every policy meets the same simulated experts' luck
+HELDOUT_SEED = "heldout"
 
 
 def malformed_call_observation(error: str) -> str:

@@ -104,7 +104,8 @@ async def paraphrase_all(opts: Any, candidates: list[Candidate], progress: bool)
 async def pass_at_k(cfg: Any, candidates: list[Candidate]) -> list[int]:
     """How many of ``k`` attempts by the model solve each candidate, through a local tool service."""
     from nemo_orchestra.evaluation.openai_policy import OpenAIChatPolicy
-    from nemo_orchestra.evaluation.runner import run_all
+    from nemo_orchestra.evaluation.runner import PolicyRun, run_all
+    from nemo_orchestra.rollout.loop import LoopLimits
     from tools_env.client import ToolsEnvClient
     from tools_env.launch import start_service
 
@@ -112,9 +113,9 @@ async def pass_at_k(cfg: Any, candidates: list[Candidate]) -> list[int]:
     bare = RecordOptions(distractors_min=0, distractors_max=0, price_jitter=0.0)
     records = []
     for c in candidates:  # the needed tools only: the teacher solves without experts
-        r = make_record(c, random.Random(0), bare, []).to_dict()
-        r["tools"] = [t for t in c.needed_tools if t != "expert"]
-        r["preference"] = {}
+        r = make_record(c, random.Random(0), bare, [])
+        r.tools = [t for t in c.needed_tools if t != "expert"]
+        r.preference = {"accuracy": 1.0, "cost": 0.0, "latency": 0.0}
         records.append(r)
     policy = OpenAIChatPolicy(opts.base_url, opts.model, api_key_env=opts.api_key_env, temperature=opts.temperature,
                               max_tokens=opts.max_tokens, timeout_s=opts.timeout_s)
@@ -122,15 +123,16 @@ async def pass_at_k(cfg: Any, candidates: list[Candidate]) -> list[int]:
     with start_service(service) as svc:
         client = ToolsEnvClient(svc.urls, token=svc.token)
         try:
-            results = await run_all(client, [policy], records, {"teacher": None}, samples=opts.k,
-                                    max_turns=opts.max_turns, concurrency=opts.concurrency, progress=cfg.progress)
+            run = PolicyRun(policy, LoopLimits(max_turns=opts.max_turns))
+            results = await run_all(client, [run], records, {"teacher": None}, samples=opts.k,
+                                    concurrency=opts.concurrency, progress=cfg.progress)
         finally:
             await client.aclose()
             await policy.aclose()
-    solved: dict[str, int] = {r["id"]: 0 for r in records}
+    solved: dict[str, int] = {r.id: 0 for r in records}
     for res in results:
         solved[res.task_id] += int(res.correct)
-    return [solved[r["id"]] for r in records]
+    return [solved[r.id] for r in records]
 
 
 def filter_with_llm(cfg: Any, candidates: list[Candidate]) -> tuple[list[Candidate], dict]:

@@ -30,7 +30,7 @@ from nemo_orchestra.megatron.parallel import (
     model_parallel_rank,
 )
 from nemo_orchestra.prompting.chat import ChatFormat
-from nemo_orchestra.rollout.loop import EnginePolicy, LoopLimits, run_episodes
+from nemo_orchestra.rollout.loop import HELDOUT_SEED, EnginePolicy, LoopLimits, run_episodes
 from nemo_orchestra.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -49,7 +49,6 @@ from nemo_orchestra.train.step import (
 from nemo_orchestra.types import PackedBatch, TaskRecord, Trajectory
 
 log = logging.getLogger(__name__)
-HELDOUT_SEED = "heldout"  # the service's draws for held-out episodes; evaluate.py's checkpoint policy uses it too
 
 
 @dataclass

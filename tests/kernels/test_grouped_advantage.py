@@ -6,6 +6,10 @@ import math
 import pytest
 import torch
 
+from nemo_orchestra.config import AdvantageConfig
+from nemo_orchestra.grpo.advantages import assign_advantages
+from tests.unit.helpers import traj
+
 import kernels
 from kernels.reference import grouped_advantage_ref
 
@@ -178,3 +182,30 @@ def test_gpu_million_rewards(form):
     got = kernels.grouped_advantage(rewards, mode="std", clip=3.0, **kwargs)
     torch.testing.assert_close(got, grouped_advantage_ref(rewards, mode="std", clip=3.0, **kwargs),
                                atol=1e-4, rtol=1e-4)
+
+
+def test_training_path_runs_the_advantage_kernel_under_the_interpreter(monkeypatch):
+    """The trainer's advantages (``assign_advantages`` on the training device) are the Triton kernel's
+    where the kernel runs (CUDA, or the interpreter on CPU), and equal the reference's."""
+    import kernels.grouped_advantage as kmod
+
+    cfg = AdvantageConfig(mode="std", eps=1e-6, clip=3.0, min_group_std=0.0)
+    rewards = [0.3, 1.0, 0.0, 0.7, 0.7, 0.7, 0.2, 0.9, 0.4]
+    groups = [2, 0, 2, 1, 1, 1, 0, 0, 2]  # unsorted, one all-equal group
+    ref = [traj(group=g) for g in groups]
+    for t, r in zip(ref, rewards):
+        t.reward = r
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the PyTorch reference
+    kept_ref, m_ref = assign_advantages(ref, cfg)
+    launches = []
+    launch = kmod.grouped_advantage_launch
+    monkeypatch.setattr(kmod, "grouped_advantage_launch", lambda *a, **k: launches.append(1) or launch(*a, **k))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    ker = [traj(group=g) for g in groups]
+    for t, r in zip(ker, rewards):
+        t.reward = r
+    kept_ker, m_ker = assign_advantages(ker, cfg, torch.device("cpu"))
+    assert launches, "the Triton kernel did not run"
+    assert [t.advantage for t in ker] == pytest.approx([t.advantage for t in ref], abs=1e-5)
+    assert [t.group for t in kept_ker] == [t.group for t in kept_ref] and 1 not in {t.group for t in kept_ker}
+    assert m_ker["advantage/groups_dropped"] == m_ref["advantage/groups_dropped"] == 1

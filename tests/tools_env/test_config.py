@@ -51,6 +51,13 @@ def test_an_experts_section_replaces_the_simulated_defaults():
                                 "output_tokens": 10}}}})
 
 
+def test_an_experts_key_keeps_the_default_table():
+    default = ServiceConfig.from_dict({}).experts
+    cfg = ServiceConfig.from_dict({"experts": {"sleep": True, "sleep_scale": 0.1}})
+    assert cfg.experts.sleep and cfg.experts.sleep_scale == 0.1
+    assert cfg.experts.simulated == default.simulated and len(default.simulated) == 3
+
+
 def test_latency_ranges_and_files(tmp_path):
     y = tmp_path / "c.yaml"
     y.write_text("seed: 7\nexperts:\n  sleep: true\n  simulated:\n    s: {price_in: 1, price_out: 2, "

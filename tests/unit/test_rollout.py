@@ -17,7 +17,8 @@ from nemo_orchestra.prompting.chat import (
 )
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 from nemo_orchestra.rollout.engines.base import Generation
-from nemo_orchestra.rollout.loop import prompt_messages, run_rollouts
+from nemo_orchestra.prompting.prompts import task_messages, with_default_preference
+from nemo_orchestra.rollout.loop import EnginePolicy, LoopLimits, run_episodes
 from tests.unit.helpers import reward_cfg
 from tools_env.client import ToolsEnvClient
 from tools_env.launch import start_service
@@ -34,6 +35,13 @@ def _rollout_cfg(**kw):
                 sync_timeout_s=10.0, batch_window_s=0.01)
     base.update(kw)
     return RolloutConfig(**base)
+
+
+def run_rollouts(tasks, group_size, engine, client, chat, cfg, reward, stats=None):
+    """Training's rollouts: the engine as the policy of the agent loop (as ``Trainer.run_loop``)."""
+    policy = EnginePolicy(engine, chat, cfg.max_new_tokens_per_turn, cfg.temperature, cfg.top_p)
+    return run_episodes(tasks, policy, client, samples=group_size, limits=LoopLimits.from_rollout(cfg),
+                        default_preference=reward.default_preference, stats=stats)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +116,7 @@ def test_token_ids_are_prompt_plus_generated_plus_observations(service, chat):
     assert len(trajs) == 2
     for t in trajs:
         assert t.stop_reason == "answer" and t.correct and t.turns == 2
-        prompt = chat.prompt_ids(prompt_messages(task, reward_cfg()), tools)
+        prompt = chat.prompt_ids(task_messages(with_default_preference(task, reward_cfg().default_preference)), tools)
         turn1 = engine._ids(format_tool_call("calculator", {"expression": "12 + 30"})) + [chat.end_of_turn_id]
         obs = chat.encode(chat.observation_suffix("42"))
         turn2 = engine._ids(format_tool_call("answer", {"answer": "42"})) + [chat.end_of_turn_id]

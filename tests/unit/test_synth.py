@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from nemo_orchestra.synth.candidates import _digit_sum_count, _divisors, _prime_sum, _stairs, arithmetic
-from nemo_orchestra.synth.cli import apply_overrides, parse_key_values
+from nemo_orchestra.config import ConfigError, load_structured
 from nemo_orchestra.synth.pipeline import SynthConfig, allocate, synthesize
 from tools_env.domains import DOMAINS
 from tools_env.task import TaskRecordError, load_jsonl
@@ -109,16 +109,21 @@ def test_malformed_record_is_rejected_with_line_number_and_reason(tmp_path):
 
 
 def test_overrides_reach_nested_keys_and_reject_unknown_ones():
-    cfg = apply_overrides(SynthConfig(), parse_key_values(["seed=3", "mix.lookup=0.5", "llm.k=6", "domains=bank,movie",
-                                                           "records.price_jitter=0"]))
+    cfg = load_structured(SynthConfig, ["output=x", "seed=3", "mix.lookup=0.5", "llm.k=6", "domains=bank,movie",
+                                        "records.price_jitter=0"])
     assert (cfg.seed, cfg.mix["lookup"], cfg.llm.k, cfg.domains, cfg.records.price_jitter) == (3, 0.5, 6, ["bank", "movie"], 0.0)
-    with pytest.raises(ValueError, match="unknown key 'llm.kk'"):
-        apply_overrides(SynthConfig(), [("llm.kk", "1")])
-    with pytest.raises(ValueError, match="num_tasks: expected int"):
-        apply_overrides(SynthConfig(), [("num_tasks", "many")])
+    assert isinstance(cfg, SynthConfig) and isinstance(cfg.records.price_jitter, float)
+    with pytest.raises(ConfigError, match="llm.kk: unknown config key; valid keys under llm: .*base_url"):
+        load_structured(SynthConfig, ["output=x", "llm.kk=1"])
+    with pytest.raises(ConfigError, match="num_tasks"):
+        load_structured(SynthConfig, ["output=x", "num_tasks=many"])
+    with pytest.raises(ConfigError, match="mix.riddles: unknown category"):  # the dataclass's validate() runs
+        load_structured(SynthConfig, ["output=x", "mix.riddles=0.5"])
+    with pytest.raises(ConfigError, match="not of the form key=value"):
+        load_structured(SynthConfig, ["output"])
 
 
 def test_cli_unknown_key_exits_nonzero_naming_it(tmp_path):
     cmd = [sys.executable, os.path.join(REPO, "recipes", "synthesize_data.py"), f"output={tmp_path}", "sede=1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=60)
-    assert proc.returncode != 0 and "unknown key 'sede'" in proc.stderr
+    assert proc.returncode != 0 and "sede: unknown config key" in proc.stderr

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+from nemo_orchestra.config import ROLLOUT_ENGINES
+
 from nemo_orchestra.rollout.engines.base import EngineCapabilities, EngineContext, Generation, GenerationEngine
 
 __all__ = ["ENGINES", "EngineCapabilities", "EngineContext", "Generation", "GenerationEngine", "capabilities",
@@ -52,6 +54,7 @@ def _megatron():
 
 
 ENGINES = {"hf": _hf, "vllm": _vllm, "megatron": _megatron}  # name -> the engine class, imported on demand
+assert set(ENGINES) == set(ROLLOUT_ENGINES), "config.ROLLOUT_ENGINES must name the engines built here"
 _CAPABILITIES = {  # known without importing the engine (vLLM takes seconds to import)
     "hf": EngineCapabilities(),
     "vllm": EngineCapabilities(owns_processes=True),
