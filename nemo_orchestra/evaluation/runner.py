@@ -12,7 +12,6 @@ and per-tool counts.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -42,7 +41,7 @@ class EpisodeResult:
     format_errors: int = 0
     ended_by: str | None = None
     alpha: float = 1.0  # utility weight of accuracy against cost for this episode
-    calls: list[dict[str, Any]] = field(default_factory=list)  # the policy's calls in order: name, arguments
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation, OpenAI format
 
     @property
     def utility(self) -> float:
@@ -67,15 +66,6 @@ def with_preference(task: TaskRecord, preference: dict[str, Any] | None) -> Task
     return dataclasses.replace(task, preference=dict(preference), meta=meta)
 
 
-def calls_of(traj: Trajectory) -> list[dict[str, Any]]:
-    """The policy's tool calls in order, read from the conversation's assistant messages."""
-    out = []
-    for m in traj.messages:
-        for tc in m.get("tool_calls") or []:
-            out.append({"name": tc["function"]["name"], "arguments": json.loads(tc["function"]["arguments"])})
-    return out
-
-
 def to_result(traj: Trajectory, policy: str, preference: str, alpha: float | None) -> EpisodeResult:
     status = traj.meta.get("episode") or {}
     outcome = status.get("outcome") or {}
@@ -90,7 +80,7 @@ def to_result(traj: Trajectory, policy: str, preference: str, alpha: float | Non
         turns=traj.turns, tool_counts=dict(status.get("tool_counts", {})),
         model_counts=dict(status.get("model_counts", {})), format_errors=traj.format_errors,
         ended_by=status.get("ended_by"), alpha=alpha if alpha is not None else alpha_of(traj.task.preference),
-        calls=calls_of(traj))
+        messages=traj.messages)
 
 
 @dataclass

@@ -1,0 +1,171 @@
+"""One agent loop for training and evaluation: the prompt is the exported chat template's rendering
+of the episode's messages and tools, and training and evaluation treat malformed calls and
+missing preferences the same way."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib.util
+import os
+
+import pytest
+
+from nemo_orchestra.config import load_config
+from nemo_orchestra.data.default_tasks import generate_tasks, plan_phrases
+from nemo_orchestra.evaluation.runner import PolicyRun, run_all
+from nemo_orchestra.prompting.chat import (
+    QWEN3_CHAT_TEMPLATE,
+    SPECIAL_TOKENS,
+    ChatFormat,
+    format_tool_call,
+    render_chat,
+)
+from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
+from nemo_orchestra.rollout.engines.base import Generation
+from nemo_orchestra.rollout.loop import EnginePolicy, LoopLimits, Turn, malformed_call_observation, run_episodes
+from nemo_orchestra.train.trainer import Trainer
+from tools_env.client import ToolsEnvClient
+from tools_env.launch import start_service
+from tools_env.task import TaskRecord
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CORPUS = [render_chat(QWEN3_CHAT_TEMPLATE, [{"role": "user", "content": t.problem}], []) for t in generate_tasks(40, 1)]
+NO_PREFERENCE = TaskRecord(problem="What is 12 + 30?", answer="42", category="arithmetic",
+                           tools=["calculator", "answer"])
+SCRIPT = ["<think>hm</think>\nthe answer is 42",  # no tool call: a format error
+          "<think>answer</think>\n" + format_tool_call("answer", {"answer": "42"})]
+
+
+def _qwen3_style_tokenizer():
+    """A byte-level BPE tokenizer laid out like Qwen3's: <|im_start|>/<|im_end|>/<|endoftext|> special,
+    the tool and think tags added as non-special tokens, Qwen3's chat format."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=800, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=["<|im_start|>"])
+    fast.add_tokens([t for t in SPECIAL_TOKENS if t not in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")])
+    fast.chat_template = QWEN3_CHAT_TEMPLATE
+    return fast
+
+
+TOKENIZERS = {
+    "embedded": lambda: build_embedded_tokenizer(CORPUS, vocab_size=700, phrases=plan_phrases()),
+    "qwen3_bpe": _qwen3_style_tokenizer,
+}
+
+
+@pytest.fixture(scope="module")
+def service():
+    with start_service({}) as handle:
+        yield handle.urls
+
+
+class ScriptedEngine:
+    """Writes ``SCRIPT``'s turns in order, each as the tokenizer encodes it (with its end-of-turn id)."""
+
+    def __init__(self, chat: ChatFormat):
+        self.chat, self.seen = chat, []
+
+    def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids):
+        out = []
+        for p in prompts:
+            turn = self.chat.decode(p).count("<|im_start|>assistant") - 1
+            ids = self.chat.encode(SCRIPT[min(turn, len(SCRIPT) - 1)]) + [stop_ids[0]]
+            out.append(Generation(ids, [-0.1] * len(ids), True))
+        return out
+
+
+class Recording(EnginePolicy):
+    """The engine policy, keeping each episode's first prompt: its messages, tools and token ids."""
+
+    async def act(self, episodes):
+        for e in episodes:
+            if e.turn == 0:
+                self.seen.append((copy.deepcopy(e.messages), copy.deepcopy(e.tools), list(e.traj.token_ids)))
+        return await super().act(episodes)
+
+
+def _ids(encoded):
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+@pytest.mark.parametrize("kind", sorted(TOKENIZERS))
+def test_prompt_ids_are_the_exported_chat_templates(service, tmp_path, kind):
+    """The prompt training generates from is what ``transformers``' ``apply_chat_template`` makes of the
+    same messages and tools with the exported tokenizer (what vLLM's OpenAI server runs), token for token;
+    the whole episode's messages render to the text of its token ids."""
+    from transformers import AutoTokenizer
+
+    tokenizer = TOKENIZERS[kind]()
+    tokenizer.save_pretrained(str(tmp_path / "tok"))
+    exported = AutoTokenizer.from_pretrained(str(tmp_path / "tok"), local_files_only=True)
+    chat = ChatFormat(tokenizer)
+    policy = Recording(ScriptedEngine(chat), chat, max_new_tokens=64, temperature=1.0)
+    policy.seen = []
+    tasks = generate_tasks(6, seed=3) + [NO_PREFERENCE]
+    client = ToolsEnvClient(service)
+
+    async def go():
+        try:
+            return await run_episodes(tasks, policy, client, limits=LoopLimits(max_turns=3),
+                                      default_preference={"accuracy": 1.0, "cost": 0.5, "latency": 0.5})
+        finally:
+            await client.aclose()
+
+    trajs = asyncio.run(go())
+    assert len(policy.seen) == len(tasks)
+    for messages, tools, ids in policy.seen:
+        assert tools and messages[0]["role"] == "system"
+        assert _ids(exported.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                 tokenize=True)) == ids
+    for t, (_, tools, _) in zip(trajs, policy.seen):
+        assert t.format_errors == 1 and t.stop_reason == "answer"  # the first turn has no call
+        rendered = exported.apply_chat_template(t.messages, tools=tools, tokenize=False)
+        assert rendered == chat.decode(t.token_ids) + "\n"
+
+
+def _evaluate_recipe():
+    spec = importlib.util.spec_from_file_location("evaluate_recipe", os.path.join(REPO, "recipes", "evaluate.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class ScriptedMessages:
+    """A message-level policy (as an OpenAI endpoint is) writing ``SCRIPT``'s turns as text."""
+
+    name, chat = "scripted", None
+
+    async def act(self, episodes):
+        return [Turn(SCRIPT[min(e.turn, len(SCRIPT) - 1)], prompt_tokens=1, completion_tokens=1) for e in episodes]
+
+    async def aclose(self):
+        pass
+
+
+def test_training_and_evaluation_agree_on_malformed_calls_and_missing_preferences(service):
+    """A record without a preference and a turn without a call, once through the trainer's rollout
+    (token ids, the engine as policy) and once through evaluate's runner (messages): the same
+    conversation, the same error observation, the same default preference in the prompt and task."""
+    cfg = load_config(["rollout.max_turns=3", "rollout.max_context=4096"])
+    chat = ChatFormat(TOKENIZERS["embedded"]())
+    client = ToolsEnvClient(service)
+    trainer = Trainer(cfg, None, ScriptedEngine(chat), client, chat, [], None)
+    trained = trainer.run_loop([NO_PREFERENCE], 1, temperature=1.0)[0]
+    run = PolicyRun(ScriptedMessages(), LoopLimits(max_turns=3), _evaluate_recipe().EvalConfig().default_preference)
+    evaluated = trainer.loop.run_until_complete(run_all(client, [run], [NO_PREFERENCE], {"record": None},
+                                                        progress=False))
+    trainer.loop.run_until_complete(client.aclose())
+    assert evaluated[0].format_errors == trained.format_errors == 1
+    assert evaluated[0].correct and trained.correct
+    assert evaluated[0].messages == trained.messages
+    assert trained.messages[3] == {"role": "tool", "content": malformed_call_observation(
+        "no <tool_call>...</tool_call> in the turn")}
+    assert trained.task.preference == cfg.reward.default_preference
+    assert "Preference weights: accuracy 1, cost 0.5, latency 0.5." in trained.messages[1]["content"]
