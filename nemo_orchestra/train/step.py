@@ -166,15 +166,16 @@ def _join(segs: list[Segment], multiple: int, length: int | None) -> PackedBatch
 
 
 def mean_over_steps(steps: list[dict]) -> dict[str, float]:
-    """Token-weighted means of the optimizer steps' metrics; ``train/loss_tokens`` summed."""
-    weights = [s.get("train/loss_tokens", 0.0) for s in steps]
+    """Token-weighted means of the optimizer steps' metrics (weights: each step's ``train/loss_tokens``,
+    summed in the result), and ``train/optimizer_steps``."""
+    weights = [float(s.get("train/loss_tokens", 0.0)) for s in steps]
     sums: dict[str, list[float]] = {}
     for s, w in zip(steps, weights):
         for k, v in s.items():
             acc = sums.setdefault(k, [0.0, 0.0])
-            acc[0] += v * w
+            acc[0] += float(v) * w
             acc[1] += w
-    out = {k: v / max(w, 1.0) for k, (v, w) in sums.items()}
+    out = {k: v / w if w > 0 else 0.0 for k, (v, w) in sums.items()}
     out["train/loss_tokens"] = sum(weights)
     out["train/optimizer_steps"] = float(len(steps))
     return out

@@ -24,7 +24,7 @@ def reward_cfg(name="full", efficiency=True, preference=True, scalarization="lin
 
 
 def loss_cfg(**kw) -> LossConfig:
-    base = dict(clip_low=0.2, clip_high=0.28, dual_clip=10.0, kl_coef=0.0, tis_cap=None)
+    base = dict(clip_low=0.2, clip_high=0.28, dual_clip=10.0, kl_coef=0.0, tis_cap=None, minibatches=1)
     base.update(kw)
     return LossConfig(**base)
 

@@ -106,3 +106,69 @@ def test_reset_optimizer_state_makes_the_next_step_a_first_adam_step(policy):
             assert torch.allclose(delta[big], -lr * grad[big].sign(), rtol=1e-3, atol=1e-9), name
     ratio = [float(d[g.abs() > 1e-4].abs().mean() / lr) for d, g in stale.values() if (g.abs() > 1e-4).any()]
     assert min(ratio) < 0.9  # without the reset the steps were smaller than lr
+
+
+def _weights(policy):
+    return {k: v.detach().clone() for k, v in model_state(policy.module).items()}
+
+
+def _restore(policy, weights):
+    with torch.no_grad():
+        for k, v in model_state(policy.module).items():
+            v.copy_(weights[k])
+    reset_optimizer_state(policy.optimizer)
+
+
+def _rollout_batch(policy):
+    """Eight trajectories of one prompt: four generations with advantages +1, -1, +1, -1, each sampled
+    twice, so that the two halves of the batch (the two minibatches) hold the same generations."""
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(1, VOCAB, (6,), generator=g).tolist()
+    gens = [torch.randint(1, VOCAB, (10,), generator=g).tolist() for _ in range(4)]
+    trajs = []
+    for k in range(8):
+        t = traj(ids=prompt + gens[k % 4], mask=[0] * 6 + [1] * 10)
+        t.advantage = 1.0 if k % 2 == 0 else -1.0
+        t.gen_logprobs = [0.0] * 16
+        trajs.append(t)
+    (b,) = pack(trajs, capacity=256)
+    b.ref_logprobs_T = reference_logprobs(policy, [b])[0]
+    return b
+
+
+def test_one_minibatch_is_todays_on_policy_update(policy):
+    """loss.minibatches=1: one optimizer step, old logprobs from its own forward (ratio 1, clip never
+    binds), exactly the update train_step(grpo_loss_fn) makes."""
+    from nemo_orchestra.train.step import grpo_update
+
+    set_lr(policy.optimizer, 1e-2)
+    start = _weights(policy)
+    _restore(policy, start)  # fresh Adam moments for both updates
+    cfg = loss_cfg(minibatches=1)
+    m = grpo_update(policy, [_rollout_batch(policy)], cfg, load_config(TINY).parallel)
+    after_update = _weights(policy)
+    _restore(policy, start)
+    train_step(policy, [_rollout_batch(policy)], grpo_loss_fn(cfg))
+    after_step = _weights(policy)
+    _restore(policy, start)
+    assert m["train/optimizer_steps"] == 1 and m["loss/clip_frac"] == 0.0
+    assert all(torch.equal(after_update[k], after_step[k]) for k in start)
+    assert any(not torch.equal(after_update[k], start[k]) for k in start)
+
+
+def test_two_minibatches_take_two_steps_and_the_clip_binds(policy):
+    """loss.minibatches=2: old logprobs from a forward before the first step; the second step sees a
+    policy the first moved towards the same generations' advantages, so ratios leave
+    [1 - clip_low, 1 + clip_high] in the advantage's direction and are clipped."""
+    from nemo_orchestra.train.step import grpo_update
+
+    set_lr(policy.optimizer, 5e-2)
+    start = _weights(policy)
+    _restore(policy, start)
+    batch = _rollout_batch(policy)
+    m = grpo_update(policy, [batch], loss_cfg(minibatches=2), load_config(TINY).parallel)
+    _restore(policy, start)
+    assert m["train/optimizer_steps"] == 2
+    assert batch.old_logprobs_T is not None  # the sampling policy's, taken before the first step
+    assert m["loss/clip_frac"] > 0.0
+    assert m["train/loss_tokens"] == pytest.approx(float(batch.loss_mask_T.sum()))
