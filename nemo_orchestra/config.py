@@ -375,6 +375,15 @@ def load_structured(cls: type[T], overrides: List[str] = ()) -> T:
     return cfg
 
 
+def load_recipe_config(cls: type[T], argv: List[str]) -> tuple[T, Config]:
+    """A recipe that takes keys of its own (the dataclass ``cls``) beside the main job's: the
+    arguments whose top-level key is a field of ``cls`` load it (``load_structured``), the rest the
+    main config (``load_config``: ``parallel.tp=2``, ``model=...``)."""
+    own = {f.name for f in fields(cls)}
+    mine = [a for a in argv if a.split("=", 1)[0].split(".")[0] in own]
+    return load_structured(cls, mine), load_config([a for a in argv if a not in mine])
+
+
 def _structured(cls: type[T], tree, dotlist: List[str], source: str) -> T:
     schema = OmegaConf.structured(cls)
     try:

@@ -15,21 +15,30 @@ Launch:
 import logging
 import os
 import sys
+from dataclasses import dataclass
+from typing import Optional
 
-from nemo_orchestra.config import ConfigError, load_config
+from nemo_orchestra.config import ConfigError, load_recipe_config
 
-KEYS = ("checkpoint", "output", "tokenizer", "dtype")
+
+
+@dataclass
+class ExportArgs:
+    checkpoint: str = ""  # a training checkpoint (<run>/checkpoints/step_N) or an import
+    output: str = ""  # the Hugging Face folder to write
+    tokenizer: Optional[str] = None  # default: the checkpoint folder's or the run's tokenizer/
+    dtype: Optional[str] = None  # fp32 | bf16 | fp16; default: the model's
+
+    def validate(self) -> None:
+        if not self.checkpoint or not self.output:
+            raise ValueError("usage: export_checkpoint.py checkpoint=DIR output=DIR [tokenizer=DIR] [dtype=bf16]")
+        if self.dtype not in (None, "fp32", "bf16", "fp16"):
+            raise ValueError(f"dtype: must be fp32, bf16 or fp16, got {self.dtype!r}")
 
 
 def main(argv: list[str]) -> int:
-    args = dict(a.split("=", 1) for a in argv if a.split("=", 1)[0] in KEYS)
-    rest = [a for a in argv if a.split("=", 1)[0] not in KEYS]
     try:
-        if "checkpoint" not in args or "output" not in args:
-            raise ConfigError("usage: export_checkpoint.py checkpoint=DIR output=DIR [tokenizer=DIR] [dtype=bf16]")
-        if args.get("dtype") not in (None, "fp32", "bf16", "fp16"):
-            raise ConfigError(f"dtype: must be fp32, bf16 or fp16, got {args['dtype']!r}")
-        cfg = load_config(rest)
+        args, cfg = load_recipe_config(ExportArgs, argv)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -41,8 +50,7 @@ def main(argv: list[str]) -> int:
     setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))
     info = init_distributed(cfg.parallel, cfg.run.seed)
     try:
-        out = export_checkpoint(args["checkpoint"], args["output"], cfg.parallel, info.device, args.get("tokenizer"),
-                                args.get("dtype"))
+        out = export_checkpoint(args.checkpoint, args.output, cfg.parallel, info.device, args.tokenizer, args.dtype)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -19,20 +19,28 @@ import json
 import logging
 import os
 import sys
+from dataclasses import dataclass
+from typing import Optional
 
-from nemo_orchestra.config import ConfigError, load_config
+from nemo_orchestra.config import ConfigError, load_recipe_config
+
+
+@dataclass
+class ImportArgs:
+    hf: str = ""  # the Hugging Face Qwen3 (or Llama) folder
+    output: str = ""  # the Megatron checkpoint to write
+    dtype: Optional[str] = None  # fp32 | bf16 | fp16; default: the folder's
+
+    def validate(self) -> None:
+        if not self.hf or not self.output:
+            raise ValueError("usage: import_checkpoint.py hf=DIR output=DIR [dtype=bf16] [parallel.tp=N parallel.pp=M]")
+        if self.dtype not in (None, "fp32", "bf16", "fp16"):
+            raise ValueError(f"dtype: must be fp32, bf16 or fp16, got {self.dtype!r}")
 
 
 def main(argv: list[str]) -> int:
-    args = dict(a.split("=", 1) for a in argv if a.split("=", 1)[0] in ("hf", "output", "dtype"))
-    rest = [a for a in argv if a.split("=", 1)[0] not in ("hf", "output", "dtype")]
     try:
-        if "hf" not in args or "output" not in args:
-            raise ConfigError("usage: import_checkpoint.py hf=DIR output=DIR [dtype=bf16] "
-                              "[parallel.tp=N parallel.pp=M]")
-        if args.get("dtype") not in (None, "fp32", "bf16", "fp16"):
-            raise ConfigError(f"dtype: must be fp32, bf16 or fp16, got {args['dtype']!r}")
-        cfg = load_config(rest)
+        args, cfg = load_recipe_config(ImportArgs, argv)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -43,10 +51,10 @@ def main(argv: list[str]) -> int:
 
     setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))
     info = init_distributed(cfg.parallel, cfg.run.seed)
-    model = import_hf(args["hf"], args["output"], cfg.model, cfg.parallel, info.device, args.get("dtype"))
+    model = import_hf(args.hf, args.output, cfg.model, cfg.parallel, info.device, args.dtype)
     if info.is_main:
         logging.getLogger("import_checkpoint").info(
-            "wrote %s: %s", args["output"], json.dumps({k: getattr(model, k) for k in (
+            "wrote %s: %s", args.output, json.dumps({k: getattr(model, k) for k in (
                 "vocab_size", "hidden_size", "num_layers", "num_attention_heads", "num_query_groups", "qk_norm",
                 "tie_embeddings", "params_dtype")}))
     destroy_distributed()
