@@ -1,0 +1,131 @@
+"""What is trained is what is served: a short run's export behind vLLM's OpenAI-compatible server
+(hermes tool parser) renders the training prompt to the same token ids, and evaluate.py's
+``openai:`` policy on it decides as the ``checkpoint:`` policy does on the same tasks."""
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = ["sft.steps=150", "trainer.max_steps=1", "data.prompts_per_step=2", "rollout.group_size=2",
+       "rollout.engine=hf", "evaluation.enabled=false"]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                                   reason="vllm is not installed (scripts/setup.sh installs it)")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A short run, its export served by vLLM's OpenAI server; yields (run folder, base URL)."""
+    run = tmp_path_factory.mktemp("run")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONWARNINGS"] = "ignore"
+    r = subprocess.run([sys.executable, str(ROOT / "recipes/grpo_orchestrator.py"), f"run.output_dir={run}", *RUN],
+                       capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    port = _free_port()
+    log = open(run / "server.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(run / "hf"),
+         "--served-model-name", "orchestrator", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+         "--dtype", "float32", "--max-model-len", "1024", "--kv-cache-memory-bytes", str(256 << 20),
+         "--enforce-eager", "--generation-config", "vllm", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, (run / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "vLLM's server did not come up within 300 s"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                time.sleep(1)
+        yield run, f"http://127.0.0.1:{port}"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server and its engine processes
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(10)
+        log.close()
+
+
+def test_the_server_renders_the_training_prompt(served):
+    import asyncio
+
+    from nemo_orchestra.data.default_tasks import generate_tasks
+    from nemo_orchestra.prompting.chat import ChatFormat
+    from nemo_orchestra.prompting.prompts import task_messages
+    from nemo_orchestra.prompting.tokenizer import load_tokenizer
+    from tools_env.client import ToolsEnvClient
+    from tools_env.launch import start_service
+
+    run, url = served
+    chat = ChatFormat(load_tokenizer(str(run / "tokenizer")))  # the tokenizer the run trained with
+    tasks = generate_tasks(3, seed=11)
+    with start_service({}) as svc:
+        client = ToolsEnvClient(svc.urls)
+
+        async def tools_of(task):
+            try:
+                return (await client.create_episode(task.to_dict()))["tools"]
+            finally:
+                await client.aclose()
+
+        tools = [asyncio.run(tools_of(t)) for t in tasks]
+    for task, schema in zip(tasks, tools):
+        messages = task_messages(task)
+        served_ids = _post(f"{url}/tokenize", {"model": "orchestrator", "messages": messages, "tools": schema,
+                                               "add_generation_prompt": True})["tokens"]
+        assert served_ids == chat.prompt_ids(messages, schema)
+
+
+def test_the_served_export_decides_as_the_checkpoint(served, tmp_path):
+    from nemo_orchestra.data.default_tasks import generate_tasks
+
+    run, url = served
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(t.to_json() + "\n" for t in generate_tasks(24, seed=99)))
+    r = subprocess.run([sys.executable, str(ROOT / "recipes/evaluate.py"), f"tasks={tasks}", f"output={tmp_path / 'ev'}",
+                        f"policies=openai:{url}/v1:orchestrator,checkpoint:{run}", "max_turns=3",
+                        "openai.max_tokens=48", "progress=false"],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    episodes = [json.loads(line) for line in (tmp_path / "ev" / "episodes.jsonl").read_text().splitlines()]
+    by_task: dict[str, dict[str, dict]] = {}
+    for e in episodes:
+        by_task.setdefault(e["task_id"], {})[e["policy"].split(":")[0]] = e
+
+    def choices(e):  # each call's tool and expert alias
+        return [(tc["function"]["name"], json.loads(tc["function"]["arguments"]).get("model"))
+                for m in e["messages"] for tc in m.get("tool_calls") or []]
+
+    assert len(by_task) == 24 and all(set(v) == {"openai", "checkpoint"} for v in by_task.values())
+    assert all(choices(v["checkpoint"]) for v in by_task.values())  # the checkpoint calls tools
+    same = sum(choices(v["openai"]) == choices(v["checkpoint"]) for v in by_task.values())
+    assert same >= 0.9 * len(by_task), f"the served export chose as the checkpoint on {same} of {len(by_task)} tasks"
+    assert sum(v["openai"]["format_errors"] for v in by_task.values()) == 0
+    assert all(v["openai"]["reason"].split(":")[0] != "policy failed" for v in by_task.values())
