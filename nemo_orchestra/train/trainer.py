@@ -32,6 +32,7 @@ from nemo_orchestra.megatron.parallel import (
 from nemo_orchestra.prompting.chat import ChatFormat
 from nemo_orchestra.rollout.loop import EnginePolicy, LoopLimits, run_episodes
 from nemo_orchestra.train.checkpoint import (
+    CheckpointError,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
@@ -229,7 +230,10 @@ class Trainer:
 
     # ---- the loop -----------------------------------------------------------------------------------------
     def resume(self, ckpt_root: str) -> bool:
-        folder = latest_checkpoint(ckpt_root)
+        try:  # the newest intact checkpoint; a run with only damaged ones stops, naming the bad file
+            folder = latest_checkpoint(ckpt_root)
+        except CheckpointError as e:
+            raise SystemExit(f"error: cannot resume: {e}") from None
         if folder is None:
             return False
         state = load_checkpoint(folder, self.policy, self.rank)
