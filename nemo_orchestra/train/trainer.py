@@ -48,6 +48,7 @@ from nemo_orchestra.train.step import (
     train_step,
 )
 from nemo_orchestra.types import PackedBatch, TaskRecord, Trajectory
+from tools_env.recovery import tool_service_context, with_tool_service
 
 log = logging.getLogger(__name__)
 HELDOUT_SEED = "heldout"  # the service's draws for held-out episodes; evaluate.py's checkpoint policy uses it too
@@ -91,9 +92,10 @@ class Trainer:
         """``samples`` episodes per task through the agent loop, the engine as the policy."""
         r = self.cfg.rollout
         policy = EnginePolicy(self.engine, self.chat, r.max_new_tokens_per_turn, temperature, r.top_p)
-        return self.loop.run_until_complete(run_episodes(
+        return with_tool_service(lambda: self.loop.run_until_complete(run_episodes(
             tasks, policy, self.client, samples=samples, limits=LoopLimits.from_rollout(r),
-            default_preference=self.cfg.reward.default_preference, seed=seed, stats=stats))
+            default_preference=self.cfg.reward.default_preference, seed=seed, stats=stats)),
+            self.client, **tool_service_context(self.cfg.run.output_dir, self.step, seed == HELDOUT_SEED))
 
     def rollout(self, tasks: list[TaskRecord], stats: dict | None = None) -> list[Trajectory]:
         return self.run_loop(tasks, self.cfg.rollout.group_size, self.cfg.rollout.temperature,
