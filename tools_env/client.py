@@ -10,9 +10,11 @@ Sharding: the client picks each new episode's id (32 hex digits) and asks the re
 for that id goes to the same replica. Routing is stateless, so any client with the same URL
 list reaches any episode. (Episodes created without an id, e.g. with curl, get a server-made id
 ``w<k>-...`` naming the worker that holds them; crc32 routing does not apply to those.) Calls
-are never retried: a
+are never retried here: a
 step that reached the service may have run (and cost money). Every failure, HTTP 4xx/5xx or
-transport, raises ``ToolsEnvError`` carrying the server's code and message.
+transport, raises ``ToolsEnvError`` carrying the server's code and message; what a training run
+does about a service that is gone is ``tools_env.recovery``'s business (restart and retry the
+whole batch of episodes, or stop).
 """
 
 from __future__ import annotations
@@ -48,10 +50,10 @@ class ToolsEnvError(RuntimeError):
 
 class ToolsEnvClient:
     def __init__(self, urls: list[str] | str, token: str | None = None, timeout_s: float = 60.0,
-                 max_connections: int = 1024) -> None:
-        self.urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
-        if not self.urls:
-            raise ValueError("ToolsEnvClient needs at least one service URL")
+                 max_connections: int = 1024, service: Any = None) -> None:
+        self.urls: list[str] = []
+        self.retarget(urls)
+        self.service = service  # the ServiceHandle this process started and may restart (tools_env.recovery)
         self.token = token
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.max_connections = max_connections
@@ -59,6 +61,13 @@ class ToolsEnvClient:
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
         self._session: aiohttp.ClientSession | None = None
+
+    def retarget(self, urls: list[str] | str) -> None:
+        """Send every later call to these replicas (a restarted service's URLs)."""
+        urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
+        if not urls:
+            raise ValueError("ToolsEnvClient needs at least one service URL")
+        self.urls = urls
 
     def url_for(self, episode_id: str) -> str:
         return self.urls[zlib.crc32(episode_id.encode()) % len(self.urls)]

@@ -36,13 +36,14 @@ from typing import Any
 
 from tools_env.config import ServiceConfig
 from tools_env.metrics import UNKNOWN_TOOL, Metrics
+from tools_env.schema import EPISODE_ID_PATTERN
 from tools_env.task import TaskRecord, TaskRecordError
 from tools_env.tools.base import EpisodeContext, Tool, ToolArgumentError, ToolResult
 from tools_env.verify import Outcome, UnknownVerifierError, get_verifier, verifier_type
 
 log = logging.getLogger(__name__)
 
-EPISODE_ID_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
+EPISODE_ID_RE = re.compile(EPISODE_ID_PATTERN.strip("^$"))
 MAX_TOMBSTONES = 10_000
 
 
@@ -118,8 +119,6 @@ class EpisodeStore:
             if name not in self.tools:
                 raise ServiceError(400, "unknown_tool", f"unknown tool '{name}' in the task record; "
                                    f"tools of this service: {', '.join(self.tools)}")
-        if len(set(task.tools)) != len(task.tools):
-            raise ServiceError(400, "bad_task", "task record field 'tools' lists a tool twice")
         try:
             get_verifier(verifier_type(task))
         except UnknownVerifierError as e:

@@ -36,11 +36,28 @@ class ServiceStartError(RuntimeError):
 
 
 class ServiceHandle:
-    """A running service: ``.urls`` (one per worker), ``.token``, ``.stop()``; a context manager."""
+    """A running service: ``.urls`` (one per worker), ``.token``, ``.stop()``, ``.restart()``; a
+    context manager."""
 
     def __init__(self, process: subprocess.Popen, urls: list[str], token: str | None, tmpdir: str):
         self.process, self.urls, self.token, self.tmpdir = process, urls, token, tmpdir
         self.log_path = os.path.join(tmpdir, "server.log")
+        self.relaunch: Any = None  # start_service with this service's arguments (set by start_service)
+        self.restarts = 0
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def restart(self) -> list[str]:
+        """Stop what is left of this service and start it again with the same config, workers and
+        token (on fresh free ports unless a port was given); returns the new URLs. Its episodes are
+        gone: callers retry whatever ran on it."""
+        assert self.relaunch is not None, "restart() needs a handle made by start_service"
+        self.stop()
+        fresh = self.relaunch()
+        self.process, self.urls, self.tmpdir, self.log_path = fresh.process, fresh.urls, fresh.tmpdir, fresh.log_path
+        self.restarts += 1
+        return self.urls
 
     def log_tail(self, n_chars: int = 4000) -> str:
         try:
@@ -102,6 +119,8 @@ def start_service(config: dict | None = None, *, host: str = "127.0.0.1", port: 
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
     handle = ServiceHandle(proc, [], token, tmpdir)
+    handle.relaunch = lambda: start_service(config, host=host, port=port, workers=workers, token=token,
+                                            timeout_s=timeout_s, log_level=log_level)
     try:
         handle.urls = _wait_ready(proc, ready_path, time.monotonic() + timeout_s)
     except ServiceStartError as e:

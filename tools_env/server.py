@@ -1,4 +1,5 @@
-"""The tool-environment HTTP service (aiohttp). See tools_env/README.md for the API.
+"""The tool-environment HTTP service (aiohttp). See tools_env/README.md for the API and
+``GET /openapi.json`` (``tools_env/openapi.py``) for its contract.
 
     python -m tools_env.server --host 127.0.0.1 --port 8700 [--config FILE.yaml|json]
                                [--workers N] [--token T] [--ready-file PATH] [--exit-with-parent]
@@ -29,6 +30,8 @@ from tools_env import tools as _plugins  # noqa: F401  (registers the tool plug-
 from tools_env.config import ServiceConfig
 from tools_env.episodes import EpisodeStore, ServiceError
 from tools_env.metrics import Metrics
+from tools_env.openapi import NO_AUTH_PATHS, openapi_document
+from tools_env.schema import STEP_REQUEST, check
 from tools_env.tools.base import TOOL_REGISTRY, Tool
 
 try:
@@ -46,6 +49,7 @@ log = logging.getLogger("tools_env.server")
 STORE = web.AppKey("store", EpisodeStore)
 METRICS = web.AppKey("metrics", Metrics)
 TOOLS = web.AppKey("tools", dict)
+OPENAPI = web.AppKey("openapi", bytes)
 
 
 def json_response(data: Any, status: int = 200) -> web.Response:
@@ -79,9 +83,9 @@ async def step(request: web.Request) -> web.Response:
     body = await read_json(request)
     if not isinstance(body, dict):
         raise ServiceError(400, "bad_request", 'step body must be a JSON object {"name": ..., "arguments": {...}}')
-    if len(body) > 2 or any(k not in ("name", "arguments") for k in body):
-        extra = sorted(k for k in body if k not in ("name", "arguments"))
-        raise ServiceError(400, "bad_request", f"unknown step field(s): {', '.join(extra)}")
+    error = check(body, STEP_REQUEST, "step body")
+    if error:
+        raise ServiceError(400, "bad_request", error)
     result = await request.app[STORE].step(request.match_info["episode_id"], body.get("name"),
                                            body.get("arguments", {}))
     return json_response(result)
@@ -113,75 +117,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return json_response(openapi_spec())
-
-
-# ---- OpenAPI -------------------------------------------------------------------------------
-
-
-def _obj(props: dict[str, Any], required: list[str] | None = None, **extra: Any) -> dict[str, Any]:
-    return {"type": "object", "properties": props, "required": required or list(props), **extra}
-
-
-_S, _N, _B, _I = {"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "integer"}
-_REF = {k: {"$ref": f"#/components/schemas/{k}"} for k in
-        ("TaskRecord", "EpisodeCreated", "StepRequest", "StepResponse", "Outcome", "EpisodeSummary", "Error")}
-
-
-def _op(summary: str, ok: dict[str, Any] | None, body: str | None = None, errors: str = "400 404 409 410",
-        params: list[str] = ()) -> dict[str, Any]:
-    content = {"application/json": {"schema": ok}} if ok else {"text/plain": {"schema": _S}}
-    op: dict[str, Any] = {"summary": summary, "responses": {"200": {"description": "OK", "content": content}}}
-    for status in errors.split():
-        op["responses"][status] = {"description": "structured error",
-                                   "content": {"application/json": {"schema": _REF["Error"]}}}
-    if body:
-        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _REF[body]}}}
-    op["parameters"] = [{"name": p, "in": "query" if p == "episode_id?" else "path",
-                         "required": not p.endswith("?"), "schema": _S} for p in params]
-    for prm in op["parameters"]:
-        prm["name"] = prm["name"].rstrip("?")
-    return op
-
-
-def openapi_spec() -> dict[str, Any]:
-    counts = {"type": "object", "additionalProperties": _I}
-    schemas = {
-        "TaskRecord": _obj({"problem": _S, "answer": _S, "category": _S, "tools": {"type": "array", "items": _S},
-                            "id": _S, "prices": {"type": "object"}, "preference": {"type": "object"},
-                            "verifier": {"type": "object"}, "domain": _S, "gold_actions": {"type": "array"},
-                            "meta": {"type": "object"}}, ["problem", "answer", "category", "tools"],
-                           additionalProperties=False),
-        "EpisodeCreated": _obj({"episode_id": _S, "tools": {"type": "array", "items": {"type": "object"}}}),
-        "StepRequest": _obj({"name": _S, "arguments": {"type": "object"}}, ["name"]),
-        "Outcome": _obj({"correct": _B, "score": _N, "reason": _S}),
-        "StepResponse": _obj({"observation": _S, "cost": _N, "latency_s": _N, "done": _B,
-                              "error": {"type": "string", "nullable": True}, "outcome": _REF["Outcome"]},
-                             ["observation", "cost", "latency_s", "done", "error"]),
-        "EpisodeSummary": _obj({"episode_id": _S, "task_id": _S, "status": {"enum": ["active", "done", "expired"]},
-                                "turns": _I, "total_cost": _N, "total_latency_s": _N, "tool_counts": counts,
-                                "model_counts": counts, "error_count": _I, "ended_by": _S,
-                                "outcome": _REF["Outcome"], "age_s": _N}),
-        "Error": _obj({"error": _obj({"code": _S, "message": _S})}),
-    }
-    eid = "/v1/episodes/{episode_id}"
-    paths = {
-        "/v1/episodes": {"post": _op("create an episode from a task record", _REF["EpisodeCreated"], "TaskRecord",
-                                     "400 409 413 503", ["episode_id?"])},
-        eid + "/step": {"post": _op("call a tool; bad calls are 200s with `error` set", _REF["StepResponse"],
-                                    "StepRequest", "400 404 409 410 413", ["episode_id"])},
-        eid: {"get": _op("episode status and totals", _REF["EpisodeSummary"], params=["episode_id"]),
-              "delete": _op("drop an episode and its workdir", _REF["EpisodeSummary"], errors="404",
-                            params=["episode_id"])},
-        "/v1/tools": {"get": _op("schemas of every tool of the service", _obj({"tools": {"type": "array"}}),
-                                 errors="")},
-        "/healthz": {"get": _op("liveness (no auth)", _obj({"status": _S, "worker": _I, "episodes": _I}), errors="")},
-        "/metrics": {"get": _op("Prometheus text format", None, errors="")},
-    }
-    return {"openapi": "3.0.3",
-            "info": {"title": "nemo-orchestra tool environment", "version": "1"},
-            "components": {"schemas": schemas, "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
-            "security": [{"bearer": []}], "paths": paths}
+    return web.Response(body=request.app[OPENAPI], content_type="application/json")
 
 
 # ---- errors and auth -----------------------------------------------------------------------
@@ -194,7 +130,7 @@ def make_middleware(token: str | None, metrics: Metrics, max_request_bytes: int)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-        if expected is not None and request.path != "/healthz":
+        if expected is not None and request.path not in NO_AUTH_PATHS:
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 resp = error_response(401, "unauthorized", "missing or wrong bearer token", metrics)
@@ -211,7 +147,10 @@ def make_middleware(token: str | None, metrics: Metrics, max_request_bytes: int)
             message = e.text if e.text and not e.text.startswith(f"{e.status}:") else e.reason
             if e.status == 413:
                 message = f"request body larger than {max_request_bytes} bytes"
-            return error_response(e.status, code, f"{message} ({request.method} {request.path[:200]})", metrics)
+            resp = error_response(e.status, code, f"{message} ({request.method} {request.path[:200]})", metrics)
+            if isinstance(e, web.HTTPMethodNotAllowed):  # RFC 9110: a 405 lists the methods the route has
+                resp.headers["Allow"] = ", ".join(sorted(e.allowed_methods))
+            return resp
         except Exception as e:  # last resort: a structured 500 rather than a dropped connection
             log.exception("unhandled error on %s %s", request.method, request.path)
             return error_response(500, "internal", f"{type(e).__name__}: {e}", metrics)
@@ -244,14 +183,14 @@ def build_app(cfg: ServiceConfig, *, token: str | None = None, worker_index: int
     app[METRICS] = metrics_
     app[TOOLS] = tools
     app[STORE] = EpisodeStore(cfg, tools, metrics_, worker_index)
+    app[OPENAPI] = dumps(openapi_document(list(tools), auth=bool(token)))
     app.router.add_post("/v1/episodes", create_episode)
     app.router.add_post("/v1/episodes/{episode_id}/step", step)
-    app.router.add_get("/v1/episodes/{episode_id}", get_episode)
+    app.router.add_get("/v1/episodes/{episode_id}", get_episode, allow_head=False)
     app.router.add_delete("/v1/episodes/{episode_id}", delete_episode)
-    app.router.add_get("/v1/tools", list_tools)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/openapi.json", openapi)
+    for path, handler in (("/v1/tools", list_tools), ("/healthz", healthz), ("/metrics", metrics),
+                          ("/openapi.json", openapi)):
+        app.router.add_get(path, handler, allow_head=False)  # HEAD is not in the document: a 405 like any other
 
     async def lifecycle(app: web.Application):
         gc_task = asyncio.get_running_loop().create_task(app[STORE].run_gc())

@@ -1,6 +1,7 @@
 """The task record: one line of a task jsonl file, and what an episode is created from.
 
-A minimal QA record is ``{"problem": str, "answer": str, "category": str, "tools": [names]}``.
+A minimal QA record is ``{"problem": str, "answer": str, "category": str, "tools": [names]}``
+(at least one tool, none twice). Its schema is ``tools_env.schema.task_record_schema``.
 Optional fields:
 
 - ``id``: a stable identifier (defaults to a hash of the problem).
@@ -20,7 +21,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-VERIFIER_TYPES = ("exact", "numeric", "db_state", "judge")
+from tools_env.schema import VERIFIER_TYPES, check, task_record_schema  # noqa: F401  (re-exported)
+
+TASK_RECORD_SCHEMA = task_record_schema()
 
 
 class TaskRecordError(ValueError):
@@ -47,42 +50,13 @@ class TaskRecord:
 
     @classmethod
     def from_dict(cls, d: Any) -> "TaskRecord":
+        """A record checked against ``tools_env.schema.task_record_schema()``, the schema the service's
+        OpenAPI document publishes; ``TaskRecordError`` names the first field that breaks it."""
         if not isinstance(d, dict):
             raise TaskRecordError(f"task record must be a JSON object, got {type(d).__name__}")
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise TaskRecordError(f"unknown task record field(s): {', '.join(unknown)}")
-        for key, typ in (("problem", str), ("answer", str), ("category", str)):
-            if key not in d:
-                raise TaskRecordError(f"task record is missing '{key}'")
-            if not isinstance(d[key], typ):
-                raise TaskRecordError(f"task record field '{key}' must be a string")
-        if "tools" not in d:
-            raise TaskRecordError("task record is missing 'tools'")
-        if not isinstance(d["tools"], list) or not all(isinstance(t, str) for t in d["tools"]):
-            raise TaskRecordError("task record field 'tools' must be a list of tool names")
-        prices = d.get("prices", {})
-        if not isinstance(prices, dict):
-            raise TaskRecordError("task record field 'prices' must be an object")
-        for alias, p in prices.items():
-            if not isinstance(p, dict) or set(p) - {"input", "output"}:
-                raise TaskRecordError(f"prices['{alias}'] must be {{'input': $/1M, 'output': $/1M}}")
-            for k, v in p.items():
-                if not isinstance(v, (int, float)) or v < 0:
-                    raise TaskRecordError(f"prices['{alias}']['{k}'] must be a number >= 0")
-        pref = d.get("preference", {})
-        if not isinstance(pref, dict):
-            raise TaskRecordError("task record field 'preference' must be an object")
-        for k, v in pref.items():
-            if k == "tools":
-                if not isinstance(v, dict) or not all(isinstance(w, (int, float)) for w in v.values()):
-                    raise TaskRecordError("preference['tools'] must map tool names to numbers")
-            elif not isinstance(v, (int, float)) or v < 0:
-                raise TaskRecordError(f"preference['{k}'] must be a number >= 0")
-        verifier = d.get("verifier", {"type": "exact"})
-        if not isinstance(verifier, dict) or verifier.get("type") not in VERIFIER_TYPES:
-            raise TaskRecordError(f"task record field 'verifier.type' must be one of {VERIFIER_TYPES}")
+        error = check(d, TASK_RECORD_SCHEMA, "task record")
+        if error:
+            raise TaskRecordError(error)
         return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:

@@ -221,8 +221,9 @@ async def run_episodes(tasks: list[TaskRecord], policy: TurnPolicy, client, *, s
                 if in_flight and limits.batch_window_s > 0:
                     more, in_flight = await asyncio.wait(in_flight, timeout=limits.batch_window_s)
                     done |= more
-                for d in done:
-                    d.result()  # a tool call that raised ends the run with its error
+                error = _first_error(done)
+                if error is not None:  # a tool call that raised ends the run with its error
+                    raise error
                 stats["env_wait_s"] += time.perf_counter() - t0
                 continue
             batch = list(ready)
@@ -244,7 +245,15 @@ async def run_episodes(tasks: list[TaskRecord], policy: TurnPolicy, client, *, s
             d.cancel()
         await asyncio.gather(*[client.delete_episode(ep.episode_id) for ep in episodes if ep and ep.episode_id],
                              return_exceptions=True)
+        _first_error(in_flight)
     return [ep.traj for ep in episodes]
+
+
+def _first_error(tasks) -> BaseException | None:
+    """The first exception of the finished tasks; reading every one keeps asyncio from logging the others
+    as never retrieved (a traceback each when a dead tool service fails a whole batch)."""
+    errors = [t.exception() for t in tasks if t.done() and not t.cancelled()]
+    return next((e for e in errors if e is not None), None)
 
 
 def _fits(ep: Episode, limits: LoopLimits) -> bool:

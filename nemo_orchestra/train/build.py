@@ -44,8 +44,9 @@ def warm_start_tasks(cfg: Config, tasks: list) -> list:
     return [tasks[i % len(tasks)] for i in range(n)]
 
 
-def tool_service(cfg: Config, stack: ExitStack) -> list[str]:
-    """URLs of the tool service: the configured replicas, or one started here for this node."""
+def tool_service(cfg: Config, stack: ExitStack, started: list | None = None) -> list[str]:
+    """URLs of the tool service: the configured replicas, or one started here for this node (its
+    handle appended to ``started``)."""
     if cfg.tools.url:
         urls = [u.strip().rstrip("/") for u in cfg.tools.url.split(",") if u.strip()]
         for url in urls:
@@ -58,10 +59,21 @@ def tool_service(cfg: Config, stack: ExitStack) -> list[str]:
             dict(cfg.tools.service), workers=cfg.tools.workers, token=cfg.tools.token,
             timeout_s=cfg.tools.startup_timeout_s))
         log.info("tool service started at %s", ", ".join(handle.urls))
+        if started is not None:
+            started.append(handle)
         return list(handle.urls)
 
     # one replica per node, started by its local rank 0 and shared with the node's other ranks
     return once_per_node(start, os.path.join(cfg.run.output_dir, "tools_urls"))
+
+
+def restartable(started: list):
+    """The service this process started, when no other process uses it (then it may be restarted
+    in place: tools_env.recovery); None for a service given by URL or shared by a node's ranks."""
+    import torch.distributed as dist
+
+    shared = dist.is_initialized() and dist.get_world_size() > 1
+    return started[0] if started and not shared else None
 
 
 def _check_health(url: str, timeout_s: float) -> None:
@@ -81,9 +93,11 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     if info.is_main:
         save_config(cfg, os.path.join(cfg.run.output_dir, "config.yaml"))
     tasks = load_tasks(cfg)
-    urls = tool_service(cfg, stack)
+    started: list = []
+    urls = tool_service(cfg, stack, started)
     loop = asyncio.new_event_loop()
-    client = ToolsEnvClient(urls, token=cfg.tools.token or os.environ.get("TOOLS_ENV_TOKEN"))
+    client = ToolsEnvClient(urls, token=cfg.tools.token or os.environ.get("TOOLS_ENV_TOKEN"),
+                            service=restartable(started))
     sft_tasks = warm_start_tasks(cfg, tasks)
     log.info("scripted warm-start episodes: %d", len(sft_tasks))
     scripted = loop.run_until_complete(scripted_episodes(sft_tasks, client, cfg.run.seed))

@@ -32,6 +32,7 @@ from nemo_orchestra.megatron.parallel import (
 from nemo_orchestra.prompting.chat import ChatFormat
 from nemo_orchestra.rollout.loop import HELDOUT_SEED, EnginePolicy, LoopLimits, run_episodes
 from nemo_orchestra.train.checkpoint import (
+    CheckpointError,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
@@ -47,6 +48,7 @@ from nemo_orchestra.train.step import (
     train_step,
 )
 from nemo_orchestra.types import PackedBatch, TaskRecord, Trajectory
+from tools_env.recovery import tool_service_context, with_tool_service
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +91,10 @@ class Trainer:
         """``samples`` episodes per task through the agent loop, the engine as the policy."""
         r = self.cfg.rollout
         policy = EnginePolicy(self.engine, self.chat, r.max_new_tokens_per_turn, temperature, r.top_p)
-        return self.loop.run_until_complete(run_episodes(
+        return with_tool_service(lambda: self.loop.run_until_complete(run_episodes(
             tasks, policy, self.client, samples=samples, limits=LoopLimits.from_rollout(r),
-            default_preference=self.cfg.reward.default_preference, seed=seed, stats=stats))
+            default_preference=self.cfg.reward.default_preference, seed=seed, stats=stats)),
+            self.client, **tool_service_context(self.cfg.run.output_dir, self.step, seed == HELDOUT_SEED))
 
     def rollout(self, tasks: list[TaskRecord], stats: dict | None = None) -> list[Trajectory]:
         return self.run_loop(tasks, self.cfg.rollout.group_size, self.cfg.rollout.temperature,
@@ -228,7 +231,10 @@ class Trainer:
 
     # ---- the loop -----------------------------------------------------------------------------------------
     def resume(self, ckpt_root: str) -> bool:
-        folder = latest_checkpoint(ckpt_root)
+        try:  # the newest intact checkpoint; a run with only damaged ones stops, naming the bad file
+            folder = latest_checkpoint(ckpt_root)
+        except CheckpointError as e:
+            raise SystemExit(f"error: cannot resume: {e}") from None
         if folder is None:
             return False
         state = load_checkpoint(folder, self.policy, self.rank)

@@ -202,7 +202,7 @@ def test_delete_waits_for_a_running_step_then_the_episode_is_gone():
     ({"problem": "p", "answer": "a", "tools": []}, "bad_task", "'category'"),
     (qa_task(["calculator", "calculator"]), "bad_task", "twice"),
     ([1, 2], "bad_task", "JSON object"),
-    (qa_task(["answer"], prices={"x": {"input": -1}}), "bad_task", "prices['x']['input']"),
+    (qa_task(["answer"], prices={"x": {"input": -1}}), "bad_task", "prices.x.input"),
 ])
 def test_bad_task_records(record, code, words):
     async def go():

@@ -14,11 +14,14 @@ from tools_env.launch import REPO_ROOT, ServiceStartError, start_service
 from tools_env_helpers import http, qa_task, run
 
 
-def test_bearer_token_is_required_except_for_healthz():
+def test_bearer_token_is_required_except_for_healthz_and_the_contract():
     with start_service(token="s3cret") as svc:
         url = svc.urls[0]
         assert http(f"{url}/healthz")[0] == 200
-        for path, method in (("/v1/tools", "GET"), ("/metrics", "GET"), ("/openapi.json", "GET"),
+        status, spec = http(f"{url}/openapi.json")  # readable without the token, and says a token is needed
+        assert status == 200 and spec["security"] == [{"bearer": []}]
+        assert "401" in spec["paths"]["/v1/tools"]["get"]["responses"]
+        for path, method in (("/v1/tools", "GET"), ("/metrics", "GET"),
                              ("/v1/episodes", "POST"), ("/v1/episodes/x", "GET")):
             status, body = http(f"{url}{path}", method, qa_task(["answer"]) if method == "POST" else None)
             assert status == 401 and body["error"]["code"] == "unauthorized", path

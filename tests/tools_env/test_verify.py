@@ -11,7 +11,7 @@ from tools_env_helpers import run
 
 
 def task(answer, verifier=None, **kw):
-    return TaskRecord.from_dict({"problem": "q", "answer": answer, "category": "c", "tools": [],
+    return TaskRecord.from_dict({"problem": "q", "answer": answer, "category": "c", "tools": ["answer"],
                                  **({"verifier": verifier} if verifier else {}), **kw})
 
 
