@@ -169,7 +169,7 @@ def supervise_workers(args: Any, token: str | None) -> int:
     """Start ``args.workers`` workers, write the ready file, and wait (until SIGTERM/SIGINT, a worker
     exits, or, with ``--exit-with-parent``, the process that started this one is gone); returns the
     exit code. The workers die with the supervisor (PR_SET_PDEATHSIG on Linux)."""
-    from tools_env.server import parent_gone
+    from tools_env.process import parent_gone
 
     env = dict(os.environ)
     if token:
@@ -221,7 +221,7 @@ def supervise_workers(args: Any, token: str | None) -> int:
         urls[k] = line.split()[1]
     if not stopping.is_set():
         if args.ready_file:
-            from tools_env.server import write_ready_file
+            from tools_env.process import write_ready_file
 
             write_ready_file(args.ready_file, urls)
         for url in urls:

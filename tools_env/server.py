@@ -28,6 +28,7 @@ from aiohttp import web
 from tools_env import domains as _domains  # noqa: F401  (registers the db_state verifier)
 from tools_env import tools as _plugins  # noqa: F401  (registers the tool plug-ins)
 from tools_env.config import ServiceConfig
+from tools_env.process import parent_gone, write_ready_file
 from tools_env.episodes import EpisodeStore, ServiceError
 from tools_env.metrics import Metrics
 from tools_env.openapi import NO_AUTH_PATHS, openapi_document
@@ -231,11 +232,6 @@ async def serve(cfg: ServiceConfig, host: str, port: int, *, token: str | None =
     await runner.cleanup()
 
 
-def parent_gone(parent_pid: int) -> bool:
-    """True once the process that started this one has exited (this one is then re-parented)."""
-    return os.getppid() != parent_pid
-
-
 async def _stop_when_orphaned(parent_pid: int, stop: asyncio.Event, every_s: float = 0.5) -> None:
     while not stop.is_set():
         if parent_gone(parent_pid):
@@ -253,13 +249,6 @@ def _tune_gc() -> None:
     gc.freeze()
     gen0, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(max(gen0, 7000), gen1, gen2)
-
-
-def write_ready_file(path: str, urls: list[str]) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump({"urls": urls, "pid": os.getpid()}, f)
-    os.replace(tmp, path)
 
 
 def _url_host(host: str) -> str:
