@@ -201,7 +201,7 @@ class ExpertsConfig:
                                for a, v in _check_map(d["simulated"], f"{path}.simulated").items()}
         elif kw["endpoints"]:  # endpoints alone: the run uses real experts only
             kw["simulated"] = {}
-        clash = sorted(set(kw["endpoints"]) & set(kw["simulated"]))
+        clash = sorted(set(kw["endpoints"]) & set(kw.get("simulated", {})))
         if clash:
             raise ValueError(f"expert alias(es) {clash} are both an endpoint and simulated")
         return cls(**kw)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from tools_env import schema as S
+from tools_env.verify import VERIFIERS
 
 NO_AUTH_PATHS = frozenset({"/healthz", "/openapi.json"})
 _COMPONENTS = {"StepRequest": S.STEP_REQUEST, "StepResponse": S.STEP_RESPONSE, "Outcome": S.OUTCOME,
@@ -89,7 +90,7 @@ def _paths(auth: bool) -> dict[str, Any]:
 
 def openapi_document(tool_names: list[str], auth: bool) -> dict[str, Any]:
     """The document a service with these tools (and a token, when ``auth``) serves at ``/openapi.json``."""
-    components: dict[str, Any] = {"schemas": {"TaskRecord": S.task_record_schema(tool_names), **_COMPONENTS}}
+    components: dict[str, Any] = {"schemas": {"TaskRecord": S.task_record_schema(tool_names, sorted(VERIFIERS)), **_COMPONENTS}}
     doc: dict[str, Any] = {"openapi": "3.0.3", "info": {"title": "nemo-orchestra tool environment", "version": "1"},
                            "servers": [{"url": "/"}], "paths": _paths(auth), "components": components}
     if auth:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-VERIFIER_TYPES = ("exact", "numeric", "db_state", "judge")
 EPISODE_ID_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$"
 ANY: dict[str, Any] = {}  # any JSON value, null included
 
@@ -41,18 +40,24 @@ PRICES = obj({}, extra=obj({"input": _N0, "output": _N0}),
              description="{alias: {input, output}} in $ per 1M tokens, overriding the configured prices")
 PREFERENCE = obj({"tools": {"type": "object", "additionalProperties": {"type": "number"}}}, extra=_N0,
                  description="weights >= 0 of accuracy, cost, latency, ...; tools: {tool: weight}")
-VERIFIER = obj({"type": {"type": "string", "enum": list(VERIFIER_TYPES)},
-                "aliases": {"type": "array", "items": _S}, "rel_tol": _N0, "abs_tol": _N0},
+
+
+def verifier_schema(types: list[str] | None = None) -> dict[str, Any]:
+    """``types``: the verifier types a service has registered (``tools_env.verify.VERIFIERS``); None (a
+    task file read outside a service): any name, checked when a service creates the episode."""
+    kind = {"type": "string", "enum": sorted(types)} if types is not None else {"type": "string", "minLength": 1}
+    return obj({"type": kind, "aliases": {"type": "array", "items": _S}, "rel_tol": _N0, "abs_tol": _N0},
                ["type"], extra=True)
 
 
-def task_record_schema(tool_names: list[str] | None = None) -> dict[str, Any]:
+def task_record_schema(tool_names: list[str] | None = None, verifier_types: list[str] | None = None
+                       ) -> dict[str, Any]:
     tool = {"type": "string", "enum": sorted(tool_names)} if tool_names is not None else _S
     return obj({
         "problem": _S, "answer": _S, "category": _S,
         "tools": {"type": "array", "items": tool, "minItems": 1, "uniqueItems": True},
         "id": {**_S, "description": "stable identifier; empty: a hash of the problem"},
-        "prices": PRICES, "preference": PREFERENCE, "verifier": VERIFIER,
+        "prices": PRICES, "preference": PREFERENCE, "verifier": verifier_schema(verifier_types),
         "domain": {**_S, "nullable": True}, "gold_actions": {"type": "array", "items": {"type": "object"}},
         "meta": {"type": "object", "description": "free-form, carried through"},
     }, ["problem", "answer", "category", "tools"])

@@ -9,7 +9,7 @@ Optional fields:
   service's configured prices for expert aliases in this episode.
 - ``preference``: ``{"accuracy": w, "cost": w, "latency": w, "tools": {tool: w}}`` — the
   user preference vector the composite reward applies (weights >= 0).
-- ``verifier``: ``{"type": "exact" | "numeric" | "db_state" | "judge", ...}``; default exact.
+- ``verifier``: ``{"type": "exact" | "numeric" | "db_state" | "judge" | a registered type, ...}``; default exact.
 - ``domain``: ToolScale-style domain name, with ``gold_actions`` for database-state tasks.
 - ``meta``: free-form, carried through untouched.
 """
@@ -21,7 +21,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tools_env.schema import VERIFIER_TYPES, check, task_record_schema  # noqa: F401  (re-exported)
+from tools_env.schema import check, task_record_schema  # noqa: F401  (re-exported)
 
 TASK_RECORD_SCHEMA = task_record_schema()
 

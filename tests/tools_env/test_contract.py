@@ -28,7 +28,7 @@ ST = shutil.which("st", path=os.path.dirname(sys.executable)) or shutil.which("s
     (qa_task(["answer"], prices={"x": {"input": True}}), "'prices.x.input' must be a number >= 0, got a boolean"),
     (qa_task(["answer"], prices={"x": {"in": 1}}), "'prices.x' has unknown field(s) 'in'"),
     (qa_task(["answer"], preference={"cost": -1}), "'preference.cost' must be a number >= 0"),
-    (qa_task(["answer"], verifier={"type": "vibes"}), "'verifier.type' must be one of exact, numeric"),
+    (qa_task(["answer"], verifier={"type": ""}), "'verifier.type'"),
     (qa_task(["answer"], domain=3), "'domain' must be a string, got a number"),
     ({k: v for k, v in qa_task(["answer"]).items() if k != "answer"}, "task record is missing 'answer'"),
     (qa_task(["answer"], extra=1), "task record has unknown field(s) 'extra'"),
@@ -38,6 +38,17 @@ def test_the_task_schema_refuses_and_names_the_field(record, words):
     assert error is not None and words in error, error
     with pytest.raises(ValueError, match="task record"):
         TaskRecord.from_dict(record)
+
+
+def test_the_service_schema_lists_the_registered_verifier_types():
+    """A task file may name a verifier type a plug-in registers; the service's own schema (and its
+    /openapi.json) enumerates the types registered in it, and refuses the others at creation."""
+    from tools_env.verify import VERIFIERS
+
+    record = qa_task(["answer"], verifier={"type": "vibes"})
+    assert TaskRecord.from_dict(record).verifier == {"type": "vibes"}
+    error = check(record, task_record_schema(None, sorted(VERIFIERS)), "task record")
+    assert error is not None and "'verifier.type' must be one of db_state, exact, judge, numeric" in error, error
 
 
 def test_what_the_schema_accepts_the_record_accepts():

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from nemo_orchestra.evaluation.policy import Oracle
-from nemo_orchestra.evaluation.runner import run_all
+from nemo_orchestra.evaluation.runner import PolicyRun, run_all
 from nemo_orchestra.synth.pipeline import SynthConfig, synthesize
 from tools_env.client import ToolsEnvClient
 from tools_env.launch import start_service
@@ -29,13 +29,14 @@ def svc(data):
 
 
 def test_every_gold_answer_verifies_in_the_service(data, svc):
-    records = [r.to_dict() for name in ("train.jsonl", "eval.jsonl") for r in load_jsonl(os.path.join(data, name))]
-    assert {r["category"] for r in records} == {"arithmetic", "lookup", "reasoning", "function_calling"}
+    records = [r for name in ("train.jsonl", "eval.jsonl") for r in load_jsonl(os.path.join(data, name))]
+    assert {r.category for r in records} == {"arithmetic", "lookup", "reasoning", "function_calling"}
 
     async def go():
         client = ToolsEnvClient(svc.urls)
         try:
-            return await run_all(client, [Oracle(records)], records, {"record": None}, progress=False)
+            oracle = PolicyRun(Oracle([r.to_dict() for r in records]))
+            return await run_all(client, [oracle], records, {"record": None}, progress=False)
         finally:
             await client.aclose()
 

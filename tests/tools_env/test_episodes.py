@@ -228,3 +228,10 @@ def test_episode_ids_and_capacity():
             store.create(qa_task(["answer"]))
         assert (e.value.status, e.value.code) == (503, "too_many_episodes")
     run(go())
+
+
+def test_a_task_with_an_unregistered_verifier_type_is_refused_at_creation():
+    store = make_store()
+    with pytest.raises(ServiceError) as e:
+        store.create(qa_task(["answer"], verifier={"type": "vibes"}))
+    assert (e.value.status, e.value.code) == (400, "unknown_verifier") and "'vibes' is not registered" in str(e.value)

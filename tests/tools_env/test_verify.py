@@ -5,7 +5,16 @@ import sys
 import pytest
 
 from tools_env.task import TaskRecord
-from tools_env.verify import exact_match, extract_number, normalize_answer, numeric_match, parse_number, verify
+from tools_env.verify import (
+    VERIFIERS,
+    UnknownVerifierError,
+    exact_match,
+    extract_number,
+    normalize_answer,
+    numeric_match,
+    parse_number,
+    verify,
+)
 
 from tools_env_helpers import run
 
@@ -86,8 +95,8 @@ def test_judge_is_asked_only_when_exact_match_fails():
     assert not out.correct and "no judge endpoint" in out.reason
 
 
-def test_db_state_delegates_to_domains(monkeypatch):
-    import types
+def test_db_state_is_registered_by_the_domains_package(monkeypatch):
+    import tools_env.domains as domains
 
     seen = {}
 
@@ -95,24 +104,30 @@ def test_db_state_delegates_to_domains(monkeypatch):
         seen["args"] = (ctx, t.domain)
         return True, "tables match"
 
-    monkeypatch.setitem(sys.modules, "tools_env.domains", types.SimpleNamespace(verify_db_state=verify_db_state))
+    monkeypatch.setattr(domains, "verify_db_state", verify_db_state)
+    assert VERIFIERS["db_state"] is domains.db_state_verifier
     out = run(verify("done", task("", {"type": "db_state"}, domain="bank"), ctx="CTX"))
     assert (out.correct, out.reason) == (True, "db_state: tables match")
     assert seen["args"] == ("CTX", "bank")
 
 
-def test_db_state_without_the_domains_module_is_a_clear_incorrect_outcome(monkeypatch):
-    monkeypatch.setitem(sys.modules, "tools_env.domains", None)  # import now raises ImportError
-    out = run(verify("done", task("", {"type": "db_state"}, domain="bank")))
-    assert not out.correct and "db_state verifier unavailable" in out.reason
+def test_an_unregistered_verifier_type_is_an_error_naming_it(monkeypatch):
+    """Not an incorrect outcome: a task nobody can verify is refused (the service does so at creation)."""
+    with pytest.raises(UnknownVerifierError, match="verifier type 'regex' is not registered; registered types: "):
+        run(verify("done", task("", {"type": "regex"})))
+    import tools_env.domains  # noqa: F401
+
+    monkeypatch.delitem(VERIFIERS, "db_state")
+    with pytest.raises(UnknownVerifierError, match="registered by importing tools_env.domains"):
+        run(verify("done", task("", {"type": "db_state"}, domain="bank")))
 
 
-def test_db_state_verifier_crash_is_an_incorrect_outcome(monkeypatch):
-    import types
+def test_a_verifier_that_raises_is_an_incorrect_outcome(monkeypatch):
+    import tools_env.domains as domains
 
     def boom(ctx, t):
         raise KeyError("no such table")
 
-    monkeypatch.setitem(sys.modules, "tools_env.domains", types.SimpleNamespace(verify_db_state=boom))
+    monkeypatch.setattr(domains, "verify_db_state", boom)
     out = run(verify("done", task("", {"type": "db_state"}, domain="bank")))
-    assert not out.correct and "KeyError" in out.reason
+    assert not out.correct and "db_state verifier failed: KeyError" in out.reason
