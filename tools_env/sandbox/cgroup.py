@@ -101,13 +101,22 @@ class _Cgroup:
         except (OSError, ValueError):
             return False
 
-    def remove(self) -> None:
-        for _ in range(200):  # killed processes leave the group a moment after SIGKILL
-            try:
-                os.rmdir(self.path)
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.005)
+    def try_remove(self) -> bool:
+        """Remove the group if it is empty now; True when it is gone."""
+        try:
+            os.rmdir(self.path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+        return True
+
+    def remove(self) -> bool:
+        """Remove the group once its processes are gone (killed ones leave it a moment after
+        SIGKILL); False when it is still busy after a second."""
+        for attempt in range(220):
+            if self.try_remove():
+                return True
+            time.sleep(0.0005 if attempt < 20 else 0.005)  # usually gone within a millisecond
         logger.warning("sandbox: cgroup %s is still busy; left in place", self.path)
+        return False

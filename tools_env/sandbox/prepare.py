@@ -90,10 +90,16 @@ def _nproc_limit(plan: _Plan, uid: int | None, max_processes: int) -> int:
     return tasks + max_processes
 
 
-# The launcher and the bootstrap are programs, kept as files beside this one and handed over as
-# text (`-c` and argv): neither the launcher nor the sandbox uid has to read a file in the repository.
-_LAUNCHER = (Path(__file__).parent / "launcher.py").read_text(encoding="utf-8")
-_BOOTSTRAP = (Path(__file__).parent / "bootstrap.py").read_text(encoding="utf-8")
+# The launcher, the zygote and the bootstrap are programs, kept as files beside this one and handed
+# over as text (`-c` and argv): neither they nor the sandbox uid have to read a file in the
+# repository. The launcher and the zygote share the layers (layers.py in front of their text).
+def _program(*names: str) -> str:
+    return "\n".join((Path(__file__).parent / name).read_text(encoding="utf-8") for name in names)
+
+
+_LAUNCHER = _program("layers.py", "launcher.py")
+_ZYGOTE = _program("layers.py", "zygote.py")
+_BOOTSTRAP = _program("bootstrap.py")
 
 
 def _launch_spec(plan: _Plan, wd: str, uid: int | None, limits: SandboxLimits, nproc: int,

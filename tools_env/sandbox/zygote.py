@@ -1,0 +1,159 @@
+# The zygote, the warm path (see warm.py): a sandbox interpreter that waits to be forked.
+# A program, not a module of the package: warm.py puts layers.py in front of this text and starts it
+# once per service process as `<sandbox python> -I -B -u -c <boot> <layers.py + this> <bootstrap.py>
+# <config>`, privileged like the launcher. It has already paid for the interpreter's start and the
+# imports of the layers and the bootstrap, and it never runs code itself: every run's child is a
+# fork of the same untouched process.
+# For each "run" message on its socket (a job and the run's fds: code memfd, stdout, stderr, status,
+# exit) it forks a single-use child, which joins the run's cgroup and a new session, takes the run's
+# stdio and environment, enters the layers exactly as the launcher does and runs the bootstrap where
+# the launcher would exec it. "done <run>" SIGKILLs the child's process group and reaps the child.
+# The zygote exits when its socket reaches EOF or its parent changes: the service is gone, however
+# it died (SIGKILL included); its children die with it (PR_SET_PDEATHSIG).
+import gc, select, socket
+import atexit, linecache, tokenize  # imported by the bootstrap: already loaded in every child
+
+SYS_CLONE3, CLONE_INTO_CGROUP = 435, 0x200000000  # clone3 has number 435 on every architecture
+
+class CloneArgs(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in ("flags", "pidfd", "child_tid", "parent_tid", "exit_signal",
+                                                      "stack", "stack_size", "tls", "set_tid", "set_tid_size", "cgroup")]
+
+def fork_into(cgroup_fd):
+    """os.fork(), with the child born in the cgroup `cgroup_fd` (clone3 CLONE_INTO_CGROUP, Linux
+    >= 5.7): moving it there afterwards waits for an RCU grace period, ~10 ms on an idle host.
+    Like os.fork() it holds the GIL throughout (PyDLL) between PyOS_BeforeFork and _AfterFork.
+    Unlike glibc's fork() it leaves glibc's cached thread id stale in the child; that child only
+    waits, forks (glibc's fork, which sets it right again for its own children) and exits.
+    Returns None where clone3 cannot do it (then the caller forks and the child moves itself)."""
+    global clone3_ok
+    if not clone3_ok or cgroup_fd is None:
+        return None
+    args = CloneArgs(flags=CLONE_INTO_CGROUP, exit_signal=int(signal.SIGCHLD), cgroup=cgroup_fd)
+    ctypes.pythonapi.PyOS_BeforeFork()
+    pid = pylibc.syscall(SYS_CLONE3, ctypes.byref(args), ctypes.sizeof(args))
+    if pid == 0:
+        ctypes.pythonapi.PyOS_AfterFork_Child()
+        return 0
+    err = ctypes.get_errno()
+    ctypes.pythonapi.PyOS_AfterFork_Parent()
+    if pid > 0:
+        return pid
+    clone3_ok = False  # ENOSYS, EINVAL, E2BIG: an older kernel
+    sys.stderr.write(f"sandbox zygote: clone3 into a cgroup: {os.strerror(err)}; children move themselves\n")
+    return None
+
+def serve(sock, parent):
+    """Answer messages until one forks a run's child; return the job and its fds there."""
+    children, dying = {}, []
+    while True:
+        readable = select.select([sock], [], [], 0.2 if dying else 1.0)[0]
+        if os.getppid() != parent:
+            os._exit(0)
+        dying = [pid for pid in dying if not reaped(pid)]
+        if not readable:
+            continue
+        msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 8)
+        if not msg:
+            os._exit(0)
+        kind, _, body = msg.partition(b" ")
+        if kind == b"run":
+            job = json.loads(body)
+            cgroup_fd = fds.pop() if job["cgroup"] else None
+            pid = fork_into(cgroup_fd)
+            job["joined"] = pid is not None
+            if pid is None:
+                pid = os.fork()
+            if pid == 0:
+                if cgroup_fd is not None:
+                    os.close(cgroup_fd)
+                return job, fds
+            if cgroup_fd is not None:
+                os.close(cgroup_fd)
+            for fd in fds:
+                os.close(fd)
+            children[job["run"]] = pid
+        elif kind == b"done" and (pid := children.pop(body.decode(), None)):
+            try:
+                os.killpg(pid, signal.SIGKILL)  # unreaped, so the group id cannot have been reused
+            except OSError:
+                pass
+            dying.append(pid)
+
+def reaped(pid):
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] != 0
+    except ChildProcessError:
+        return True
+
+def become_run(job, fds):
+    """In the run's child, still privileged: the run's cgroup, session, stdio and environment.
+    Returns the fd of the code."""
+    global spec, status, wd, probe, done, exit_fd
+    code_fd, out, err, status, exit_fd = fds
+    spec, done = job["spec"], {}
+    wd, probe = spec["workdir"], spec["probe"]
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0))
+    if job["cgroup"] and not job["joined"]:
+        try:
+            with open(job["cgroup"], "w") as f:
+                f.write(str(os.getpid()))
+        except OSError as e:
+            say(f"error cgroup: {e}")
+            fail()
+    os.setsid()
+    null = os.open("/dev/null", os.O_RDONLY)
+    for src, dst in ((null, 0), (out, 1), (err, 2)):
+        os.dup2(src, dst)
+        os.close(src)
+    keep = {0, 1, 2, code_fd, status, exit_fd}
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    os.environ.clear()
+    os.environ.update(job["env"])
+    if job["marker"]:
+        show_marker(job["marker"])
+    return code_fd
+
+def show_marker(marker):
+    """Write `NAME=value` over the placeholder in this process's original environment block, which
+    /proc/<pid>/environ shows (os.environ does not change it): cleanup finds the run's processes by
+    it when they have no uid of their own. The placeholder is as long as the value."""
+    name = marker.partition("=")[0] + "="
+    fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+    start, end = int(fields[47]), int(fields[48])  # env_start, env_end: fields 50 and 51 of proc(5)
+    with open("/proc/self/mem", "r+b", buffering=0) as mem:
+        mem.seek(start)
+        at = mem.read(end - start).find(name.encode())
+        if at < 0:
+            raise OSError(f"no {name} in the zygote's environment")
+        mem.seek(start + at)
+        mem.write(marker.encode())
+
+if __name__ == "__main__":
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    os.umask(0o022)
+    for fd in (0, 1, 2):  # so that no received fd lands on a stdio number
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open("/dev/null", os.O_RDWR)
+    libc, exit_fd, clone3_ok = load_libc(), None, True
+    pylibc = ctypes.PyDLL(None, use_errno=True)
+    pylibc.syscall.restype = ctypes.c_long
+    BOOTSTRAP = compile(sys.argv[2], "<sandbox>", "exec")
+    sock = socket.socket(fileno=json.loads(sys.argv[3])["sock"])
+    gc.freeze()  # the children's collections leave the zygote's objects (and their pages) alone
+    sock.sendall(b"ready")
+    job, fds = serve(sock, os.getppid())
+    sock.close()
+    code_fd = become_run(job, fds)
+    enter_layers()
+    for name in [m for m in sys.modules if m == "_ctypes" or m.partition(".")[0] == "ctypes"]:
+        del sys.modules[name]  # as in a fresh interpreter, `import ctypes` reaches the audit hook
+    sys.argv = ["-c", sys.argv[2], wd, str(status), str(code_fd), spec["flags"]]
+    exec(BOOTSTRAP)  # in __main__, as the launcher's exec does; it clears the zygote's globals
