@@ -62,9 +62,12 @@ def end_like(st):
         os.kill(os.getpid(), sig)
     os._exit(os.WEXITSTATUS(st) if os.WIFEXITED(st) else 1)
 
-def enter_userns():
-    uid, gid = os.getuid(), os.getgid()
-    check(libc.unshare(NEWUSER))
+def enter_userns(born=False):
+    if born:  # created by the zygote's clone3, not mapped yet: map the zygote's ids
+        uid, gid = spec["outside_ids"]
+    else:
+        uid, gid = os.getuid(), os.getgid()
+        check(libc.unshare(NEWUSER))
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
         with open("/proc/self/" + name, "w") as f:
             f.write(text)
@@ -95,8 +98,13 @@ def stay_outside(init):
         os.close(w)
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0))
 
-def enter_pidns():
-    """Fork the namespace's pid 1; this process stays outside."""
+def enter_pidns(born=False):
+    """Fork the namespace's pid 1; this process stays outside. Born as pid 1 (clone3, warm), it is
+    pid 1 already and reports the code's status on the exit fd itself."""
+    global to_outside, exit_fd
+    if born:
+        to_outside, exit_fd = exit_fd, None
+        return
     check(libc.unshare(NEWPID))
     stay_outside(init=True)
 
@@ -182,16 +190,21 @@ def layer(name, fn, wanted):
             say(f"error {name}: {e}")
             fail()
 
-def enter_layers():
+def enter_layers(born=()):
     """Every layer the spec asks for, in order; returns in the process that is to run the code,
-    as its uid, in the workdir. A layer that fails ends the run (exit 125), except in a probe."""
-    layer("userns", enter_userns, spec["userns"])
-    layer("netns", lambda: check(libc.unshare(NEWNET)), spec["netns"])
-    layer("pidns", enter_pidns, spec["pidns"])
-    layer("mountns", enter_mountns, spec["mountns"])
-    layer("proc", mount_proc, spec["proc"])
+    as its uid, in the workdir. A layer that fails ends the run (exit 125), except in a probe.
+    `born`: the namespaces this process was created in (clone3, warm), not to be unshared again.
+    pid 1 forks the code's process before the mounts: it has nothing to do with them, and each
+    page a forked Python process touches is a copy-on-write fault."""
+    layer("userns", lambda: enter_userns("userns" in born), spec["userns"])
+    layer("netns", lambda: "netns" in born or check(libc.unshare(NEWNET)), spec["netns"])
+    layer("pidns", lambda: enter_pidns("pidns" in born), spec["pidns"])
     if done.get("pidns"):
         become_init()
+    elif exit_fd is not None:  # warm, no pid namespace: a process outside reports the code's status
+        stay_outside(init=False)
+    layer("mountns", enter_mountns, spec["mountns"])
+    layer("proc", mount_proc, spec["proc"])
     layer("nnp", lambda: check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)), spec["nnp"])
     layer("rlimits", set_rlimits, True)
     layer("uid_drop", drop_uid, spec["uid"] is not None)

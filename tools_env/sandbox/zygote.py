@@ -10,26 +10,40 @@
 # the launcher would exec it. "done <run>" SIGKILLs the child's process group and reaps the child.
 # The zygote exits when its socket reaches EOF or its parent changes: the service is gone, however
 # it died (SIGKILL included); its children die with it (PR_SET_PDEATHSIG).
-import gc, select, socket
+import errno, gc, select, socket
 import atexit, linecache, tokenize  # imported by the bootstrap: already loaded in every child
 
 SYS_CLONE3, CLONE_INTO_CGROUP = 435, 0x200000000  # clone3 has number 435 on every architecture
+BORN = {"userns": NEWUSER, "netns": NEWNET, "pidns": NEWPID}  # namespaces a child is created in
 
 class CloneArgs(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in ("flags", "pidfd", "child_tid", "parent_tid", "exit_signal",
                                                       "stack", "stack_size", "tls", "set_tid", "set_tid_size", "cgroup")]
 
-def fork_into(cgroup_fd):
-    """os.fork(), with the child born in the cgroup `cgroup_fd` (clone3 CLONE_INTO_CGROUP, Linux
-    >= 5.7): moving it there afterwards waits for an RCU grace period, ~10 ms on an idle host.
-    Like os.fork() it holds the GIL throughout (PyDLL) between PyOS_BeforeFork and _AfterFork.
-    Unlike glibc's fork() it leaves glibc's cached thread id stale in the child; that child only
-    waits, forks (glibc's fork, which sets it right again for its own children) and exits.
-    Returns None where clone3 cannot do it (then the caller forks and the child moves itself)."""
+def clone_run(spec, cgroup_fd):
+    """os.fork(), with the child created in its run's user, network and pid namespaces (as the
+    spec asks) and cgroup, by clone3 (Linux >= 5.7). The pid namespace's first process is then this
+    child itself, so no process has to stay outside to wait, and it is born in the cgroup: moving it
+    there afterwards waits for an RCU grace period, ~10 ms on an idle host. Returns (pid, the
+    namespaces the child was created in, whether it is in the cgroup); where clone3 cannot do it,
+    a plain os.fork(), (), False."""
     global clone3_ok
-    if not clone3_ok or cgroup_fd is None:
-        return None
-    args = CloneArgs(flags=CLONE_INTO_CGROUP, exit_signal=int(signal.SIGCHLD), cgroup=cgroup_fd)
+    born = [name for name in BORN if spec[name]]
+    if clone3_ok:
+        flags = sum(BORN[name] for name in born) | (CLONE_INTO_CGROUP if cgroup_fd is not None else 0)
+        pid = clone3(CloneArgs(flags=flags, exit_signal=int(signal.SIGCHLD), cgroup=cgroup_fd or 0))
+        if pid >= 0:
+            return pid, born, cgroup_fd is not None
+        if -pid in (errno.ENOSYS, errno.E2BIG, errno.EINVAL):  # an older kernel: stop trying
+            clone3_ok = False
+        sys.stderr.write(f"sandbox zygote: clone3: {os.strerror(-pid)}; forking instead\n")
+    return os.fork(), (), False
+
+def clone3(args):
+    """The clone3 syscall between PyOS_BeforeFork and _AfterFork, holding the GIL throughout (PyDLL),
+    as os.fork() does; -errno on failure. Unlike glibc's fork() it leaves glibc's cached thread id
+    stale in the child, which only forks (glibc's fork sets it right in its own children), waits,
+    writes and exits."""
     ctypes.pythonapi.PyOS_BeforeFork()
     pid = pylibc.syscall(SYS_CLONE3, ctypes.byref(args), ctypes.sizeof(args))
     if pid == 0:
@@ -37,11 +51,7 @@ def fork_into(cgroup_fd):
         return 0
     err = ctypes.get_errno()
     ctypes.pythonapi.PyOS_AfterFork_Parent()
-    if pid > 0:
-        return pid
-    clone3_ok = False  # ENOSYS, EINVAL, E2BIG: an older kernel
-    sys.stderr.write(f"sandbox zygote: clone3 into a cgroup: {os.strerror(err)}; children move themselves\n")
-    return None
+    return pid if pid > 0 else -err
 
 def serve(sock, parent):
     """Answer messages until one forks a run's child; return the job and its fds there."""
@@ -60,10 +70,8 @@ def serve(sock, parent):
         if kind == b"run":
             job = json.loads(body)
             cgroup_fd = fds.pop() if job["cgroup"] else None
-            pid = fork_into(cgroup_fd)
-            job["joined"] = pid is not None
-            if pid is None:
-                pid = os.fork()
+            job["spec"]["outside_ids"] = os.getuid(), os.getgid()
+            pid, job["born"], job["joined"] = clone_run(job["spec"], cgroup_fd)
             if pid == 0:
                 if cgroup_fd is not None:
                     os.close(cgroup_fd)
@@ -152,7 +160,7 @@ if __name__ == "__main__":
     job, fds = serve(sock, os.getppid())
     sock.close()
     code_fd = become_run(job, fds)
-    enter_layers()
+    enter_layers(job["born"])
     for name in [m for m in sys.modules if m == "_ctypes" or m.partition(".")[0] == "ctypes"]:
         del sys.modules[name]  # as in a fresh interpreter, `import ctypes` reaches the audit hook
     sys.argv = ["-c", sys.argv[2], wd, str(status), str(code_fd), spec["flags"]]
