@@ -227,13 +227,14 @@ class PythonConfig:
     network: bool = False
     max_concurrency: int = 0  # sandbox runs at once per process; 0 = 2 x CPU count
     price_per_s: float = PYTHON_PRICE_PER_S
+    warm: bool = True  # fork runs from a waiting sandbox interpreter; False: fresh interpreters per run
 
     @classmethod
     def from_dict(cls, d: Any, path: str = "python") -> "PythonConfig":
         return cls(**_fill(cls, _check_keys(cls, d, path), path))
 
     def sandbox_limits(self) -> dict[str, Any]:
-        skip = ("max_concurrency", "price_per_s")
+        skip = ("max_concurrency", "price_per_s", "warm")
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
 
 
