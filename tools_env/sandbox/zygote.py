@@ -102,6 +102,8 @@ def become_run(job, fds):
     spec, done = job["spec"], {}
     wd, probe = spec["workdir"], spec["probe"]
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0))
+    if proc_ids()[1] != zygote_pid:  # the zygote died before the line above: nothing would stop the run
+        os._exit(1)
     if job["cgroup"] and not job["joined"]:
         try:
             with open(job["cgroup"], "w") as f:
@@ -126,6 +128,11 @@ def become_run(job, fds):
     if job["marker"]:
         show_marker(job["marker"])
     return code_fd
+
+def proc_ids():
+    """(pid, ppid) as /proc numbers them (getppid() is 0 in a pid namespace the parent is not in)."""
+    fields = open("/proc/self/stat").read().rsplit(")", 1)
+    return int(fields[0].split()[0]), int(fields[1].split()[1])
 
 def show_marker(marker):
     """Write `NAME=value` over the placeholder in this process's original environment block, which
@@ -157,6 +164,7 @@ if __name__ == "__main__":
     sock = socket.socket(fileno=json.loads(sys.argv[3])["sock"])
     gc.freeze()  # the children's collections leave the zygote's objects (and their pages) alone
     sock.sendall(b"ready")
+    zygote_pid = proc_ids()[0]
     job, fds = serve(sock, os.getppid())
     sock.close()
     code_fd = become_run(job, fds)
