@@ -225,7 +225,7 @@ class PythonConfig:
     max_output_bytes: int = 65536
     file_size_mb: int = 16
     network: bool = False
-    max_concurrency: int = 0  # sandbox runs at once per process; 0 = 2 x CPU count
+    max_concurrency: int = 0  # sandbox runs at once per process; 0 = 8 x CPU count (warm), 2 x (cold)
     price_per_s: float = PYTHON_PRICE_PER_S
     warm: bool = True  # fork runs from a waiting sandbox interpreter; False: fresh interpreters per run
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -48,23 +49,34 @@ def _enable_controllers(base: str) -> None:
         pass
 
 
+@functools.lru_cache(maxsize=None)
+def _controllers(base: str) -> frozenset[str]:
+    """The controllers the run groups below `base` get (read once: each open on cgroupfs costs)."""
+    try:
+        return frozenset(open(os.path.join(base, "cgroup.subtree_control")).read().split())
+    except OSError:
+        return frozenset()
+
+
 class _Cgroup:
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, path: str, controllers: frozenset[str] = frozenset()):
+        self.path, self.controllers = path, controllers
 
     @classmethod
     def create(cls, base: str | None, name: str, limits: SandboxLimits) -> _Cgroup | None:
         if base is None:
             return None
-        group = cls(os.path.join(base, "run-" + name))
+        group = cls(os.path.join(base, "run-" + name), _controllers(base))
         try:
             os.mkdir(group.path)
         except OSError as e:
             logger.warning("sandbox: cannot create cgroup %s: %s", group.path, e)
             return None
-        group._write("pids.max", str(limits.max_processes))
-        group._write("memory.max", str(limits.memory_mb << 20))
-        group._write("memory.swap.max", "0")
+        if "pids" in group.controllers:
+            group._write("pids.max", str(limits.max_processes))
+        if "memory" in group.controllers:
+            group._write("memory.max", str(limits.memory_mb << 20))
+            group._write("memory.swap.max", "0")
         return group
 
     def _write(self, name: str, value: str) -> bool:
@@ -95,6 +107,8 @@ class _Cgroup:
             return []
 
     def oom_killed(self) -> bool:
+        if "memory" not in self.controllers:
+            return False
         try:
             events = dict(line.split() for line in open(os.path.join(self.path, "memory.events")))
             return int(events.get("oom_kill", 0)) > 0

@@ -96,7 +96,7 @@ class _Zygote:
         """Ask for a child running `spec` in the (empty) cgroup directory `cgroup`; returns this
         side's pipe ends. Raises OSError if the zygote is gone."""
         assert len(env[_MARKER_VAR]) == len(_MARKER_SLOT)
-        job = {"run": run_id, "spec": {k: v for k, v in spec.items() if k != "bootstrap"}, "env": env,
+        job = {"spec": {k: v for k, v in spec.items() if k != "bootstrap"}, "env": env,
                "cgroup": cgroup and os.path.join(cgroup, "cgroup.procs"),
                "marker": None if spec["uid"] is not None else f"{_MARKER_VAR}={env[_MARKER_VAR]}"}
         code_fd = os.memfd_create("sandbox-code")
@@ -107,7 +107,8 @@ class _Zygote:
         if cgroup:  # the zygote forks the child straight into it
             theirs.append(os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
         try:
-            socket.send_fds(self.sock, [b"run " + json.dumps(job).encode()], theirs)
+            born = ",".join(name for name in ("userns", "netns", "pidns") if spec[name])
+            socket.send_fds(self.sock, [f"run {run_id} {born}\n{json.dumps(job)}".encode()], theirs)
         except BaseException:
             for r, _ in pipes:
                 _close(r)

@@ -4,8 +4,9 @@
 # <config>`, privileged like the launcher. It has already paid for the interpreter's start and the
 # imports of the layers and the bootstrap, and it never runs code itself: every run's child is a
 # fork of the same untouched process.
-# For each "run" message on its socket (a job and the run's fds: code memfd, stdout, stderr, status,
-# exit) it forks a single-use child, which joins the run's cgroup and a new session, takes the run's
+# For each "run" message on its socket ("run <id> <namespaces>\n<job json>" and the run's fds: code
+# memfd, stdout, stderr, status, exit, and the cgroup's directory if it has one) it forks a
+# single-use child (which parses the job: every page the zygote writes is copied once per child), which joins the run's cgroup and a new session, takes the run's
 # stdio and environment, enters the layers exactly as the launcher does and runs the bootstrap where
 # the launcher would exec it. "done <run>" SIGKILLs the child's process group and reaps the child.
 # The zygote exits when its socket reaches EOF or its parent changes: the service is gone, however
@@ -20,18 +21,18 @@ class CloneArgs(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in ("flags", "pidfd", "child_tid", "parent_tid", "exit_signal",
                                                       "stack", "stack_size", "tls", "set_tid", "set_tid_size", "cgroup")]
 
-def clone_run(spec, cgroup_fd):
-    """os.fork(), with the child created in its run's user, network and pid namespaces (as the
-    spec asks) and cgroup, by clone3 (Linux >= 5.7). The pid namespace's first process is then this
+def clone_run(born, cgroup_fd):
+    """os.fork(), with the child created in the namespaces `born` (user, network, pid) and in the
+    cgroup `cgroup_fd`, by clone3 (Linux >= 5.7). The pid namespace's first process is then this
     child itself, so no process has to stay outside to wait, and it is born in the cgroup: moving it
     there afterwards waits for an RCU grace period, ~10 ms on an idle host. Returns (pid, the
     namespaces the child was created in, whether it is in the cgroup); where clone3 cannot do it,
     a plain os.fork(), (), False."""
     global clone3_ok
-    born = [name for name in BORN if spec[name]]
     if clone3_ok:
         flags = sum(BORN[name] for name in born) | (CLONE_INTO_CGROUP if cgroup_fd is not None else 0)
-        pid = clone3(CloneArgs(flags=flags, exit_signal=int(signal.SIGCHLD), cgroup=cgroup_fd or 0))
+        clone_args.flags, clone_args.cgroup = flags, cgroup_fd or 0
+        pid = clone3()
         if pid >= 0:
             return pid, born, cgroup_fd is not None
         if -pid in (errno.ENOSYS, errno.E2BIG, errno.EINVAL):  # an older kernel: stop trying
@@ -39,13 +40,15 @@ def clone_run(spec, cgroup_fd):
         sys.stderr.write(f"sandbox zygote: clone3: {os.strerror(-pid)}; forking instead\n")
     return os.fork(), (), False
 
-def clone3(args):
+clone_args = CloneArgs(exit_signal=int(signal.SIGCHLD))  # one, reused: fewer pages written per run
+
+def clone3():
     """The clone3 syscall between PyOS_BeforeFork and _AfterFork, holding the GIL throughout (PyDLL),
     as os.fork() does; -errno on failure. Unlike glibc's fork() it leaves glibc's cached thread id
     stale in the child, which only forks (glibc's fork sets it right in its own children), waits,
     writes and exits."""
     ctypes.pythonapi.PyOS_BeforeFork()
-    pid = pylibc.syscall(SYS_CLONE3, ctypes.byref(args), ctypes.sizeof(args))
+    pid = pylibc.syscall(SYS_CLONE3, args_ref, args_size)
     if pid == 0:
         ctypes.pythonapi.PyOS_AfterFork_Child()
         return 0
@@ -54,7 +57,8 @@ def clone3(args):
     return pid if pid > 0 else -err
 
 def serve(sock, parent):
-    """Answer messages until one forks a run's child; return the job and its fds there."""
+    """Answer messages until one forks a run's child; return there the job (text), the namespaces
+    the child was born in, whether it was born in the cgroup, and its fds."""
     children, dying = {}, []
     while True:
         readable = select.select([sock], [], [], 0.2 if dying else 1.0)[0]
@@ -68,19 +72,19 @@ def serve(sock, parent):
             os._exit(0)
         kind, _, body = msg.partition(b" ")
         if kind == b"run":
-            job = json.loads(body)
-            cgroup_fd = fds.pop() if job["cgroup"] else None
-            job["spec"]["outside_ids"] = os.getuid(), os.getgid()
-            pid, job["born"], job["joined"] = clone_run(job["spec"], cgroup_fd)
+            head, _, job = body.partition(b"\n")
+            run, _, born = head.decode().partition(" ")
+            cgroup_fd = fds.pop() if len(fds) > 5 else None
+            pid, born, joined = clone_run([name for name in born.split(",") if name in BORN], cgroup_fd)
             if pid == 0:
                 if cgroup_fd is not None:
                     os.close(cgroup_fd)
-                return job, fds
+                return job, born, joined, fds
             if cgroup_fd is not None:
                 os.close(cgroup_fd)
             for fd in fds:
                 os.close(fd)
-            children[job["run"]] = pid
+            children[run] = pid
         elif kind == b"done" and (pid := children.pop(body.decode(), None)):
             try:
                 os.killpg(pid, signal.SIGKILL)  # unreaped, so the group id cannot have been reused
@@ -94,17 +98,19 @@ def reaped(pid):
     except ChildProcessError:
         return True
 
-def become_run(job, fds):
+def become_run(job, joined, fds):
     """In the run's child, still privileged: the run's cgroup, session, stdio and environment.
     Returns the fd of the code."""
     global spec, status, wd, probe, done, exit_fd
     code_fd, out, err, status, exit_fd = fds
+    job = json.loads(job)
     spec, done = job["spec"], {}
+    spec["outside_ids"] = zygote_ids
     wd, probe = spec["workdir"], spec["probe"]
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0))
     if proc_ids()[1] != zygote_pid:  # the zygote died before the line above: nothing would stop the run
         os._exit(1)
-    if job["cgroup"] and not job["joined"]:
+    if job["cgroup"] and not joined:
         try:
             with open(job["cgroup"], "w") as f:
                 f.write(str(os.getpid()))
@@ -160,15 +166,17 @@ if __name__ == "__main__":
     libc, exit_fd, clone3_ok = load_libc(), None, True
     pylibc = ctypes.PyDLL(None, use_errno=True)
     pylibc.syscall.restype = ctypes.c_long
+    args_ref, args_size = ctypes.byref(clone_args), ctypes.sizeof(clone_args)
     BOOTSTRAP = compile(sys.argv[2], "<sandbox>", "exec")
     sock = socket.socket(fileno=json.loads(sys.argv[3])["sock"])
     gc.freeze()  # the children's collections leave the zygote's objects (and their pages) alone
     sock.sendall(b"ready")
     zygote_pid = proc_ids()[0]
-    job, fds = serve(sock, os.getppid())
+    zygote_ids = os.getuid(), os.getgid()
+    job, born, joined, fds = serve(sock, os.getppid())
     sock.close()
-    code_fd = become_run(job, fds)
-    enter_layers(job["born"])
+    code_fd = become_run(job, joined, fds)
+    enter_layers(born)
     for name in [m for m in sys.modules if m == "_ctypes" or m.partition(".")[0] == "ctypes"]:
         del sys.modules[name]  # as in a fresh interpreter, `import ctypes` reaches the audit hook
     sys.argv = ["-c", sys.argv[2], wd, str(status), str(code_fd), spec["flags"]]
