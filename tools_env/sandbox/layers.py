@@ -49,9 +49,17 @@ def remount(path, add, drop=0):
         mount(None, path, None, REMOUNT | BIND | add | keep | STRICTATIME)
 
 def mountpoints():
-    for line in open("/proc/self/mountinfo"):
+    """(mount point, fs type) of every mount, from /proc/self/mountinfo (read without io objects
+    and regexes where no name is escaped: in a forked process each page written is a fault)."""
+    fd = os.open("/proc/self/mountinfo", os.O_RDONLY)
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(fd)
+    for line in b"".join(chunks).decode("utf-8", "surrogateescape").splitlines():
         f = line.split()
-        yield re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), f[4]), f[f.index("-") + 1]
+        path = f[4] if "\\" not in f[4] else re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), f[4])
+        yield path, f[f.index("-") + 1]
 
 def end_like(st):
     """Exit the way a child with wait status `st` did."""
@@ -138,8 +146,7 @@ def enter_mountns():
     if os.path.isdir("/dev/shm"):
         mount("tmpfs", "/dev/shm", "tmpfs", NOSUID | NODEV | NOEXEC, f"size={spec['shm_mb']}m,mode=1777")
         private.add("/dev/shm")
-    python = os.path.realpath(spec["python"])
-    if os.path.isdir("/run") and not any(p.startswith("/run/") for p in (wd + "/", python)):
+    if os.path.isdir("/run") and spec["mask_run"]:
         mount("tmpfs", "/run", "tmpfs", RDONLY | NOSUID | NODEV | NOEXEC, "size=16k,mode=755")
     for path, fstype in list(mountpoints()):
         if path not in private and not path.startswith(wd + "/"):

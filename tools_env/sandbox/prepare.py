@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -102,6 +103,11 @@ _ZYGOTE = _program("layers.py", "zygote.py")
 _BOOTSTRAP = _program("bootstrap.py")
 
 
+@functools.lru_cache(maxsize=None)
+def _realpath(path: str) -> str:
+    return os.path.realpath(path)
+
+
 def _launch_spec(plan: _Plan, wd: str, uid: int | None, limits: SandboxLimits, nproc: int,
                  closed_parent: str | None = None, probe: bool = False) -> dict:
     ly = plan.layers
@@ -111,6 +117,7 @@ def _launch_spec(plan: _Plan, wd: str, uid: int | None, limits: SandboxLimits, n
                                    ("probe", probe)) if on]
     return {
         "workdir": wd, "closed_parent": closed_parent, "python": plan.python, "probe": probe,
+        "mask_run": not any(p.startswith("/run/") for p in (wd + "/", _realpath(plan.python))),  # host sockets
         "bootstrap": _BOOTSTRAP, "flags": ",".join(flags),
         "uid": uid, "userns": ly["userns"], "netns": ly["netns"] and not limits.network, "pidns": ly["pidns"],
         "mountns": ly["mountns"], "proc": ly["proc"], "nnp": ly["nnp"], "shm_mb": min(64, limits.memory_mb),

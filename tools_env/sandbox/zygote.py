@@ -6,7 +6,7 @@
 # fork of the same untouched process.
 # For each "run" message on its socket ("run <id> <namespaces>\n<job json>" and the run's fds: code
 # memfd, stdout, stderr, status, exit, and the cgroup's directory if it has one) it forks a
-# single-use child (which parses the job: every page the zygote writes is copied once per child), which joins the run's cgroup and a new session, takes the run's
+# single-use child, which joins the run's cgroup and a new session, takes the run's
 # stdio and environment, enters the layers exactly as the launcher does and runs the bootstrap where
 # the launcher would exec it. "done <run>" SIGKILLs the child's process group and reaps the child.
 # The zygote exits when its socket reaches EOF or its parent changes: the service is gone, however
@@ -57,7 +57,7 @@ def clone3():
     return pid if pid > 0 else -err
 
 def serve(sock, parent):
-    """Answer messages until one forks a run's child; return there the job (text), the namespaces
+    """Answer messages until one forks a run's child; return there the job, the namespaces
     the child was born in, whether it was born in the cgroup, and its fds."""
     children, dying = {}, []
     while True:
@@ -74,6 +74,7 @@ def serve(sock, parent):
         if kind == b"run":
             head, _, job = body.partition(b"\n")
             run, _, born = head.decode().partition(" ")
+            job = json.loads(job)  # here, not in the child: the zygote's pages for it are then its own
             cgroup_fd = fds.pop() if len(fds) > 5 else None
             pid, born, joined = clone_run([name for name in born.split(",") if name in BORN], cgroup_fd)
             if pid == 0:
@@ -103,7 +104,6 @@ def become_run(job, joined, fds):
     Returns the fd of the code."""
     global spec, status, wd, probe, done, exit_fd
     code_fd, out, err, status, exit_fd = fds
-    job = json.loads(job)
     spec, done = job["spec"], {}
     spec["outside_ids"] = zygote_ids
     wd, probe = spec["workdir"], spec["probe"]
@@ -112,8 +112,9 @@ def become_run(job, joined, fds):
         os._exit(1)
     if job["cgroup"] and not joined:
         try:
-            with open(job["cgroup"], "w") as f:
-                f.write(str(os.getpid()))
+            fd = os.open(job["cgroup"], os.O_WRONLY)
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
         except OSError as e:
             say(f"error cgroup: {e}")
             fail()
@@ -137,7 +138,9 @@ def become_run(job, joined, fds):
 
 def proc_ids():
     """(pid, ppid) as /proc numbers them (getppid() is 0 in a pid namespace the parent is not in)."""
-    fields = open("/proc/self/stat").read().rsplit(")", 1)
+    fd = os.open("/proc/self/stat", os.O_RDONLY)  # not open(): its io objects cost page faults
+    fields = os.read(fd, 4096).rsplit(b")", 1)
+    os.close(fd)
     return int(fields[0].split()[0]), int(fields[1].split()[1])
 
 def show_marker(marker):
@@ -164,6 +167,7 @@ if __name__ == "__main__":
         except OSError:
             os.open("/dev/null", os.O_RDWR)
     libc, exit_fd, clone3_ok = load_libc(), None, True
+    libc.unshare, libc.prctl  # ctypes makes a function object at the first use: here, not in every child
     pylibc = ctypes.PyDLL(None, use_errno=True)
     pylibc.syscall.restype = ctypes.c_long
     args_ref, args_size = ctypes.byref(clone_args), ctypes.sizeof(clone_args)
