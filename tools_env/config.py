@@ -16,7 +16,7 @@ experts:                          # when this section is given, only what it lis
   simulated:                      # offline stand-ins, per task category with a `default`
     expert-small: {price_in: 0.2, price_out: 0.2, accuracy: {default: 0.5}, latency_s: {default: [1, 2]},
                    output_tokens: {default: 150}}
-python: {cpu_time_s: 10, wall_time_s: 15, memory_mb: 512, max_concurrency: 0}
+python: {cpu_time_s: 10, wall_time_s: 15, memory_mb: 512, max_concurrency: 0, warm: true}
 judge: null                       # or {base_url, model, api_key_env}
 tools: {}                         # free-form sections for other plug-ins, by tool name
 ```
