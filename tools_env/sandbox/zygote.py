@@ -179,7 +179,11 @@ if __name__ == "__main__":
     zygote_ids = os.getuid(), os.getgid()
     job, born, joined, fds = serve(sock, os.getppid())
     sock.close()
-    code_fd = become_run(job, joined, fds)
+    try:
+        code_fd = become_run(job, joined, fds)
+    except Exception as e:  # say() needs the status fd, the first thing become_run sets
+        say(f"error starting the run: {e}")
+        fail()
     enter_layers(born)
     for name in [m for m in sys.modules if m == "_ctypes" or m.partition(".")[0] == "ctypes"]:
         del sys.modules[name]  # as in a fresh interpreter, `import ctypes` reaches the audit hook
