@@ -16,7 +16,7 @@ from tools_env.sandbox.output import SandboxResult, _Capture, _read_status, _res
 from tools_env.sandbox.plan import _Plan
 from tools_env.sandbox.probe import _PLANS, _disabled, _get_plan
 from tools_env.sandbox.prepare import _check_workdir, _launch_spec, _launcher_argv, _next_uid, _prepare, _sandbox_env
-from tools_env.sandbox.warm import _ZYGOTES, _WarmRun, _zygote_for
+from tools_env.sandbox.warm import _ZYGOTES, _WarmRun, _ZygoteGone, _zygote_for
 
 
 async def run_python(code: str, workdir: str, limits: SandboxLimits = SandboxLimits(), *,
@@ -58,6 +58,8 @@ async def _start_warm(key: str, plan: _Plan, spec: dict, marker: str, source: by
                       proto: _Capture) -> _WarmRun | None:
     """The run as a child of the plan's zygote; None when there is no zygote (the cold path runs it).
     A zygote found dead when the run is sent is replaced once."""
+    if key in _ZYGOTES and _ZYGOTES[key] is None:
+        return None  # no warm path on this host (logged once)
     zygote = _ZYGOTES.get(key)
     if zygote is None or not zygote.alive():
         zygote = await asyncio.to_thread(_zygote_for, key, plan)
@@ -68,7 +70,7 @@ async def _start_warm(key: str, plan: _Plan, spec: dict, marker: str, source: by
         try:
             fds = zygote.send_run(marker, spec, env, cgroup and cgroup.path, source)
             return _WarmRun(asyncio.get_running_loop(), proto, zygote, marker, fds)
-        except OSError:
+        except _ZygoteGone:
             zygote = await asyncio.to_thread(_zygote_for, key, plan, zygote) if attempt == 0 else None
     return None
 

@@ -45,6 +45,11 @@ logger = logging.getLogger(__name__)
 _BOOT = "import sys; exec(compile(sys.argv[1], '<sandbox>', 'exec'))"
 _MARKER_SLOT = "0" * 32  # the zygote's marker value; each child writes its run's (uuid4().hex) over it
 _START_TIMEOUT_S = 30.0
+_SEND_TIMEOUT_S = 5.0  # a zygote that takes no message for this long is replaced
+
+
+class _ZygoteGone(Exception):
+    """The zygote did not take a message: it died, or hangs."""
 
 
 @dataclass
@@ -83,6 +88,7 @@ class _Zygote:
             ours.settimeout(_START_TIMEOUT_S)
             if ours.recv(16) != b"ready":
                 raise RuntimeError(f"the zygote ({plan.python}) exited at start")
+            ours.settimeout(_SEND_TIMEOUT_S)
             zygote._check_layers(plan)
         except BaseException:
             zygote.stop()
@@ -94,7 +100,7 @@ class _Zygote:
 
     def send_run(self, run_id: str, spec: dict, env: dict[str, str], cgroup: str | None, code: bytes) -> _RunFds:
         """Ask for a child running `spec` in the (empty) cgroup directory `cgroup`; returns this
-        side's pipe ends. Raises OSError if the zygote is gone."""
+        side's pipe ends. Raises _ZygoteGone if the zygote did not take it."""
         assert len(env[_MARKER_VAR]) == len(_MARKER_SLOT)
         job = {"spec": {k: v for k, v in spec.items() if k != "bootstrap"}, "env": env,
                "cgroup": cgroup and os.path.join(cgroup, "cgroup.procs"),
@@ -109,9 +115,11 @@ class _Zygote:
         try:
             born = ",".join(name for name in ("userns", "netns", "pidns") if spec[name])
             socket.send_fds(self.sock, [f"run {run_id} {born}\n{json.dumps(job)}".encode()], theirs)
-        except BaseException:
+        except BaseException as e:
             for r, _ in pipes:
                 _close(r)
+            if isinstance(e, OSError):
+                raise _ZygoteGone(str(e)) from e
             raise
         finally:
             for fd in theirs:
