@@ -57,6 +57,29 @@ def test_workdir_is_writable_and_kept_between_runs(run, workdir):
     assert run("print(open('sub/data.txt').read())", workdir).stdout == "42\n"
 
 
+EXITS = {  # code -> (stdout, stderr's last line, exit code), as `python -c` gives them
+    "sys-exit-code": ("import sys\nsys.exit(3)", "", "", 3),
+    "sys-exit-message": ("import sys\nsys.exit('bye')", "", "bye", 1),
+    "atexit": ("import atexit\natexit.register(print, 'at exit')\nprint('main')", "main\nat exit\n", "", 0),
+    "thread": ("import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()",
+               "thread\n", "", 0),
+    "del-at-exit": ("class A:\n    def __del__(self):\n        print('deleted')\na = A()", "deleted\n", "", 0),
+    "keyboard-interrupt": ("raise KeyboardInterrupt", "", "KeyboardInterrupt", -signal.SIGINT),
+}
+
+
+@pytest.mark.parametrize("case", list(EXITS))
+def test_the_code_exits_as_the_interpreter_would(run, workdir, case):
+    code, stdout, last_stderr, exit_code = EXITS[case]
+    r = run(code, workdir)
+    assert (r.stdout, (r.stderr.splitlines() or [""])[-1], r.exit_code) == (stdout, last_stderr, exit_code)
+
+
+def test_a_file_left_open_is_flushed_at_exit(run, workdir):
+    r = run("f = open('left-open.txt', 'w')\nf.write('data')", workdir)
+    assert r.exit_code == 0 and open(os.path.join(workdir, "left-open.txt")).read() == "data"
+
+
 # --------------------------------------------------------------------------- limits
 
 
