@@ -26,6 +26,7 @@ import logging
 import os
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -59,10 +60,6 @@ class _RunFds:
     err: int
     status: int
     exit: int  # the wait status of the code, as text, then EOF
-
-    def close_all(self) -> None:
-        for fd in (self.out, self.err, self.status, self.exit):
-            _close(fd)
 
 
 class _Zygote:
@@ -196,7 +193,7 @@ class _WarmRun:
         del self._open[fd]
         _close(fd)
         if fd == self.fds.exit:
-            self._rc = os.waitstatus_to_exitcode(int(self._exit)) if self._exit.isdigit() else -9
+            self._rc = os.waitstatus_to_exitcode(int(self._exit)) if self._exit.isdigit() else -signal.SIGKILL
             self.proto.process_exited()
         if not self._open:
             self.proto.connection_lost(None)
