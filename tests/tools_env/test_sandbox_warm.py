@@ -66,6 +66,10 @@ os.environ.pop("HOME")
 os.chdir("/")
 GLOBAL_LEFT = 1
 open(os.path.join(sys.path[0], "left.txt"), "w").write("x")
+try:
+    open("/dev/shm/left-by-earlier-run", "w").write("x")  # the run's own tmpfs, where it has one
+except OSError:
+    pass
 print("left traces")
 """
 
@@ -76,13 +80,14 @@ print(sorted(x for x in [
     "left_by_earlier_run" in sys.modules and "sys.modules", "/left-by-earlier-run" in sys.path and "sys.path",
     "LEFT_BY_EARLIER_RUN" in os.environ and "environment", "HOME" not in os.environ and "environment",
     os.getcwd() == "/" and "cwd", "GLOBAL_LEFT" in globals() and "global", os.listdir(".") != [] and "file",
+    os.path.exists("/dev/shm/left-by-earlier-run") and "/dev/shm",
 ] if x))
 """
 
 
 def test_a_run_leaves_nothing_for_the_next(new_workdir, warm):
     """Module attributes, builtins, sys.modules/sys.path, environment, cwd, globals and files of
-    one run (the last in its own workdir, which its episode keeps) are not seen by the next."""
+    one run (in its own workdir, which its episode keeps, and in /dev/shm) are not seen by the next."""
     r = run_python_sync(LEAVE_TRACES, new_workdir(), FAST, warm=warm)
     assert r.stdout == "left traces\n", r.stderr
     r = run_python_sync(LOOK_FOR_TRACES, new_workdir(), FAST, warm=warm)
