@@ -17,6 +17,7 @@ PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 PSEUDO = {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "mqueue", "debugfs", "tracefs", "securityfs",
           "pstore", "bpf", "fusectl", "configfs", "binfmt_misc", "autofs", "efivarfs", "rpc_pipefs", "nsfs"}
 to_outside = None  # pid 1's pipe to the process outside the pid namespace
+init_closes = (0, 1, 2)  # what pid 1 closes once it has forked the code's process
 
 def load_libc():
     lib = ctypes.CDLL(None, use_errno=True)
@@ -123,7 +124,11 @@ def become_init():
     if pid == 0:
         os.close(to_outside)
         return
-    os.close(0), os.close(1), os.close(2)
+    for fd in init_closes:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
     while True:
         got, st = os.waitpid(-1, 0)
         if got == pid:

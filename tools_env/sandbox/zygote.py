@@ -6,9 +6,10 @@
 # fork of the same untouched process.
 # For each "run" message on its socket ("run <id> <namespaces>\n<job json>" and the run's fds: code
 # memfd, stdout, stderr, status, exit, and the cgroup's directory if it has one) it forks a
-# single-use child, which joins the run's cgroup and a new session, takes the run's
-# stdio and environment, enters the layers exactly as the launcher does and runs the bootstrap where
-# the launcher would exec it. "done <run>" SIGKILLs the child's process group and reaps the child.
+# single-use child, which joins the run's cgroup and a new session, enters the layers exactly as
+# the launcher does (its child, the code's process, then takes the run's stdio and environment)
+# and runs the bootstrap where the launcher would exec it. "done <run>" SIGKILLs the child's
+# process group and reaps the child.
 # The zygote exits when its socket reaches EOF or its parent changes: the service is gone, however
 # it died (SIGKILL included); its children die with it (PR_SET_PDEATHSIG).
 import errno, gc, select, socket
@@ -100,9 +101,10 @@ def reaped(pid):
         return True
 
 def become_run(job, joined, fds):
-    """In the run's child, still privileged: the run's cgroup, session, stdio and environment.
-    Returns the fd of the code."""
-    global spec, status, wd, probe, done, exit_fd
+    """In the run's first process (pid 1, where there is a pid namespace), still privileged: its
+    cgroup and session. Returns the code's fd and the run's stdio, for become_code: pid 1 runs as
+    little as it can, since each page it writes before forking the code's process is copied twice."""
+    global spec, status, wd, probe, done, exit_fd, init_closes
     code_fd, out, err, status, exit_fd = fds
     spec, done = job["spec"], {}
     spec["outside_ids"] = zygote_ids
@@ -119,13 +121,18 @@ def become_run(job, joined, fds):
             say(f"error cgroup: {e}")
             fail()
     os.setsid()
-    null = os.open("/dev/null", os.O_RDONLY)
-    for src, dst in ((null, 0), (out, 1), (err, 2)):
+    null = os.open("/dev/null", os.O_RDONLY)  # here: the code's process may have a nodev /dev
+    init_closes = (0, 1, 2, null, out, err, code_fd, status)
+    return code_fd, (null, out, err)
+
+def become_code(job, stdio, keep):
+    """In the code's process, after the layers: the run's stdin (/dev/null), stdout, stderr and
+    environment; every other fd but `keep` closed."""
+    for src, dst in zip(stdio, (0, 1, 2)):
         os.dup2(src, dst)
         os.close(src)
-    keep = {0, 1, 2, code_fd, status, exit_fd}
     for fd in map(int, os.listdir("/proc/self/fd")):
-        if fd not in keep:
+        if fd > 2 and fd not in keep:
             try:
                 os.close(fd)
             except OSError:
@@ -134,7 +141,6 @@ def become_run(job, joined, fds):
     os.environ.update(job["env"])
     if job["marker"]:
         show_marker(job["marker"])
-    return code_fd
 
 def proc_ids():
     """(pid, ppid) as /proc numbers them (getppid() is 0 in a pid namespace the parent is not in)."""
@@ -180,11 +186,16 @@ if __name__ == "__main__":
     job, born, joined, fds = serve(sock, os.getppid())
     sock.close()
     try:
-        code_fd = become_run(job, joined, fds)
+        code_fd, stdio = become_run(job, joined, fds)
     except Exception as e:  # say() needs the status fd, the first thing become_run sets
         say(f"error starting the run: {e}")
         fail()
     enter_layers(born)
+    try:
+        become_code(job, stdio, {code_fd, status})
+    except Exception as e:
+        say(f"error starting the run: {e}")
+        fail()
     for name in [m for m in sys.modules if m == "_ctypes" or m.partition(".")[0] == "ctypes"]:
         del sys.modules[name]  # as in a fresh interpreter, `import ctypes` reaches the audit hook
     sys.argv = ["-c", sys.argv[2], wd, str(status), str(code_fd), spec["flags"]]
