@@ -13,8 +13,9 @@ from a waiting sandbox interpreter, *cold* (`warm=False`, and the fallback) star
      warm: the *zygote* (`<sandbox python> -I -B -u -c <layers.py + zygote.py>`, started once per
      service process and kept privileged, see warm.py) gets the run's spec and fds (code memfd,
      stdout, stderr, status, exit) on its socket and clone3()s pid 1 straight into the run's
-     cgroup and new user/network/pid namespaces; pid 1 takes a new session, the run's stdio and
-     environment, and reports the code's exit status on the exit pipe itself.
+     cgroup and new user/network/pid namespaces; pid 1 takes a new session and reports the
+     code's exit status on the exit pipe itself (the code's process takes the run's stdio and
+     environment after the layers).
   2. From here on both paths run the same code (layers.py): pid 1 forks the process that enters
      the mount namespace, mounts its /proc, sets no_new_privs and the rlimits, drops to a fresh
      uid and runs the bootstrap: cold by exec'ing the sandbox interpreter `python -I -B -u -c
