@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
@@ -128,9 +129,25 @@ class _Cgroup:
     def remove(self) -> bool:
         """Remove the group once its processes are gone (killed ones leave it a moment after
         SIGKILL); False when it is still busy after a second."""
-        for attempt in range(220):
+        for delay in _REMOVE_DELAYS:
             if self.try_remove():
                 return True
-            time.sleep(0.0005 if attempt < 20 else 0.005)  # usually gone within a millisecond
+            time.sleep(delay)
+        return self._busy()
+
+    async def remove_async(self) -> bool:
+        """`remove`, waiting in the event loop (no thread hop per run)."""
+        for delay in _REMOVE_DELAYS:
+            if self.try_remove():
+                return True
+            await asyncio.sleep(delay)
+        return self._busy()
+
+    def _busy(self) -> bool:
+        if self.try_remove():
+            return True
         logger.warning("sandbox: cgroup %s is still busy; left in place", self.path)
         return False
+
+
+_REMOVE_DELAYS = [0.0005] * 20 + [0.005] * 200  # usually gone within a millisecond; at most ~1 s

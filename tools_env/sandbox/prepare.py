@@ -59,6 +59,17 @@ def _prepare(wd: str, uid: int | None, plan: _Plan, limits: SandboxLimits) -> in
     return _nproc_limit(plan, uid, limits.max_processes)
 
 
+def _prepare_is_quick(wd: str, uid: int | None, plan: _Plan, most: int = 64) -> bool:
+    """Is `_prepare` quick enough for the event loop: a workdir without subdirectories and with at
+    most `most` entries, and a process limit that needs no /proc scan?"""
+    if uid is None and not plan.layers["userns"]:
+        return False
+    try:
+        return os.stat(wd).st_nlink <= 2 and len(os.listdir(wd)) <= most
+    except OSError:
+        return False
+
+
 def _take_ownership(wd: str, uid: int | None) -> None:
     """chown the workdir tree to `uid`: entries of earlier runs, and the caller's own entries except
     regular files with several links (a hard link to a file elsewhere must not change owner).
