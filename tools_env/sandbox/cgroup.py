@@ -82,11 +82,16 @@ class _Cgroup:
 
     def _write(self, name: str, value: str) -> bool:
         try:
-            with open(os.path.join(self.path, name), "w") as f:
-                f.write(value)
+            fd = os.open(os.path.join(self.path, name), os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            os.write(fd, value.encode())
             return True
         except OSError:
             return False
+        finally:
+            os.close(fd)
 
     def add(self, pid: int) -> bool:
         return self._write("cgroup.procs", str(pid))
