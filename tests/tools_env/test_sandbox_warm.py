@@ -154,12 +154,13 @@ time.sleep(600)
 """
 
 FIND_CHILDREN = """
-def children_of(pid):
+def children_of(pid):  # live ones: an earlier run's pid 1 may wait a moment to be reaped
     import os
     found = []
     for p in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1]) == pid:
+            state, ppid = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[:2]
+            if int(ppid) == pid and state not in "ZX":
                 found.append(int(p))
         except OSError:
             pass
