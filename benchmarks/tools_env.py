@@ -10,7 +10,9 @@ throughput, and latency there is queueing (Little's law: latency = episodes / th
 its scheduled start, so a slow server cannot hide its queue) — the trainer's case, where
 policies think between calls. One ``client`` row repeats the 512-episode run through
 ``ToolsEnvClient`` (aiohttp) to show what the trainer's client costs. The calculator cases run
-once per service worker count (``--workers 1,2``); ``python`` once, since the sandbox bounds it.
+once per service worker count (``--workers 1,2``); ``python`` once, since the sandbox bounds it,
+per sandbox path in ``--python-paths`` (``warm``: forked from the zygote, the default; ``cold``:
+fresh interpreters per call), each in a service of its own.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Row:
     p99_ms: float
     errors: int
     workers: int = 1
+    sandbox: str = ""  # python rows: the sandbox path, warm or cold
 
 
 class _Conn(asyncio.Protocol):
@@ -180,13 +183,14 @@ async def run_client_case(client: ToolsEnvClient, tool: str, episodes: int, seco
 
 
 async def _bench(urls: list[str], tools: list[str], concurrency: list[int], seconds: float,
-                 paced_rate: float, warmup_s: float, workers: int) -> list[Row]:
+                 paced_rate: float, warmup_s: float, workers: int, sandbox: str = "") -> list[Row]:
     rows = []
     client = ToolsEnvClient(urls)
 
     async def record(row_coro: Any) -> None:
         row = await row_coro
         row.workers = workers
+        row.sandbox = sandbox if row.tool == "python" else ""
         rows.append(row)
         _print_row(row)
 
@@ -202,21 +206,26 @@ async def _bench(urls: list[str], tools: list[str], concurrency: list[int], seco
     return rows
 
 
-_HEADER = (f"{'tool':<11} {'mode':<9} {'workers':>7} {'episodes':>8} {'calls':>8} {'calls/s':>9} {'p50 ms':>8} "
+_HEADER = (f"{'tool':<16} {'mode':<9} {'workers':>7} {'episodes':>8} {'calls':>8} {'calls/s':>9} {'p50 ms':>8} "
            f"{'p99 ms':>8} {'errors':>6}")
 
 
 def _print_row(r: Row) -> None:
-    print(f"{r.tool:<11} {r.mode:<9} {r.workers:>7} {r.episodes:>8} {r.calls:>8} {r.calls_per_s:>9.0f} "
+    tool = f"{r.tool} ({r.sandbox})" if r.sandbox else r.tool
+    print(f"{tool:<16} {r.mode:<9} {r.workers:>7} {r.episodes:>8} {r.calls:>8} {r.calls_per_s:>9.0f} "
           f"{r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.errors:>6}", flush=True)
 
 
 def run(out: str | None = None, *, workers: tuple[int, ...] = (1, 2), seconds: float = 4.0,
         concurrency: tuple[int, ...] = (1, 64, 512), paced_rate: float = 2000.0,
-        tools: tuple[str, ...] = ("calculator", "python"), warmup_s: float = 1.0) -> dict[str, Any]:
+        tools: tuple[str, ...] = ("calculator", "python"), warmup_s: float = 1.0,
+        python_paths: tuple[str, ...] = ("warm",)) -> dict[str, Any]:
     """Start the service for each worker count, run every case, print the table and write the JSON
-    report to ``out``. ``python`` runs only with the first worker count: the sandbox, not the
-    service, bounds it."""
+    report to ``out``. ``python`` runs only with the first worker count (the sandbox, not the
+    service, bounds it), once per sandbox path in ``python_paths`` (warm, cold)."""
+    for path in python_paths:
+        if path not in ("warm", "cold"):
+            raise ValueError(f"unknown sandbox path {path!r}; valid: warm, cold")
     notes = []
     tools = list(tools)
     if "python" in tools and importlib.util.find_spec("tools_env.sandbox") is None:
@@ -234,9 +243,14 @@ def run(out: str | None = None, *, workers: tuple[int, ...] = (1, 2), seconds: f
     print(_HEADER)
     rows: list[Row] = []
     for k, n_workers in enumerate(workers):
-        these = tools if k == 0 else [t for t in tools if t != "python"]
-        with start_service(config, workers=n_workers) as svc:
-            rows += runner(_bench(svc.urls, these, list(concurrency), seconds, paced_rate, warmup_s, n_workers))
+        these = [t for t in tools if t != "python"]
+        if these:
+            with start_service(config, workers=n_workers) as svc:
+                rows += runner(_bench(svc.urls, these, list(concurrency), seconds, paced_rate, warmup_s, n_workers))
+        for path in python_paths if k == 0 and "python" in tools else ():
+            with start_service({**config, "python": {"warm": path == "warm"}}, workers=n_workers) as svc:
+                rows += runner(_bench(svc.urls, ["python"], list(concurrency), seconds, paced_rate, warmup_s,
+                                      n_workers, path))
     notes.append(f"1-minute load average before: {load_before:.2f}, after: {os.getloadavg()[0]:.2f} "
                  "(other processes on the machine skew the figures)")
     for n in notes:
@@ -263,9 +277,11 @@ def add_args(parser: Any) -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per case")
     parser.add_argument("--paced-rate", type=float, default=2000.0, help="total calls/s offered in the paced case")
     parser.add_argument("--tools", default="calculator,python", help="comma-separated: calculator, python")
+    parser.add_argument("--python-paths", default="warm", help="comma-separated sandbox paths for python: warm, cold")
 
 
 def main(args: Any) -> int:
     run(args.out, workers=tuple(int(w) for w in args.workers.split(",")), seconds=args.seconds,
-        paced_rate=args.paced_rate, tools=tuple(t for t in args.tools.split(",") if t))
+        paced_rate=args.paced_rate, tools=tuple(t for t in args.tools.split(",") if t),
+        python_paths=tuple(p for p in args.python_paths.split(",") if p))
     return 0

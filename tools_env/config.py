@@ -16,7 +16,7 @@ experts:                          # when this section is given, only what it lis
   simulated:                      # offline stand-ins, per task category with a `default`
     expert-small: {price_in: 0.2, price_out: 0.2, accuracy: {default: 0.5}, latency_s: {default: [1, 2]},
                    output_tokens: {default: 150}}
-python: {cpu_time_s: 10, wall_time_s: 15, memory_mb: 512, max_concurrency: 0}
+python: {cpu_time_s: 10, wall_time_s: 15, memory_mb: 512, max_concurrency: 0, warm: true}
 judge: null                       # or {base_url, model, api_key_env}
 tools: {}                         # free-form sections for other plug-ins, by tool name
 ```
@@ -228,15 +228,16 @@ class PythonConfig:
     max_output_bytes: int = 65536
     file_size_mb: int = 16
     network: bool = False
-    max_concurrency: int = 0  # sandbox runs at once per process; 0 = 2 x CPU count
+    max_concurrency: int = 0  # sandbox runs at once per process; 0 = 8 x CPU count (warm), 2 x (cold)
     price_per_s: float = PYTHON_PRICE_PER_S
+    warm: bool = True  # fork runs from a waiting sandbox interpreter; False: fresh interpreters per run
 
     @classmethod
     def from_dict(cls, d: Any, path: str = "python") -> "PythonConfig":
         return cls(**_fill(cls, _check_keys(cls, d, path), path))
 
     def sandbox_limits(self) -> dict[str, Any]:
-        skip = ("max_concurrency", "price_per_s")
+        skip = ("max_concurrency", "price_per_s", "warm")
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
 
 

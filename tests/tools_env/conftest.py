@@ -1,9 +1,11 @@
-"""Fixtures for the tool-service tests: a fake OpenAI-compatible server subprocess."""
+"""Fixtures for the tool-service tests: a fake OpenAI-compatible server subprocess, and for the
+sandbox tests: its capabilities, workdirs, and the path (warm or cold) a test runs on."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,3 +34,37 @@ def fake_openai():
     yield url + "/v1"
     proc.terminate()
     proc.wait(5)
+
+
+@pytest.fixture(params=[True, False], ids=["warm", "cold"])
+def warm(request) -> bool:
+    """The sandbox path: a child of the zygote (warm), or fresh interpreters (cold)."""
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def caps() -> dict[str, bool]:
+    from tools_env.sandbox import sandbox_capabilities
+
+    return sandbox_capabilities()
+
+
+@pytest.fixture
+def new_workdir(tmp_path, caps):
+    """Makes workdirs below pytest's 0700 tmp_path, like the service's mkdtemp root; where there is no
+    mount namespace to reach such a path from the dropped uid, below /tmp instead."""
+    made = []
+
+    def make() -> str:
+        reachable = caps["mount_namespace"] or not caps["uid_drop"]
+        made.append(tempfile.mkdtemp(prefix="work-", dir=tmp_path if reachable else None))
+        return made[-1]
+
+    yield make
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def workdir(new_workdir) -> str:
+    return new_workdir()

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks import tools_env as bench
 from tools_env.launch import REPO_ROOT
 
@@ -25,3 +27,16 @@ def test_tiny_tools_env_run_writes_a_report(tmp_path):
     modes = [(r["mode"], r["episodes"]) for r in saved["results"]]
     assert modes == [("saturate", 1), ("saturate", 8), ("paced", 8), ("client", 8)]
     assert all(r["calls"] > 0 and r["errors"] == 0 and r["p99_ms"] >= r["p50_ms"] for r in saved["results"])
+
+
+def test_tiny_python_run_measures_each_sandbox_path(tmp_path):
+    report = bench.run(None, workers=(1,), seconds=0.3, concurrency=(1,), tools=("python",), warmup_s=0.2,
+                       python_paths=("warm", "cold"))
+    rows = [(r["tool"], r["sandbox"], r["episodes"]) for r in report["results"]]
+    assert rows == [("python", "warm", 1), ("python", "cold", 1)]
+    assert all(r["calls"] > 0 and r["errors"] == 0 for r in report["results"])
+
+
+def test_unknown_sandbox_path_is_a_value_error():
+    with pytest.raises(ValueError, match="unknown sandbox path 'lukewarm'; valid: warm, cold"):
+        bench.run(None, tools=("python",), python_paths=("lukewarm",))

@@ -32,6 +32,7 @@ def test_empty_config_is_a_working_offline_service():
     ({"experts": {"endpoints": {"e": {"base_url": "http://x/v1", "model": "m", "price_in": 1, "price_out": 1,
                                       "timeout": 3}}}}, "'experts.endpoints.e.timeout'"),
     ({"python": {"memory": 3}}, "'python.memory'"),
+    ({"python": {"warm": "yes"}}, "'python.warm' must be bool"),
     ({"judge": {"model": "m"}}, "missing 'base_url'"),
 ])
 def test_bad_configs_name_the_key(d, words):

@@ -1,6 +1,7 @@
 """The `python` tool through the service: output, errors, per-episode files, timeouts, cost."""
 
 import importlib.util
+import os
 
 import pytest
 
@@ -59,3 +60,39 @@ def test_bad_arguments_are_observations(url):
     eid = episode(url)
     status, r = http(f"{url}/v1/episodes/{eid}/step", "POST", {"name": "python", "arguments": {"source": "1"}})
     assert status == 200 and "missing argument 'code'" in r["error"]
+
+
+def descendants(pid: int) -> list[int]:
+    parents = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                parents[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+    found, todo = [], [pid]
+    while todo:
+        kids = [p for p, parent in parents.items() if parent == todo[-1]]
+        todo.pop()
+        found += kids
+        todo += kids
+    return found
+
+
+def zygotes_below(pid: int) -> int:
+    count = 0
+    for p in descendants(pid):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                count += b"# The zygote, the warm path" in f.read()
+        except OSError:
+            continue
+    return count
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_python_warm_chooses_the_sandbox_path(warm):
+    with start_service({"python": {"warm": warm}}) as svc:
+        url = svc.urls[0]
+        assert py(url, episode(url), "print(6 * 7)")["observation"] == "42"
+        assert zygotes_below(svc.process.pid) == (1 if warm else 0)

@@ -1,115 +1,43 @@
-"""Adversarial tests of the code sandbox, one property each, with small limits.
+"""Adversarial tests of the code sandbox, one property each, with small limits, on both paths
+(`warm`: a child of the zygote; `cold`: fresh interpreters).
 
-Most run on whatever layers this host gives (`sandbox_capabilities()`); the last group re-runs
-the key attacks as an unprivileged user, with user namespaces and with the audit hook alone.
+They run on whatever layers this host gives (`sandbox_capabilities()`); test_sandbox_not_root.py
+re-runs the key attacks as an unprivileged user, test_sandbox_warm.py checks what is particular to
+the warm path.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import pwd
-import shutil
 import signal
 import socket
-import subprocess
-import tempfile
 import uuid
 from dataclasses import replace
 
 import pytest
 
-from tools_env.sandbox import SandboxLimits, run_python, run_python_sync, sandbox_capabilities
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FAST = SandboxLimits(cpu_time_s=1, wall_time_s=5, memory_mb=256, max_processes=8, max_output_bytes=4096,
-                     file_size_mb=1)
-
-
-@pytest.fixture(scope="module")
-def caps() -> dict[str, bool]:
-    return sandbox_capabilities()
+from sandbox_helpers import FAST, REPO, live_pids_of_uid, live_pids_with
+from tools_env.sandbox import run_python, run_python_sync
 
 
 @pytest.fixture
-def new_workdir(tmp_path, caps):
-    """Makes workdirs below pytest's 0700 tmp_path, like the service's mkdtemp root; where there is no
-    mount namespace to reach such a path from the dropped uid, below /tmp instead."""
-    made = []
+def run(warm):
+    def run(code: str, workdir: str, **limits):
+        return run_python_sync(code, workdir, replace(FAST, **limits), warm=warm)
 
-    def make() -> str:
-        reachable = caps["mount_namespace"] or not caps["uid_drop"]
-        made.append(tempfile.mkdtemp(prefix="work-", dir=tmp_path if reachable else None))
-        return made[-1]
-
-    yield make
-    for path in made:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def workdir(new_workdir) -> str:
-    return new_workdir()
-
-
-def run(code: str, workdir: str, **limits):
-    return run_python_sync(code, workdir, replace(FAST, **limits))
-
-
-def live_pids_with(token: str) -> list[int]:
-    """Host pids of live (non-zombie) processes whose command line contains `token`."""
-    found = []
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                if token.encode() not in f.read():
-                    continue
-            with open(f"/proc/{name}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] not in "ZX":
-                    found.append(int(name))
-        except OSError:
-            continue
-    return found
-
-
-def live_pids_holding(token: str) -> list[int]:
-    """Host pids of live processes with a file whose path contains `token` open."""
-    found = []
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            links = [os.readlink(f"/proc/{name}/fd/{fd}") for fd in os.listdir(f"/proc/{name}/fd")]
-            with open(f"/proc/{name}/stat") as f:
-                alive = f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
-        except OSError:
-            continue
-        if alive and any(token in link for link in links):
-            found.append(int(name))
-    return found
-
-
-def live_pids_of_uid(uid: int) -> list[int]:
-    found = []
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{name}/status") as f:
-                st = dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
-        except OSError:
-            continue
-        if st["Uid"].split()[0] == str(uid) and st["State"][0] not in "ZX":
-            found.append(int(name))
-    return found
+    return run
 
 
 # --------------------------------------------------------------------------- ordinary code
 
 
-def test_prints_and_exits_zero(workdir):
+def test_prints_and_exits_zero(run, workdir):
     r = run("print(sum(range(10)))", workdir)
     assert (r.stdout, r.stderr, r.exit_code, r.killed_reason, r.truncated) == ("45\n", "", 0, None, False)
 
 
-def test_exception_gives_traceback_and_nonzero_exit(workdir):
+def test_exception_gives_traceback_and_nonzero_exit(run, workdir):
     r = run("def f():\n    raise ValueError('boom')\nf()", workdir)
     assert r.exit_code == 1 and r.killed_reason is None
     assert r.stderr.startswith("Traceback (most recent call last):\n")
@@ -117,28 +45,51 @@ def test_exception_gives_traceback_and_nonzero_exit(workdir):
     assert "<sandbox>" not in r.stderr  # the sandbox's own frames are hidden
 
 
-def test_missing_workdir_is_a_value_error(tmp_path):
+def test_missing_workdir_is_a_value_error(run, tmp_path):
     with pytest.raises(ValueError, match="not a directory"):
         run("print(1)", str(tmp_path / "missing"))
 
 
-def test_workdir_is_writable_and_kept_between_runs(workdir):
+def test_workdir_is_writable_and_kept_between_runs(run, workdir):
     r = run("import os\nos.makedirs('sub')\nopen('sub/data.txt', 'w').write('42')\nprint(os.getcwd())", workdir)
     assert r.exit_code == 0 and r.stdout == workdir + "\n"
     assert open(os.path.join(workdir, "sub", "data.txt")).read() == "42"
     assert run("print(open('sub/data.txt').read())", workdir).stdout == "42\n"
 
 
+EXITS = {  # code -> (stdout, stderr's last line, exit code), as `python -c` gives them
+    "sys-exit-code": ("import sys\nsys.exit(3)", "", "", 3),
+    "sys-exit-message": ("import sys\nsys.exit('bye')", "", "bye", 1),
+    "atexit": ("import atexit\natexit.register(print, 'at exit')\nprint('main')", "main\nat exit\n", "", 0),
+    "thread": ("import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()",
+               "thread\n", "", 0),
+    "del-at-exit": ("class A:\n    def __del__(self):\n        print('deleted')\na = A()", "deleted\n", "", 0),
+    "keyboard-interrupt": ("raise KeyboardInterrupt", "", "KeyboardInterrupt", -signal.SIGINT),
+}
+
+
+@pytest.mark.parametrize("case", list(EXITS))
+def test_the_code_exits_as_the_interpreter_would(run, workdir, case):
+    code, stdout, last_stderr, exit_code = EXITS[case]
+    r = run(code, workdir)
+    assert (r.stdout, (r.stderr.splitlines() or [""])[-1], r.exit_code) == (stdout, last_stderr, exit_code)
+
+
+def test_a_file_left_open_is_flushed_at_exit(run, workdir):
+    r = run("f = open('left-open.txt', 'w')\nf.write('data')", workdir)
+    assert r.exit_code == 0 and open(os.path.join(workdir, "left-open.txt")).read() == "data"
+
+
 # --------------------------------------------------------------------------- limits
 
 
-def test_busy_loop_is_stopped_by_cpu_limit(workdir):
+def test_busy_loop_is_stopped_by_cpu_limit(run, workdir):
     r = run("while True: pass", workdir, wall_time_s=30)
     assert r.killed_reason == "cpu_time" and r.timed_out and r.exit_code in (-signal.SIGXCPU, -signal.SIGKILL)
     assert r.wall_s < 15
 
 
-def test_sleep_is_stopped_by_wall_clock(workdir):
+def test_sleep_is_stopped_by_wall_clock(run, workdir):
     r = run("import time\nprint('before', flush=True)\ntime.sleep(1000)", workdir, wall_time_s=1)
     assert r.killed_reason == "wall_time" and r.timed_out and r.exit_code is None
     assert r.stdout == "before\n"  # output written before the kill is kept
@@ -149,14 +100,14 @@ def test_sleep_is_stopped_by_wall_clock(workdir):
     "x = bytearray(2 * 1024**3)",
     "blocks = []\nwhile True:\n    blocks.append(bytearray(32 << 20))",
 ], ids=["2GB-at-once", "growing"])
-def test_memory_bomb_is_reported_as_memory(workdir, code):
+def test_memory_bomb_is_reported_as_memory(run, workdir, code):
     r = run(code, workdir)
     assert r.killed_reason == "memory" and r.exit_code != 0
     assert r.wall_s < 4
 
 
 @pytest.mark.parametrize("stream", ["stdout", "stderr"])
-def test_huge_output_is_truncated_and_run_ends_quickly(workdir, stream):
+def test_huge_output_is_truncated_and_run_ends_quickly(run, workdir, stream):
     r = run(f"import sys\nwhile True:\n    sys.{stream}.write('x' * 999 + '\\n')", workdir, wall_time_s=30)
     assert r.truncated and r.killed_reason == "output_limit" and r.exit_code is None
     assert len(r.stdout) + len(r.stderr) == FAST.max_output_bytes
@@ -202,7 +153,7 @@ while True:
 
 
 @pytest.mark.parametrize("kind", list(FORK_BOMBS))
-def test_fork_bomb_is_contained(workdir, caps, kind):
+def test_fork_bomb_is_contained(run, workdir, caps, kind):
     r = run(FORK_BOMBS[kind], workdir, wall_time_s=3, cpu_time_s=2)
     assert r.wall_s < 6, "the run ends"
     uid, children = map(int, r.stdout.split()[:2])  # spawn refused by a strict audit hook: 0 children
@@ -231,7 +182,7 @@ os.wait()
 
 
 @pytest.mark.parametrize("kind", list(CHILDREN))
-def test_child_left_running_is_killed(workdir, caps, kind):
+def test_child_left_running_is_killed(run, workdir, caps, kind):
     if kind == "setsid-clean-env" and not (caps["uid_drop"] or caps["cgroup"] or caps["pid_namespace"]):
         pytest.skip("tracked only by the marker variable on this host (see the sandbox docstring)")
     token = f"1000.{uuid.uuid4().int % 10**9}"  # a unique `sleep` argument to find the child by
@@ -242,12 +193,12 @@ def test_child_left_running_is_killed(workdir, caps, kind):
     assert live_pids_with(token) == []
 
 
-def test_cancelled_run_leaves_nothing_running(workdir):
+def test_cancelled_run_leaves_nothing_running(workdir, warm):
     token = f"1000.{uuid.uuid4().int % 10**9}"
     code = f"import subprocess, time\nsubprocess.Popen(['sleep', {token!r}], start_new_session=True)\ntime.sleep(1000)"
 
     async def cancel_midway():
-        task = asyncio.ensure_future(run_python(code, workdir, FAST))
+        task = asyncio.ensure_future(run_python(code, workdir, FAST, warm=warm))
         await asyncio.sleep(0.5)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -258,7 +209,7 @@ def test_cancelled_run_leaves_nothing_running(workdir):
     assert live_pids_with(token) == []
 
 
-def test_network_is_refused(workdir):
+def test_network_is_refused(run, workdir):
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
@@ -285,7 +236,7 @@ for host, port in [("127.0.0.1", {port}), ("10.255.255.1", 80)]:
     assert r.wall_s < 3  # refused, not timed out
 
 
-def test_network_is_refused_to_a_child_program(workdir, caps):
+def test_network_is_refused_to_a_child_program(run, workdir, caps):
     """A child interpreter has no audit hook: only the network namespace stops it."""
     probe = "import socket; socket.create_connection(('10.255.255.1', 80), timeout=1)"
     r = run(f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {probe!r}], check=True)", workdir)
@@ -297,7 +248,7 @@ def test_network_is_refused_to_a_child_program(workdir, caps):
 
 
 @pytest.mark.parametrize("how", ["python", "shell"])
-def test_writes_outside_workdir_fail(workdir, how):
+def test_writes_outside_workdir_fail(run, workdir, how):
     name = f"sandbox-escape-{uuid.uuid4().hex[:8]}"
     targets = [os.path.join(d, name) for d in ("/tmp", "/dev/shm", REPO, os.path.expanduser("~"),
                                                os.path.dirname(workdir))]
@@ -319,7 +270,7 @@ def test_writes_outside_workdir_fail(workdir, how):
         assert open(os.path.join(workdir, "inside.txt")).read() == "ok"
 
 
-def test_secret_in_service_environment_does_not_leak(workdir, monkeypatch):
+def test_secret_in_service_environment_does_not_leak(run, workdir, monkeypatch):
     secret = f"hunter2-{uuid.uuid4().hex}"
     monkeypatch.setenv("NEMO_SANDBOX_TEST_SECRET", secret)
     code = """
@@ -336,7 +287,7 @@ for pid in ["self", str(os.getppid()), "1"] + [p for p in os.listdir("/proc") if
     assert secret not in r.stdout + r.stderr
 
 
-def test_ctypes_cannot_be_imported(workdir):
+def test_ctypes_cannot_be_imported(run, workdir):
     r = run("import ctypes", workdir)
     assert r.exit_code == 1 and "importing ctypes is not allowed" in r.stderr
 
@@ -344,7 +295,7 @@ def test_ctypes_cannot_be_imported(workdir):
 # --------------------------------------------------------------------------- concurrency
 
 
-def test_concurrent_runs_are_independent(new_workdir):
+def test_concurrent_runs_are_independent(new_workdir, warm):
     dirs = [new_workdir() for _ in range(8)]
     for i, d in enumerate(dirs):
         with open(os.path.join(d, "n"), "w") as f:
@@ -352,66 +303,9 @@ def test_concurrent_runs_are_independent(new_workdir):
     code = "import time\nn = int(open('n').read())\ntime.sleep(0.3)\nopen('n', 'w').write(str(n * n))\nprint(n * n)"
 
     async def all_runs():
-        return await asyncio.gather(*(run_python(code, d, FAST) for d in dirs))
+        return await asyncio.gather(*(run_python(code, d, FAST, warm=warm) for d in dirs))
 
     results = asyncio.run(all_runs())
     assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(8)]
     assert all(r.exit_code == 0 and r.wall_s < 3 for r in results)
     assert [open(os.path.join(d, "n")).read() for d in dirs] == [str(i * i) for i in range(8)]
-
-
-# --------------------------------------------------------------------------- not root
-
-# Each attack prints one line that the test checks; a driver runs it as `nobody`. PORT is a
-# listener of the test's own, TOKEN a fresh file name, SECRET a value in the driver's environment.
-CONNECT = "import socket; s = socket.socket(); s.settimeout(1); s.connect(('127.0.0.1', PORT))"
-NOT_ROOT_ATTACKS = {
-    "network": (f"try:\n    {CONNECT}\n    print('connected')\nexcept OSError:\n    print('refused')", "refused"),
-    "network-child": ("import subprocess, sys\ntry:\n    subprocess.run([sys.executable, '-c', CONNECT], check=True)\n"
-                      "    print('connected')\nexcept (OSError, subprocess.CalledProcessError):\n    print('refused')",
-                      "refused"),
-    "write-tmp": ("try:\n    open('/tmp/TOKEN', 'w')\n    print('wrote')\nexcept OSError:\n    print('refused')", "refused"),
-    "service-env": ("import os\ntry:\n    print('SECRET' in open(f'/proc/{os.getppid()}/environ').read())\n"
-                    "except OSError:\n    print(False)", "False"),
-    "escaped-child": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    f = open('TOKEN', 'w')\n"
-                      "    time.sleep(1000)\ntime.sleep(0.3)\nprint('forked')", "forked"),
-}
-
-DRIVER = """
-import json, shutil, sys, tempfile
-sys.path.insert(0, {repo!r})
-from tools_env.sandbox import SandboxLimits, run_python_sync, sandbox_capabilities
-wd = tempfile.mkdtemp()
-r = run_python_sync({code!r}, wd, SandboxLimits(wall_time_s=5, cpu_time_s=2))
-shutil.rmtree(wd)
-print(json.dumps({{"stdout": r.stdout, "stderr": r.stderr, "caps": sandbox_capabilities()}}))
-"""
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an unprivileged user")
-@pytest.mark.parametrize("mode", ["userns", "hook-only"])
-@pytest.mark.parametrize("attack", list(NOT_ROOT_ATTACKS))
-def test_not_root(mode, attack):
-    python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
-    nobody = pwd.getpwnam("nobody")
-    token = uuid.uuid4().hex
-    code, expected = NOT_ROOT_ATTACKS[attack]
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.setblocking(False)
-    port = str(listener.getsockname()[1])
-    code = code.replace("CONNECT", repr(CONNECT)).replace("PORT", port).replace("TOKEN", token).replace("SECRET", token)
-    env = {"PATH": "/usr/bin:/bin", "SECRET": token, "NEMO_SANDBOX_DISABLE": "userns" if mode == "hook-only" else ""}
-    try:
-        out = subprocess.run([python, "-I", "-c", DRIVER.format(repo=REPO, code=code)], user=nobody.pw_uid,
-                             group=nobody.pw_gid, extra_groups=[], env=env, cwd="/", capture_output=True, text=True,
-                             timeout=60)
-        with pytest.raises(BlockingIOError):
-            listener.accept()
-    finally:
-        listener.close()
-    assert out.returncode == 0, out.stderr
-    r = json.loads(out.stdout.splitlines()[-1])
-    assert r["caps"]["root"] is False and r["caps"]["audit_strict"] is (mode == "hook-only")
-    assert r["stdout"] == expected + "\n", r["stderr"]
-    assert not os.path.exists(f"/tmp/{token}")
-    assert live_pids_holding(token) == [], "nothing of the run is left"

@@ -3,20 +3,33 @@
     result = await run_python("print(1 + 1)", workdir, SandboxLimits(wall_time_s=5))
     assert result.stdout == "2\\n" and result.exit_code == 0
 
-A run, step by step:
-  1. A *launcher* (`python -I -S -c <launcher.py>`, the service's own interpreter) starts in a new
-     session with a minimal environment (no inherited secrets) and is put in a per-run cgroup;
-     then the code is written to its stdin.
-  2. The launcher, still privileged, enters the isolation layers this host allows (below); in the
-     pid namespace it forks pid 1, which forks the process that sets the rlimits, drops to a
-     fresh uid and execs the sandbox interpreter `python -I -B -u -c <bootstrap.py>` with stdin on
-     /dev/null. The launcher waits outside and exits the way the code did.
+A run, step by step. It takes one of two paths to the same sandbox: *warm* (the default) forks it
+from a waiting sandbox interpreter, *cold* (`warm=False`, and the fallback) starts two fresh ones.
+  1. cold: a *launcher* (`python -I -S -c <layers.py + launcher.py>`, the service's own
+     interpreter) starts in a new session with a minimal environment (no inherited secrets) and is
+     put in the run's cgroup; then the code is written to its stdin. It enters the user and
+     network namespaces and forks the pid namespace's pid 1, waiting outside to exit the way the
+     code did.
+     warm: the *zygote* (`<sandbox python> -I -B -u -c <layers.py + zygote.py>`, started once per
+     service process and kept privileged, see warm.py) gets the run's spec and fds (code memfd,
+     stdout, stderr, status, exit) on its socket and clone3()s pid 1 straight into the run's
+     cgroup and new user/network/pid namespaces; pid 1 takes a new session and reports the
+     code's exit status on the exit pipe itself (the code's process takes the run's stdio and
+     environment after the layers).
+  2. From here on both paths run the same code (layers.py): pid 1 forks the process that enters
+     the mount namespace, mounts its /proc, sets no_new_privs and the rlimits, drops to a fresh
+     uid and runs the bootstrap: cold by exec'ing the sandbox interpreter `python -I -B -u -c
+     <bootstrap.py>` with stdin on /dev/null, warm in place (the zygote's ctypes is dropped from
+     sys.modules first). pid 1 reaps orphans until the code's process ends.
   3. The bootstrap installs an audit hook, then runs the code as `__main__` with the workdir as
-     cwd, HOME, TMPDIR and `sys.path[0]`.
+     cwd, HOME, TMPDIR and `sys.path[0]`, and ends the process the way the interpreter's exit
+     does (non-daemon threads, atexit, flushing, clearing `__main__` and the modules the code
+     imported, gc), except for the teardown of the interpreter's own modules; then `_exit`.
   4. stdout+stderr stream into one buffer capped at `max_output_bytes`. The run ends when the
      code exits, the wall clock runs out or the cap is passed; then every process of the run is
-     killed: `cgroup.kill`, the process group, and a /proc scan for the run's uid (root) or the
-     run's marker variable (not root), repeated until none is left.
+     killed: `cgroup.kill`, the process group, and, when there is no cgroup to prove the run left
+     nothing (a group that could be removed is empty), a /proc scan for the run's uid (root) or
+     the run's marker variable (not root), repeated until none is left.
 
 Layers, by their `sandbox_capabilities()` names, with what each stops and what it does not:
   uid_drop          root only. A fresh uid/gid per run, no supplementary groups, workdir chowned
@@ -27,9 +40,10 @@ Layers, by their `sandbox_capabilities()` names, with what each stops and what i
                     namespaces below possible without root; RLIMIT_NPROC then counts per run.
   network_namespace a new, empty network namespace (loopback down): no TCP/UDP anywhere, host
                     loopback included. Unix sockets on the filesystem are not covered by it.
-  pid_namespace     the code runs as pid 2 under a small init (pid 1, the launcher) that reaps
-                    orphans and exits when the code's process does, and the kernel then kills
-                    everything left in the namespace, setsid or not. Other processes cannot be
+  pid_namespace     the code runs as pid 2 under a small init (pid 1, forked by the launcher or
+                    cloned by the zygote) that reaps orphans and exits when the code's process
+                    does, and the kernel then kills everything left in the namespace, setsid or
+                    not. Other processes cannot be
                     seen, signalled or ptraced, even by the same uid (which matters when not root).
   mount_namespace   a private mount tree in which every mount is re-mounted read-only and nosuid,
                     except the workdir (nosuid, nodev, noexec); a private tmpfs on /dev/shm (at
@@ -85,13 +99,21 @@ Other things to know:
     workdir is noexec, so new native code cannot be loaded, but installed binaries can run).
   * In the pid namespace the code's own pid is 2; its parent is the sandbox's init.
   * NEMO_SANDBOX_DISABLE=uid,userns,netns,pidns,mountns,cgroup turns layers off (tests, debugging).
-  * launcher.py and bootstrap.py are programs, not modules: prepare.py reads their text and it is
-    passed as `-c` source and argv, so the sandbox uid never has to read a file in the repository.
+  * layers.py, launcher.py, zygote.py and bootstrap.py are programs, not modules: prepare.py
+    reads their text and it is passed as `-c` source and argv, so the sandbox uid never has to
+    read a file in the repository (the checkout may live under a 0700 home).
+  * Warm runs of one zygote share what a fresh interpreter draws at start: the string hash seed
+    and the address layout. Nothing a run does reaches the zygote or the next run: each run is a
+    fork of a zygote that never runs code. A run cannot see or signal the zygote (pid namespace,
+    other uid); a zygote that dies is restarted at the next run, and the runs in flight die with
+    it. The zygote exits when the service process is gone, however it died.
+  * At exit the code's C stdio buffers are not flushed (the bootstrap ends with `_exit`).
 
 Files: runner.py (run_python: one run from start to end), limits.py, plan.py and probe.py (what
-this host allows, probed once), prepare.py (uid, workdir, launcher spec), output.py (capture and
-SandboxResult), cleanup.py and cgroup.py (killing every process of a run), launcher.py and
-bootstrap.py (the code that runs in the child).
+this host allows, probed once), prepare.py (uid, workdir, launch spec), output.py (capture and
+SandboxResult), cleanup.py and cgroup.py (killing every process of a run), warm.py (the zygote
+from the service's side: start, check, restart, one run's pipes); the programs: layers.py (the
+isolation layers), launcher.py (cold), zygote.py (warm) and bootstrap.py (the code's first code).
 """
 
 from tools_env.sandbox.limits import SandboxLimits

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import os
 import signal
@@ -48,32 +50,48 @@ def _enable_controllers(base: str) -> None:
         pass
 
 
+@functools.lru_cache(maxsize=None)
+def _controllers(base: str) -> frozenset[str]:
+    """The controllers the run groups below `base` get (read once: each open on cgroupfs costs)."""
+    try:
+        return frozenset(open(os.path.join(base, "cgroup.subtree_control")).read().split())
+    except OSError:
+        return frozenset()
+
+
 class _Cgroup:
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, path: str, controllers: frozenset[str] = frozenset()):
+        self.path, self.controllers = path, controllers
 
     @classmethod
     def create(cls, base: str | None, name: str, limits: SandboxLimits) -> _Cgroup | None:
         if base is None:
             return None
-        group = cls(os.path.join(base, "run-" + name))
+        group = cls(os.path.join(base, "run-" + name), _controllers(base))
         try:
             os.mkdir(group.path)
         except OSError as e:
             logger.warning("sandbox: cannot create cgroup %s: %s", group.path, e)
             return None
-        group._write("pids.max", str(limits.max_processes))
-        group._write("memory.max", str(limits.memory_mb << 20))
-        group._write("memory.swap.max", "0")
+        if "pids" in group.controllers:
+            group._write("pids.max", str(limits.max_processes))
+        if "memory" in group.controllers:
+            group._write("memory.max", str(limits.memory_mb << 20))
+            group._write("memory.swap.max", "0")
         return group
 
     def _write(self, name: str, value: str) -> bool:
         try:
-            with open(os.path.join(self.path, name), "w") as f:
-                f.write(value)
+            fd = os.open(os.path.join(self.path, name), os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            os.write(fd, value.encode())
             return True
         except OSError:
             return False
+        finally:
+            os.close(fd)
 
     def add(self, pid: int) -> bool:
         return self._write("cgroup.procs", str(pid))
@@ -95,19 +113,46 @@ class _Cgroup:
             return []
 
     def oom_killed(self) -> bool:
+        if "memory" not in self.controllers:
+            return False
         try:
             events = dict(line.split() for line in open(os.path.join(self.path, "memory.events")))
             return int(events.get("oom_kill", 0)) > 0
         except (OSError, ValueError):
             return False
 
-    def remove(self) -> None:
-        for _ in range(200):  # killed processes leave the group a moment after SIGKILL
-            try:
-                os.rmdir(self.path)
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.005)
+    def try_remove(self) -> bool:
+        """Remove the group if it is empty now; True when it is gone."""
+        try:
+            os.rmdir(self.path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+        return True
+
+    def remove(self) -> bool:
+        """Remove the group once its processes are gone (killed ones leave it a moment after
+        SIGKILL); False when it is still busy after a second."""
+        for delay in _REMOVE_DELAYS:
+            if self.try_remove():
+                return True
+            time.sleep(delay)
+        return self._busy()
+
+    async def remove_async(self) -> bool:
+        """`remove`, waiting in the event loop (no thread hop per run)."""
+        for delay in _REMOVE_DELAYS:
+            if self.try_remove():
+                return True
+            await asyncio.sleep(delay)
+        return self._busy()
+
+    def _busy(self) -> bool:
+        if self.try_remove():
+            return True
         logger.warning("sandbox: cgroup %s is still busy; left in place", self.path)
+        return False
+
+
+_REMOVE_DELAYS = [0.0005] * 20 + [0.005] * 200  # usually gone within a millisecond; at most ~1 s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -58,6 +59,17 @@ def _prepare(wd: str, uid: int | None, plan: _Plan, limits: SandboxLimits) -> in
     return _nproc_limit(plan, uid, limits.max_processes)
 
 
+def _prepare_is_quick(wd: str, uid: int | None, plan: _Plan, most: int = 64) -> bool:
+    """Is `_prepare` quick enough for the event loop: a workdir without subdirectories and with at
+    most `most` entries, and a process limit that needs no /proc scan?"""
+    if uid is None and not plan.layers["userns"]:
+        return False
+    try:
+        return os.stat(wd).st_nlink <= 2 and len(os.listdir(wd)) <= most
+    except OSError:
+        return False
+
+
 def _take_ownership(wd: str, uid: int | None) -> None:
     """chown the workdir tree to `uid`: entries of earlier runs, and the caller's own entries except
     regular files with several links (a hard link to a file elsewhere must not change owner).
@@ -90,10 +102,21 @@ def _nproc_limit(plan: _Plan, uid: int | None, max_processes: int) -> int:
     return tasks + max_processes
 
 
-# The launcher and the bootstrap are programs, kept as files beside this one and handed over as
-# text (`-c` and argv): neither the launcher nor the sandbox uid has to read a file in the repository.
-_LAUNCHER = (Path(__file__).parent / "launcher.py").read_text(encoding="utf-8")
-_BOOTSTRAP = (Path(__file__).parent / "bootstrap.py").read_text(encoding="utf-8")
+# The launcher, the zygote and the bootstrap are programs, kept as files beside this one and handed
+# over as text (`-c` and argv): neither they nor the sandbox uid have to read a file in the
+# repository. The launcher and the zygote share the layers (layers.py in front of their text).
+def _program(*names: str) -> str:
+    return "\n".join((Path(__file__).parent / name).read_text(encoding="utf-8") for name in names)
+
+
+_LAUNCHER = _program("layers.py", "launcher.py")
+_ZYGOTE = _program("layers.py", "zygote.py")
+_BOOTSTRAP = _program("bootstrap.py")
+
+
+@functools.lru_cache(maxsize=None)
+def _realpath(path: str) -> str:
+    return os.path.realpath(path)
 
 
 def _launch_spec(plan: _Plan, wd: str, uid: int | None, limits: SandboxLimits, nproc: int,
@@ -105,6 +128,7 @@ def _launch_spec(plan: _Plan, wd: str, uid: int | None, limits: SandboxLimits, n
                                    ("probe", probe)) if on]
     return {
         "workdir": wd, "closed_parent": closed_parent, "python": plan.python, "probe": probe,
+        "mask_run": not any(p.startswith("/run/") for p in (wd + "/", _realpath(plan.python))),  # host sockets
         "bootstrap": _BOOTSTRAP, "flags": ",".join(flags),
         "uid": uid, "userns": ly["userns"], "netns": ly["netns"] and not limits.network, "pidns": ly["pidns"],
         "mountns": ly["mountns"], "proc": ly["proc"], "nnp": ly["nnp"], "shm_mb": min(64, limits.memory_mb),

@@ -2,8 +2,10 @@
 
 Cost is ``price_per_s`` x the sandbox's wall seconds ($0.0000083/s, ToolOrchestra), latency is
 those wall seconds. At most ``max_concurrency`` sandboxes run at once per process (queueing
-beyond that), so 512 episodes do not fork 512 interpreters on a small machine. The sandbox
-module is imported at the first call, so the service starts without it; if it is missing the
+beyond that; by default 8 per CPU on the warm path, 2 per CPU on the cold one), so 512 episodes
+do not start 512 interpreters on a small machine. The sandbox
+module is imported at the first call, so the service starts without it (``warm``, the default,
+starts the sandbox's zygote there too); if it is missing the
 call is an error observation. An exception in the user's code is an ordinary observation (its
 traceback); a timeout or a kill by the sandbox is an error.
 """
@@ -58,7 +60,8 @@ class Python(Tool):
         elif not isinstance(cfg, PythonConfig):
             cfg = PythonConfig.from_dict(cfg)
         self.cfg: PythonConfig = cfg
-        self._slots = asyncio.Semaphore(cfg.max_concurrency or 2 * (os.cpu_count() or 1))
+        # a warm run is a fork (copy-on-write) that spends part of its life waiting on the kernel
+        self._slots = asyncio.Semaphore(cfg.max_concurrency or (8 if cfg.warm else 2) * (os.cpu_count() or 1))
         self._limits = None
 
     async def call(self, arguments: dict[str, Any], ctx: EpisodeContext) -> ToolResult:
@@ -75,7 +78,7 @@ class Python(Tool):
             self._limits = SandboxLimits(**self.cfg.sandbox_limits())
         os.makedirs(ctx.workdir, mode=0o700, exist_ok=True)
         async with self._slots:
-            result = await run_python(code, ctx.workdir, self._limits)
+            result = await run_python(code, ctx.workdir, self._limits, warm=self.cfg.warm)
         error = None
         if result.timed_out:
             error = "python: timed out"

@@ -1,0 +1,202 @@
+# The zygote, the warm path (see warm.py): a sandbox interpreter that waits to be forked.
+# A program, not a module of the package: warm.py puts layers.py in front of this text and starts it
+# once per service process as `<sandbox python> -I -B -u -c <boot> <layers.py + this> <bootstrap.py>
+# <config>`, privileged like the launcher. It has already paid for the interpreter's start and the
+# imports of the layers and the bootstrap, and it never runs code itself: every run's child is a
+# fork of the same untouched process.
+# For each "run" message on its socket ("run <id> <namespaces>\n<job json>" and the run's fds: code
+# memfd, stdout, stderr, status, exit, and the cgroup's directory if it has one) it forks a
+# single-use child, which joins the run's cgroup and a new session, enters the layers exactly as
+# the launcher does (its child, the code's process, then takes the run's stdio and environment)
+# and runs the bootstrap where the launcher would exec it. "done <run>" SIGKILLs the child's
+# process group and reaps the child.
+# The zygote exits when its socket reaches EOF or its parent changes: the service is gone, however
+# it died (SIGKILL included); its children die with it (PR_SET_PDEATHSIG).
+import errno, gc, select, socket
+import atexit, linecache, tokenize  # imported by the bootstrap: already loaded in every child
+
+SYS_CLONE3, CLONE_INTO_CGROUP = 435, 0x200000000  # clone3 has number 435 on every architecture
+BORN = {"userns": NEWUSER, "netns": NEWNET, "pidns": NEWPID}  # namespaces a child is created in
+
+class CloneArgs(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in ("flags", "pidfd", "child_tid", "parent_tid", "exit_signal",
+                                                      "stack", "stack_size", "tls", "set_tid", "set_tid_size", "cgroup")]
+
+def clone_run(born, cgroup_fd):
+    """os.fork(), with the child created in the namespaces `born` (user, network, pid) and in the
+    cgroup `cgroup_fd`, by clone3 (Linux >= 5.7). The pid namespace's first process is then this
+    child itself, so no process has to stay outside to wait, and it is born in the cgroup: moving it
+    there afterwards waits for an RCU grace period, ~10 ms on an idle host. Returns (pid, the
+    namespaces the child was created in, whether it is in the cgroup); where clone3 cannot do it,
+    a plain os.fork(), (), False."""
+    global clone3_ok
+    if clone3_ok:
+        flags = sum(BORN[name] for name in born) | (CLONE_INTO_CGROUP if cgroup_fd is not None else 0)
+        clone_args.flags, clone_args.cgroup = flags, cgroup_fd or 0
+        pid = clone3()
+        if pid >= 0:
+            return pid, born, cgroup_fd is not None
+        if -pid in (errno.ENOSYS, errno.E2BIG, errno.EINVAL):  # an older kernel: stop trying
+            clone3_ok = False
+        sys.stderr.write(f"sandbox zygote: clone3: {os.strerror(-pid)}; forking instead\n")
+    return os.fork(), (), False
+
+clone_args = CloneArgs(exit_signal=int(signal.SIGCHLD))  # one, reused: fewer pages written per run
+
+def clone3():
+    """The clone3 syscall between PyOS_BeforeFork and _AfterFork, holding the GIL throughout (PyDLL),
+    as os.fork() does; -errno on failure. Unlike glibc's fork() it leaves glibc's cached thread id
+    stale in the child, which only forks (glibc's fork sets it right in its own children), waits,
+    writes and exits."""
+    ctypes.pythonapi.PyOS_BeforeFork()
+    pid = pylibc.syscall(SYS_CLONE3, args_ref, args_size)
+    if pid == 0:
+        ctypes.pythonapi.PyOS_AfterFork_Child()
+        return 0
+    err = ctypes.get_errno()
+    ctypes.pythonapi.PyOS_AfterFork_Parent()
+    return pid if pid > 0 else -err
+
+def serve(sock, parent):
+    """Answer messages until one forks a run's child; return there the job, the namespaces
+    the child was born in, whether it was born in the cgroup, and its fds."""
+    children, dying = {}, []
+    while True:
+        readable = select.select([sock], [], [], 0.2 if dying else 1.0)[0]
+        if os.getppid() != parent:
+            os._exit(0)
+        dying = [pid for pid in dying if not reaped(pid)]
+        if not readable:
+            continue
+        msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 8)
+        if not msg:
+            os._exit(0)
+        kind, _, body = msg.partition(b" ")
+        if kind == b"run":
+            head, _, job = body.partition(b"\n")
+            run, _, born = head.decode().partition(" ")
+            job = json.loads(job)  # here, not in the child: the zygote's pages for it are then its own
+            cgroup_fd = fds.pop() if len(fds) > 5 else None
+            pid, born, joined = clone_run([name for name in born.split(",") if name in BORN], cgroup_fd)
+            if pid == 0:
+                if cgroup_fd is not None:
+                    os.close(cgroup_fd)
+                return job, born, joined, fds
+            if cgroup_fd is not None:
+                os.close(cgroup_fd)
+            for fd in fds:
+                os.close(fd)
+            children[run] = pid
+        elif kind == b"done" and (pid := children.pop(body.decode(), None)):
+            try:
+                os.killpg(pid, signal.SIGKILL)  # unreaped, so the group id cannot have been reused
+            except OSError:
+                pass
+            dying.append(pid)
+
+def reaped(pid):
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] != 0
+    except ChildProcessError:
+        return True
+
+def become_run(job, joined, fds):
+    """In the run's first process (pid 1, where there is a pid namespace), still privileged: its
+    cgroup and session. Returns the code's fd and the run's stdio, for become_code: pid 1 runs as
+    little as it can, since each page it writes before forking the code's process is copied twice."""
+    global spec, status, wd, probe, done, exit_fd, init_closes
+    code_fd, out, err, status, exit_fd = fds
+    spec, done = job["spec"], {}
+    spec["outside_ids"] = zygote_ids
+    wd, probe = spec["workdir"], spec["probe"]
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0))
+    if proc_ids()[1] != zygote_pid:  # the zygote died before the line above: nothing would stop the run
+        os._exit(1)
+    if job["cgroup"] and not joined:
+        try:
+            fd = os.open(job["cgroup"], os.O_WRONLY)
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+        except OSError as e:
+            say(f"error cgroup: {e}")
+            fail()
+    os.setsid()
+    null = os.open("/dev/null", os.O_RDONLY)  # here: the code's process may have a nodev /dev
+    init_closes = (0, 1, 2, null, out, err, code_fd, status)
+    return code_fd, (null, out, err)
+
+def become_code(job, stdio, keep):
+    """In the code's process, after the layers: the run's stdin (/dev/null), stdout, stderr and
+    environment; every other fd but `keep` closed."""
+    for src, dst in zip(stdio, (0, 1, 2)):
+        os.dup2(src, dst)
+        os.close(src)
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    os.environ.clear()
+    os.environ.update(job["env"])
+    if job["marker"]:
+        show_marker(job["marker"])
+
+def proc_ids():
+    """(pid, ppid) as /proc numbers them (getppid() is 0 in a pid namespace the parent is not in)."""
+    fd = os.open("/proc/self/stat", os.O_RDONLY)  # not open(): its io objects cost page faults
+    fields = os.read(fd, 4096).rsplit(b")", 1)
+    os.close(fd)
+    return int(fields[0].split()[0]), int(fields[1].split()[1])
+
+def show_marker(marker):
+    """Write `NAME=value` over the placeholder in this process's original environment block, which
+    /proc/<pid>/environ shows (os.environ does not change it): cleanup finds the run's processes by
+    it when they have no uid of their own. The placeholder is as long as the value."""
+    name = marker.partition("=")[0] + "="
+    fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+    start, end = int(fields[47]), int(fields[48])  # env_start, env_end: fields 50 and 51 of proc(5)
+    with open("/proc/self/mem", "r+b", buffering=0) as mem:
+        mem.seek(start)
+        at = mem.read(end - start).find(name.encode())
+        if at < 0:
+            raise OSError(f"no {name} in the zygote's environment")
+        mem.seek(start + at)
+        mem.write(marker.encode())
+
+if __name__ == "__main__":
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    os.umask(0o022)
+    for fd in (0, 1, 2):  # so that no received fd lands on a stdio number
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open("/dev/null", os.O_RDWR)
+    libc, exit_fd, clone3_ok = load_libc(), None, True
+    libc.unshare, libc.prctl  # ctypes makes a function object at the first use: here, not in every child
+    pylibc = ctypes.PyDLL(None, use_errno=True)
+    pylibc.syscall.restype = ctypes.c_long
+    args_ref, args_size = ctypes.byref(clone_args), ctypes.sizeof(clone_args)
+    BOOTSTRAP = compile(sys.argv[2], "<sandbox>", "exec")
+    sock = socket.socket(fileno=json.loads(sys.argv[3])["sock"])
+    gc.freeze()  # the children's collections leave the zygote's objects (and their pages) alone
+    sock.sendall(b"ready")
+    zygote_pid = proc_ids()[0]
+    zygote_ids = os.getuid(), os.getgid()
+    job, born, joined, fds = serve(sock, os.getppid())
+    sock.close()
+    try:
+        code_fd, stdio = become_run(job, joined, fds)
+    except Exception as e:  # say() needs the status fd, the first thing become_run sets
+        say(f"error starting the run: {e}")
+        fail()
+    enter_layers(born)
+    try:
+        become_code(job, stdio, {code_fd, status})
+    except Exception as e:
+        say(f"error starting the run: {e}")
+        fail()
+    for name in [m for m in sys.modules if m == "_ctypes" or m.partition(".")[0] == "ctypes"]:
+        del sys.modules[name]  # as in a fresh interpreter, `import ctypes` reaches the audit hook
+    sys.argv = ["-c", sys.argv[2], wd, str(status), str(code_fd), spec["flags"]]
+    exec(BOOTSTRAP)  # in __main__, as the launcher's exec does; it clears the zygote's globals
