@@ -11,6 +11,11 @@ checkpoint loads under any TP/PP/DP layout (Megatron reshards on load). The fold
 
 Megatron's torch-Adam fallback (no TransformerEngine/Apex, e.g. on CPU) keeps a per-parameter
 ``step`` that its checkpoint code does not expect; ``_torch_adam_fixes`` covers that.
+
+Megatron's checkpoint writer collects its results through a ``multiprocessing`` manager, a
+process it spawns at the first save and never stops; a trainer killed with SIGKILL would leave
+it (and its resource tracker) running. ``_results_queue_dying_with_us`` starts that manager
+itself, with a parent-death signal on Linux, so it ends with the trainer however it dies.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
+import sys
 
 import torch
 
@@ -64,6 +71,31 @@ def load_model(gpt, folder: str, prefix: str = "model.") -> None:
     _load_module(gpt, loaded["model"], prefix)
 
 
+def _die_with(parent_pid: int) -> None:
+    """In a child process: receive SIGKILL when the thread that started it exits (Linux prctl)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(0)
+
+
+def _results_queue_dying_with_us() -> None:
+    """Give Megatron's async writer its results queue from a manager that dies with this process."""
+    import multiprocessing as mp
+    from multiprocessing.managers import SyncManager
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        manager = SyncManager(ctx=mp.get_context("spawn"))
+        manager.start(_die_with, (os.getpid(),))
+        filesystem_async._results_queue = manager.Queue()
+        filesystem_async._results_manager = manager  # keep it referenced for the process's life
+
+
 def save(folder: str, policy=None, gpt=None, common: dict | None = None) -> None:
     """Write the policy (model, reference, optimizer) or a bare model, plus ``common``. Collective."""
     from megatron.core import dist_checkpointing
@@ -71,6 +103,7 @@ def save(folder: str, policy=None, gpt=None, common: dict | None = None) -> None
     from nemo_orchestra.megatron.cpu_compat import on_cpu
 
     _torch_adam_fixes()
+    _results_queue_dying_with_us()
     with on_cpu():
         if policy is not None:
             ensure_optimizer_state(policy.optimizer)

@@ -60,9 +60,15 @@ def test_sigkill_then_resume_keeps_the_data_order(tmp_path):
         assert proc.poll() is None, proc.stderr.read()[-3000:]
         assert time.monotonic() < deadline, "no checkpoint within 10 minutes"
         time.sleep(0.2)
+    import psutil
+
+    children = psutil.Process(proc.pid).children(recursive=True)  # tool service, checkpoint writer, trackers
+    assert children
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"left running after the trainer's SIGKILL: {[' '.join(p.cmdline())[:120] for p in alive]}"
     killed_at = _latest_step(out)
     assert killed_at < MAX_STEPS
 
