@@ -4,7 +4,6 @@ GRPO update of a batch of rollouts as ``loss.minibatches`` such steps."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from functools import partial
@@ -21,7 +20,7 @@ from nemo_orchestra.megatron.forward import (
     run_schedule,
 )
 from nemo_orchestra.megatron.vocab_parallel import logprobs_and_entropy
-from nemo_orchestra.train.packing import PAD_SEQUENCE, first_fit_decreasing, pack, padding_pack
+from nemo_orchestra.train.packing import pack, padding_pack
 from nemo_orchestra.train.policy import Policy
 from nemo_orchestra.types import PackedBatch, Trajectory
 
@@ -81,88 +80,39 @@ def grpo_loss_fn(loss_cfg: LossConfig):
     return fn
 
 
-def grpo_update(policy: Policy, batches: list[PackedBatch], loss_cfg: LossConfig, parallel: ParallelConfig,
-                temperature: float = 1.0) -> dict:
-    """The GRPO update of one batch of rollouts (the step's ``batches``, reference logprobs filled):
-    ``loss.minibatches`` = N optimizer steps.
+def minibatch_packs(trajs: list[Trajectory], n: int, parallel: ParallelConfig) -> list[list[PackedBatch]]:
+    """This rank's trajectories in ``n`` contiguous runs (sizes differ by at most one), each packed by
+    ``pack_for_step``; collective, so every data-parallel rank keeps the same minibatches: one that
+    has no loss token on any rank is dropped everywhere."""
+    runs = [trajs[i * len(trajs) // n:(i + 1) * len(trajs) // n] for i in range(n)]
+    return [packs for packs in (pack_for_step(run, parallel) for run in runs) if packs]
 
-    N = 1: one step on every pack, old logprobs = its own forward, detached (ratio 1: the clip
-    never binds, the loss is the policy gradient plus the KL term). N > 1: first a forward-only
-    pass of the policy at the rollout temperature gives the old logprobs (the sampling policy's,
-    before any step); then this rank's trajectories are split into N minibatches
-    (``split_minibatches``), one optimizer step each, each normalized by its own global token
-    count. From the second step on the policy has moved, and the clip bounds how far it goes.
+
+def grpo_update(policy: Policy, minibatches: list[list[PackedBatch]], loss_cfg: LossConfig,
+                temperature: float = 1.0) -> dict:
+    """The GRPO update of one batch of rollouts: one optimizer step per minibatch of packs
+    (``minibatch_packs``; reference logprobs filled).
+
+    One minibatch (``loss.minibatches=1``): old logprobs = the step's own forward, detached (ratio 1:
+    the clip never binds, the loss is the policy gradient plus the KL term). Several: first a
+    forward-only pass of the policy at the rollout temperature over every pack gives the old
+    logprobs (the sampling policy's, before any step); then one step per minibatch, each normalized
+    by its own global token count. From the second step on the policy has moved, and the clip
+    bounds how far it goes.
 
     Metrics: token-weighted means of the steps' ``loss/*`` and ``train/*``, their summed
     ``train/loss_tokens`` and ``train/optimizer_steps``.
     """
     loss_fn = grpo_loss_fn(loss_cfg)
-    if loss_cfg.minibatches == 1:
-        return {**train_step(policy, batches, loss_fn, temperature), "train/optimizer_steps": 1.0}
+    if len(minibatches) == 1:
+        return {**train_step(policy, minibatches[0], loss_fn, temperature), "train/optimizer_steps": 1.0}
     t0 = time.perf_counter()
-    for b, lp in zip(batches, forward_logprobs(policy.model, batches, policy.device, temperature), strict=True):
+    packs = [b for mb in minibatches for b in mb]
+    for b, lp in zip(packs, forward_logprobs(policy.model, packs, policy.device, temperature), strict=True):
         b.old_logprobs_T = lp
     t_old = time.perf_counter() - t0
-    steps = [train_step(policy, mb, loss_fn, temperature)
-             for mb in split_minibatches(batches, loss_cfg.minibatches, parallel) if mb]
+    steps = [train_step(policy, mb, loss_fn, temperature) for mb in minibatches]
     return {**mean_over_steps(steps), "time/old_logprobs_s": t_old}
-
-
-Segment = tuple[int, PackedBatch, int, int]  # (trajectory index or -1, pack, start, end): one sequence
-
-
-def split_minibatches(batches: list[PackedBatch], n: int, parallel: ParallelConfig) -> list[list[PackedBatch]]:
-    """This rank's trajectories in ``n`` minibatches, each packed as ``pack_for_step`` packs.
-
-    Whole trajectories (every per-token field kept), in trajectory order, in ``n`` contiguous runs
-    whose sizes differ by at most one. Collective over the data-parallel group, so that every rank
-    takes the same optimizer steps: a minibatch with no loss token on any rank is [] on every rank
-    (it is skipped), one with none on this rank only is one all-padding pack.
-    """
-    from nemo_orchestra.megatron.parallel import data_parallel_sum
-
-    seqs = sorted((s for b in batches for s in _segments(b) if s[0] >= 0), key=lambda s: s[0])
-    runs = [seqs[i * len(seqs) // n:(i + 1) * len(seqs) // n] for i in range(n)]
-    tokens = data_parallel_sum([sum(float(b.loss_mask_T[lo:hi].sum()) for _, b, lo, hi in r) for r in runs])
-    out = []
-    for run, total in zip(runs, tokens):
-        length = None
-        if parallel.pp > 1:  # one length for every pack of the step, as in pack_for_step
-            length = max([parallel.microbatch_tokens] + [hi - lo for _, _, lo, hi in run])
-        bins = first_fit_decreasing([hi - lo for _, _, lo, hi in run], parallel.microbatch_tokens)
-        packs = [_join([run[i] for i in sorted(b)], parallel.tp, length) for b in bins]
-        out.append([] if total == 0 else packs or [padding_pack(length or parallel.tp, parallel.tp)])
-    return out
-
-
-def _segments(b: PackedBatch) -> list[Segment]:
-    cu = b.cu_seqlens_B1.tolist()
-    return [(j, b, lo, hi) for j, lo, hi in zip(b.traj_index_B, cu[:-1], cu[1:])]
-
-
-_PER_TOKEN = ("input_ids_T", "position_ids_T", "target_ids_T", "loss_mask_T", "advantages_T", "old_logprobs_T",
-              "ref_logprobs_T", "gen_logprobs_T")
-
-
-def _join(segs: list[Segment], multiple: int, length: int | None) -> PackedBatch:
-    """One pack of these sequences, padded like ``packing.pack`` (to ``length`` tokens, then to a ``multiple``)."""
-    used = sum(hi - lo for _, _, lo, hi in segs)
-    pad = max(length or 0, used) - used
-    pad += (-(used + pad)) % multiple
-    while pad:  # short padding sequences, their attention costs little
-        k = min(pad, PAD_SEQUENCE)
-        segs = segs + [(-1, padding_pack(k), 0, k)]
-        pad -= k
-    lens = [hi - lo for _, _, lo, hi in segs]
-    fields = {}
-    for f in _PER_TOKEN:
-        parts = [getattr(b, f) for j, b, _, _ in segs if j >= 0]
-        if any(p is None for p in parts):  # e.g. no generator logprobs
-            fields[f] = None
-        else:
-            fields[f] = torch.cat([getattr(b, f)[lo:hi] for _, b, lo, hi in segs])
-    return PackedBatch(**fields, cu_seqlens_B1=torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32),
-                       max_seqlen=max(lens), traj_index_B=[j for j, *_ in segs])
 
 
 def mean_over_steps(steps: list[dict]) -> dict[str, float]:

@@ -42,6 +42,7 @@ from nemo_orchestra.train.metrics import MetricLogger
 from nemo_orchestra.train.policy import Policy, reset_optimizer_state, set_lr
 from nemo_orchestra.train.step import (
     grpo_update,
+    minibatch_packs,
     pack_for_step,
     reference_logprobs,
     sft_loss_fn,
@@ -159,11 +160,12 @@ class Trainer:
         kept, metrics = assign_advantages(trajs, self.cfg.advantage, self.policy.device)
         metrics.update(rollout_metrics(trajs))
         t1 = time.perf_counter()
-        batches = pack_for_step(kept, self.cfg.parallel)
+        minibatches = minibatch_packs(kept, self.cfg.loss.minibatches, self.cfg.parallel)
+        batches = [b for mb in minibatches for b in mb]
         if batches:
             metrics.update(self.fill_logprobs(batches))
             t2 = time.perf_counter()
-            metrics.update(grpo_update(self.policy, batches, self.cfg.loss, self.cfg.parallel,
+            metrics.update(grpo_update(self.policy, minibatches, self.cfg.loss,
                                        self.cfg.rollout.temperature))
             metrics["time/update_s"] = time.perf_counter() - t2
         else:

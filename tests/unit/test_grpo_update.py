@@ -119,9 +119,12 @@ def _restore(policy, weights):
     reset_optimizer_state(policy.optimizer)
 
 
-def _rollout_batch(policy):
+def _minibatches(policy, n):
     """Eight trajectories of one prompt: four generations with advantages +1, -1, +1, -1, each sampled
-    twice, so that the two halves of the batch (the two minibatches) hold the same generations."""
+    twice, so that the two halves of the batch (the two minibatches at n=2) hold the same
+    generations; packed by ``minibatch_packs``, reference logprobs filled."""
+    from nemo_orchestra.train.step import minibatch_packs
+
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(1, VOCAB, (6,), generator=g).tolist()
     gens = [torch.randint(1, VOCAB, (10,), generator=g).tolist() for _ in range(4)]
@@ -131,27 +134,31 @@ def _rollout_batch(policy):
         t.advantage = 1.0 if k % 2 == 0 else -1.0
         t.gen_logprobs = [0.0] * 16
         trajs.append(t)
-    (b,) = pack(trajs, capacity=256)
-    b.ref_logprobs_T = reference_logprobs(policy, [b])[0]
-    return b
+    minibatches = minibatch_packs(trajs, n, load_config(TINY).parallel)
+    packs = [b for mb in minibatches for b in mb]
+    for b, r in zip(packs, reference_logprobs(policy, packs)):
+        b.ref_logprobs_T = r
+    return minibatches
 
 
 def test_one_minibatch_is_todays_on_policy_update(policy):
     """loss.minibatches=1: one optimizer step, old logprobs from its own forward (ratio 1, clip never
-    binds), exactly the update train_step(grpo_loss_fn) makes."""
+    binds), exactly the update train_step(grpo_loss_fn) makes on the step's packs."""
     from nemo_orchestra.train.step import grpo_update
 
     set_lr(policy.optimizer, 1e-2)
     start = _weights(policy)
     _restore(policy, start)  # fresh Adam moments for both updates
     cfg = loss_cfg(minibatches=1)
-    m = grpo_update(policy, [_rollout_batch(policy)], cfg, load_config(TINY).parallel)
+    (packs,) = _minibatches(policy, 1)
+    m = grpo_update(policy, [packs], cfg)
     after_update = _weights(policy)
     _restore(policy, start)
-    train_step(policy, [_rollout_batch(policy)], grpo_loss_fn(cfg))
+    train_step(policy, _minibatches(policy, 1)[0], grpo_loss_fn(cfg))
     after_step = _weights(policy)
     _restore(policy, start)
     assert m["train/optimizer_steps"] == 1 and m["loss/clip_frac"] == 0.0
+    assert all(p.old_logprobs_T is None for p in packs)  # no separate old-logprob pass
     assert all(torch.equal(after_update[k], after_step[k]) for k in start)
     assert any(not torch.equal(after_update[k], start[k]) for k in start)
 
@@ -165,10 +172,13 @@ def test_two_minibatches_take_two_steps_and_the_clip_binds(policy):
     set_lr(policy.optimizer, 5e-2)
     start = _weights(policy)
     _restore(policy, start)
-    batch = _rollout_batch(policy)
-    m = grpo_update(policy, [batch], loss_cfg(minibatches=2), load_config(TINY).parallel)
+    minibatches = _minibatches(policy, 2)
+    assert len(minibatches) == 2
+    before = forward_logprobs(policy.model, [b for mb in minibatches for b in mb], policy.device)
+    m = grpo_update(policy, minibatches, loss_cfg(minibatches=2))
     _restore(policy, start)
     assert m["train/optimizer_steps"] == 2
-    assert batch.old_logprobs_T is not None  # the sampling policy's, taken before the first step
+    packs = [b for mb in minibatches for b in mb]
+    assert all(torch.equal(b.old_logprobs_T, lp) for b, lp in zip(packs, before))  # the sampling policy's
     assert m["loss/clip_frac"] > 0.0
-    assert m["train/loss_tokens"] == pytest.approx(float(batch.loss_mask_T.sum()))
+    assert m["train/loss_tokens"] == pytest.approx(float(sum(b.loss_mask_T.sum() for b in packs)))
