@@ -166,87 +166,103 @@ async def run_episodes(tasks: list[TaskRecord], policy: TurnPolicy, client, *, s
     policy sat idle waiting for tools (``env_wait_s``) and the policy calls made (``generate_calls``).
     ``progress(done, total)`` is called as episodes end.
     """
-    chat = policy.chat
-    filled = [with_default_preference(t, default_preference) for t in tasks]
-    queue = deque(range(len(filled) * samples))
-    total, finished = len(queue), 0
-    episodes: list[Episode | None] = [None] * total
-    stats = {} if stats is None else stats
-    stats.update(generate_s=0.0, env_wait_s=0.0, generate_calls=0)
-    ready: list[Episode] = []
-    in_flight: set[asyncio.Task] = set()
+    run = _Run([with_default_preference(t, default_preference) for t in tasks], samples, policy, client, limits,
+               seed, progress, {} if stats is None else stats)
+    return await run.all(concurrency)
 
-    async def start(k: int) -> None:
-        task = filled[k // samples]
-        record = task.to_dict()
-        record["meta"] = {**task.meta, "seed": f"{seed}/{k}"}
-        created = await client.create_episode(record)
-        messages = task_messages(task)
-        ids = chat.prompt_ids(messages, created["tools"]) if chat is not None else []
-        traj = Trajectory(task=task, group=k // samples, token_ids=list(ids), loss_mask=[0] * len(ids),
-                          gen_logprobs=[0.0] * len(ids), prompt_len=len(ids), messages=messages)
-        ep = Episode(task, k // samples, k % samples, created["episode_id"], created["tools"], messages, traj)
-        episodes[k] = ep
-        ready.append(ep)
 
-    async def finish(ep: Episode) -> None:
-        nonlocal finished
+class _Run:
+    """The state of one ``run_episodes`` call: episodes ready for a turn, tool calls in flight."""
+
+    def __init__(self, tasks, samples, policy, client, limits, seed, progress, stats):
+        self.tasks, self.samples, self.policy, self.client, self.limits = tasks, samples, policy, client, limits
+        self.seed, self.progress, self.stats = seed, progress, stats
+        self.queue = deque(range(len(tasks) * samples))
+        self.total, self.finished = len(self.queue), 0
+        self.episodes: list[Episode | None] = [None] * self.total
+        self.ready: list[Episode] = []
+        self.in_flight: set[asyncio.Future] = set()
+        stats.update(generate_s=0.0, env_wait_s=0.0, generate_calls=0)
+
+    async def all(self, concurrency: int | None) -> list[Trajectory]:
+        first = [self.queue.popleft() for _ in range(min(concurrency or self.total, self.total))]
         try:
-            await _settle(ep, client, limits)
+            await asyncio.gather(*[self.start(k) for k in first])
+            while self.ready or self.in_flight:
+                if self.ready:
+                    await self.act()
+                else:
+                    await self.wait_for_tools()
         finally:
-            await client.delete_episode(ep.episode_id)
-            ep.episode_id = ""
-        finished += 1
-        if progress is not None:
-            progress(finished, total)
-        if queue:
-            await start(queue.popleft())
+            for d in self.in_flight:
+                d.cancel()
+            await asyncio.gather(*[self.client.delete_episode(ep.episode_id) for ep in self.episodes
+                                   if ep and ep.episode_id], return_exceptions=True)
+            _first_error(self.in_flight)
+        return [ep.traj for ep in self.episodes]
 
-    async def turn(ep: Episode, t: Turn) -> None:
-        done = await _apply(ep, t, client, chat)
-        if not done and ep.traj.turns >= limits.max_turns:
+    async def start(self, k: int) -> None:
+        task = self.tasks[k // self.samples]
+        record = task.to_dict()
+        record["meta"] = {**task.meta, "seed": f"{self.seed}/{k}"}
+        created = await self.client.create_episode(record)
+        messages, chat = task_messages(task), self.policy.chat
+        ids = chat.prompt_ids(messages, created["tools"]) if chat is not None else []
+        traj = Trajectory(task=task, group=k // self.samples, token_ids=list(ids), loss_mask=[0] * len(ids),
+                          gen_logprobs=[0.0] * len(ids), prompt_len=len(ids), messages=messages)
+        ep = Episode(task, k // self.samples, k % self.samples, created["episode_id"], created["tools"], messages, traj)
+        self.episodes[k] = ep
+        self.ready.append(ep)
+
+    async def act(self) -> None:
+        """The next turn of every ready episode, in one policy call; full contexts end instead."""
+        batch = list(self.ready)
+        self.ready.clear()  # turn() and finish() append to this list
+        for ep in batch:
+            if not _fits(ep, self.limits):
+                ep.traj.stop_reason = StopReason.CONTEXT
+                self.in_flight.add(asyncio.ensure_future(self.finish(ep)))
+        batch = [ep for ep in batch if ep.traj.stop_reason != StopReason.CONTEXT]
+        if not batch:
+            return
+        t0 = time.perf_counter()
+        turns = await self.policy.act(batch)
+        self.stats["generate_s"] += time.perf_counter() - t0
+        self.stats["generate_calls"] += 1
+        self.in_flight |= {asyncio.ensure_future(self.turn(ep, t)) for ep, t in zip(batch, turns)}
+
+    async def wait_for_tools(self) -> None:
+        """All episodes wait for tools: wait for the first call, then up to ``batch_window_s`` for others."""
+        t0 = time.perf_counter()
+        done, self.in_flight = await asyncio.wait(self.in_flight, return_when=asyncio.FIRST_COMPLETED)
+        if self.in_flight and self.limits.batch_window_s > 0:
+            more, self.in_flight = await asyncio.wait(self.in_flight, timeout=self.limits.batch_window_s)
+            done |= more
+        error = _first_error(done)
+        if error is not None:  # a tool call that raised ends the run with its error
+            raise error
+        self.stats["env_wait_s"] += time.perf_counter() - t0
+
+    async def turn(self, ep: Episode, t: Turn) -> None:
+        done = await _apply(ep, t, self.client, self.policy.chat)
+        if not done and ep.traj.turns >= self.limits.max_turns:
             ep.traj.stop_reason, done = StopReason.MAX_TURNS, True
         if done:
-            await finish(ep)
+            await self.finish(ep)
         else:
-            ready.append(ep)
+            self.ready.append(ep)
 
-    first = [queue.popleft() for _ in range(min(concurrency or total, total))]
-    try:
-        await asyncio.gather(*[start(k) for k in first])
-        while ready or in_flight:
-            if not ready:  # all wait for tools: wait for the first, then briefly for the rest
-                t0 = time.perf_counter()
-                done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-                if in_flight and limits.batch_window_s > 0:
-                    more, in_flight = await asyncio.wait(in_flight, timeout=limits.batch_window_s)
-                    done |= more
-                error = _first_error(done)
-                if error is not None:  # a tool call that raised ends the run with its error
-                    raise error
-                stats["env_wait_s"] += time.perf_counter() - t0
-                continue
-            batch = list(ready)
-            ready.clear()  # turn() and finish() append to this list
-            full = [ep for ep in batch if not _fits(ep, limits)]
-            for ep in full:
-                ep.traj.stop_reason = StopReason.CONTEXT
-            in_flight |= {asyncio.ensure_future(finish(ep)) for ep in full}
-            batch = [ep for ep in batch if ep.traj.stop_reason != StopReason.CONTEXT]
-            if not batch:
-                continue
-            t0 = time.perf_counter()
-            turns = await policy.act(batch)
-            stats["generate_s"] += time.perf_counter() - t0
-            stats["generate_calls"] += 1
-            in_flight |= {asyncio.ensure_future(turn(ep, t)) for ep, t in zip(batch, turns)}
-    finally:
-        for d in in_flight:
-            d.cancel()
-        await asyncio.gather(*[client.delete_episode(ep.episode_id) for ep in episodes if ep and ep.episode_id],
-                             return_exceptions=True)
-        _first_error(in_flight)
-    return [ep.traj for ep in episodes]
+    async def finish(self, ep: Episode) -> None:
+        try:
+            await _settle(ep, self.client, self.limits)
+        finally:
+            await self.client.delete_episode(ep.episode_id)
+            ep.episode_id = ""
+        self.finished += 1
+        if self.progress is not None:
+            self.progress(self.finished, self.total)
+        if self.queue:
+            await self.start(self.queue.popleft())
 
 
 def _first_error(tasks) -> BaseException | None:
