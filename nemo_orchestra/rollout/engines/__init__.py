@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 
 from nemo_orchestra.config import ROLLOUT_ENGINES
-
 from nemo_orchestra.rollout.engines.base import EngineCapabilities, EngineContext, Generation, GenerationEngine
 
 __all__ = ["ENGINES", "EngineCapabilities", "EngineContext", "Generation", "GenerationEngine", "capabilities",
@@ -62,16 +61,18 @@ _CAPABILITIES = {  # known without importing the engine (vLLM takes seconds to i
 }
 
 
-def _engine_class(name: str):
+def _known(name: str) -> str:
     if name not in ENGINES:
         raise ValueError(f"rollout.engine: unknown engine {name!r}; choose one of {sorted(ENGINES)}")
-    return ENGINES[name]()
+    return name
+
+
+def _engine_class(name: str):
+    return ENGINES[_known(name)]()
 
 
 def capabilities(name: str) -> EngineCapabilities:
-    if name not in ENGINES:
-        raise ValueError(f"rollout.engine: unknown engine {name!r}; choose one of {sorted(ENGINES)}")
-    return _CAPABILITIES[name]
+    return _CAPABILITIES[_known(name)]
 
 
 def check_engine(name: str) -> None:
