@@ -185,11 +185,14 @@ def main(argv: list) -> int:
             if not spec.strip().startswith("checkpoint:"):
                 build_policy(spec.strip(), {"tasks": [], "openai": asdict(cfg.openai)})
             else:
-                from nemo_orchestra.evaluation.checkpoint_policy import resolve_export
+                from nemo_orchestra.evaluation.checkpoint_policy import resolve_export, run_settings
 
                 resolve_export(spec.strip().split(":", 1)[1])
+                run_settings(spec.strip().split(":", 1)[1])
         if not os.path.isfile(cfg.tasks):
             raise ValueError(f"tasks: no such file {cfg.tasks}")
+        if not load_jsonl(cfg.tasks):  # a malformed line raises, naming the file, line and field
+            raise ValueError(f"tasks: {cfg.tasks} holds no task records")
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

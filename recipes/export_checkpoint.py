@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from nemo_orchestra.config import ConfigError, load_recipe_config
+from nemo_orchestra.megatron.model import DTYPES
 
 
 
@@ -32,8 +33,8 @@ class ExportArgs:
     def validate(self) -> None:
         if not self.checkpoint or not self.output:
             raise ValueError("usage: export_checkpoint.py checkpoint=DIR output=DIR [tokenizer=DIR] [dtype=bf16]")
-        if self.dtype not in (None, "fp32", "bf16", "fp16"):
-            raise ValueError(f"dtype: must be fp32, bf16 or fp16, got {self.dtype!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
 
 def main(argv: list[str]) -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from nemo_orchestra.config import ConfigError, load_recipe_config
+from nemo_orchestra.megatron.model import DTYPES
 
 
 @dataclass
@@ -34,8 +35,8 @@ class ImportArgs:
     def validate(self) -> None:
         if not self.hf or not self.output:
             raise ValueError("usage: import_checkpoint.py hf=DIR output=DIR [dtype=bf16] [parallel.tp=N parallel.pp=M]")
-        if self.dtype not in (None, "fp32", "bf16", "fp16"):
-            raise ValueError(f"dtype: must be fp32, bf16 or fp16, got {self.dtype!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
 
 def main(argv: list[str]) -> int:

@@ -43,11 +43,15 @@ def run_settings(path: str) -> RunSettings | None:
             import yaml
 
             with open(file) as f:
-                cfg = yaml.safe_load(f)
-            r = cfg["rollout"]
-            limits = LoopLimits(r["max_turns"], r["max_context"], r["max_new_tokens_per_turn"], r["batch_window_s"],
-                                r["orchestrator_price_in"], r["orchestrator_price_out"])
-            return RunSettings(limits, r["max_new_tokens_per_turn"], dict(cfg["reward"]["default_preference"]))
+                cfg = yaml.safe_load(f) or {}
+            try:
+                r = cfg["rollout"]
+                limits = LoopLimits(r["max_turns"], r["max_context"], r["max_new_tokens_per_turn"],
+                                    r["batch_window_s"], r["orchestrator_price_in"], r["orchestrator_price_out"])
+                return RunSettings(limits, r["max_new_tokens_per_turn"], dict(cfg["reward"]["default_preference"]))
+            except (KeyError, TypeError) as e:
+                raise ValueError(f"checkpoint:{path}: {file} lacks the run setting {e} "
+                                 "(not a config.yaml written by recipes/grpo_orchestrator.py)") from None
     return None
 
 

@@ -135,3 +135,14 @@ def test_evaluate_recipe_rejects_unknown_keys_and_unavailable_policies(tmp_path)
     assert run.returncode != 0 and "polices: unknown config key" in run.stderr
     run = subprocess.run(base + ["policies=checkpoint:/ckpt"], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert run.returncode != 0 and "no Hugging Face export" in run.stderr
+    (tmp_path / "run" / "hf").mkdir(parents=True)  # a run folder whose config.yaml is not a run's
+    (tmp_path / "run" / "hf" / "config.json").write_text("{}")
+    (tmp_path / "run" / "config.yaml").write_text("rollout: {max_turns: 3}\n")
+    run = subprocess.run(base + [f"policies=checkpoint:{tmp_path / 'run'}"], capture_output=True, text=True,
+                         cwd=REPO, timeout=60)
+    assert run.returncode == 2 and "lacks the run setting 'max_context'" in run.stderr, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
+    (tmp_path / "empty.jsonl").write_text("\n")
+    run = subprocess.run([*base[:2], f"tasks={tmp_path / 'empty.jsonl'}", f"output={tmp_path}", "policies=cheapest"],
+                         capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert run.returncode == 2 and "holds no task records" in run.stderr, run.stderr[-2000:]
