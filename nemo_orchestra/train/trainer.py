@@ -119,7 +119,10 @@ class Trainer:
                 self.engine.release()
 
     def fill_logprobs(self, batches: list[PackedBatch]) -> dict[str, float]:
-        """The frozen reference's logprobs. The old logprobs are the update's (see grpo_update)."""
+        """The frozen reference's logprobs, for the KL term (none when ``loss.kl_coef`` is 0). The old
+        logprobs are the update's (see grpo_update)."""
+        if self.cfg.loss.kl_coef == 0:
+            return {"time/ref_logprobs_s": 0.0}
         t0 = time.perf_counter()
         for b, r in zip(batches, reference_logprobs(self.policy, batches, self.cfg.rollout.temperature)):
             b.ref_logprobs_T = r
@@ -128,7 +131,7 @@ class Trainer:
     def train_perf(self, batches: list[PackedBatch], seconds: float) -> dict:
         """perf/tflops_per_gpu, perf/mfu, perf/peak_mem_gb of the logprob + train stage (see flops.py)."""
         seqs = sequence_lengths(batches)
-        passes = 3 + 1  # forward + backward, and the reference's logprobs
+        passes = 3 + (self.cfg.loss.kl_coef > 0)  # forward + backward, and the reference's logprobs
         flops = data_parallel_sum([passes * forward_flops(self.cfg.model, self.vocab_size, seqs)])[0]
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         return perf_metrics(flops, seconds, world, self.cfg.perf.peak_tflops)
