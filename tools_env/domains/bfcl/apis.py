@@ -6,7 +6,8 @@ sentence-transformers, faiss, serpapi) are never imported.
 
 A call's result is what BFCL's executor records for it: a string as it is, a dict as
 ``json.dumps`` (``str`` when that fails), anything else as ``str``; an exception as
-``"Error during execution: <message>"``.
+``"Error during execution: <message>"``. Arguments and mutable default values are copied for
+every call, so no object is shared between episodes (``execute``).
 """
 
 from __future__ import annotations
@@ -113,10 +114,23 @@ def execute(instances: dict[str, Any], name: str, args: tuple = (), kwargs: dict
     cls = function_classes().get(name)
     if cls is None or cls not in instances or name.startswith("_"):
         return f"Error during execution: name '{name}' is not defined"
+    method = getattr(instances[cls], name)
+    args, kwargs = copy.deepcopy(args), {**_fresh_defaults(method, len(args)), **copy.deepcopy(kwargs or {})}
     try:
-        return _result_text(getattr(instances[cls], name)(*args, **(kwargs or {})))
+        return _result_text(method(*args, **kwargs))
     except Exception as e:  # BFCL records a raising call as its message
         return f"Error during execution: {e}"
+
+
+def _fresh_defaults(method: Any, num_positional: int) -> dict[str, Any]:
+    """Copies of the method's mutable default values (``post_tweet(mentions=[])``): the API stores them
+    in its state and later calls extend them in place (``mention``), which would leak from one episode
+    into every later one in the process (BFCL's own runs carry such leaks between entries)."""
+    try:
+        params = list(inspect.signature(method).parameters.values())[num_positional:]
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: copy.deepcopy(p.default) for p in params if isinstance(p.default, (list, dict, set))}
 
 
 def parse_call(text: str) -> tuple[str, tuple, dict[str, Any]]:
