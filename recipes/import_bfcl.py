@@ -39,7 +39,7 @@ class ImportConfig:
 
 
 def main(argv: list) -> int:
-    from tools_env.domains.bfcl import BfclUnavailable
+    from tools_env.domains.bfcl.package import BfclUnavailable
 
     try:
         cfg = load_structured(ImportConfig, argv)

@@ -7,9 +7,11 @@ data or the eight multi-turn API classes, which need ``mpmath`` only). Everythin
 the package goes through ``require_bfcl``, so a BFCL task on a machine without it is one clear
 error naming the extra.
 
+- ``package``: the version, and ``require_bfcl``.
 - ``apis``: the API classes, their function docs as tool schemas, BFCL's call strings parsed.
 - ``checker``: our implementation of BFCL's multi-turn checker, turn by turn.
 - ``tools``: every API function as a service tool; an episode's calls run on its own instances.
+- ``importer``: BFCL entries as task records (``recipes/import_bfcl.py``).
 
 A BFCL task record (``recipes/import_bfcl.py`` writes them) has ``domain: "bfcl"``, a
 ``verifier`` of type ``bfcl``, the first user turn as ``problem`` and the entry in
@@ -22,49 +24,23 @@ user turn comes back as the answer's observation; after the last turn the episod
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from tools_env.domains.bfcl.checker import end_turn, final_outcome
+from tools_env.domains.bfcl.package import BFCL_VERSION, EXTRA_HINT, BfclUnavailable, available, require_bfcl
 from tools_env.verify import Outcome, register_turn_hook, register_unavailable, register_verifier
 
-BFCL_VERSION = "2026.3.23"
-EXTRA_HINT = (f"install the 'bfcl' extra: EXTRAS=test,bfcl bash scripts/setup.sh, or "
-              f"pip install --no-deps bfcl-eval=={BFCL_VERSION} mpmath")
-
-
-class BfclUnavailable(ImportError):
-    """The bfcl-eval package (or what its API classes import) is missing."""
-
-
-def require_bfcl(module: str = "bfcl_eval") -> Any:
-    """Import ``module`` of the bfcl-eval package, or raise ``BfclUnavailable`` naming the extra."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise BfclUnavailable(f"BFCL tasks need the bfcl-eval package ({e}); {EXTRA_HINT}") from None
-
-
-def available() -> tuple[bool, str]:
-    """Whether the package imports, and why not."""
-    try:
-        require_bfcl()
-    except BfclUnavailable as e:
-        return False, str(e)
-    return True, ""
+__all__ = ["BFCL_VERSION", "EXTRA_HINT", "BfclUnavailable", "available", "require_bfcl"]
 
 
 def bfcl_verifier(answer: str, task: Any, ctx: Any, judge: Any) -> Outcome:
     """The ``bfcl`` verifier type: every user turn passed BFCL's checks (see ``checker``)."""
-    from tools_env.domains.bfcl.checker import final_outcome
-
     correct, reason = final_outcome(ctx)
     return Outcome(correct, 1.0 if correct else 0.0, f"bfcl: {reason}")
 
 
 def bfcl_turn_hook(answer: str, task: Any, ctx: Any) -> str | None:
     """``answer`` ended a user turn: check it; the next user turn's text, or None after the last."""
-    from tools_env.domains.bfcl.checker import end_turn
-
     return end_turn(ctx)
 
 

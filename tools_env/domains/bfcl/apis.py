@@ -20,7 +20,7 @@ import os
 from functools import lru_cache
 from typing import Any
 
-from tools_env.domains.bfcl import require_bfcl
+from tools_env.domains.bfcl.package import require_bfcl
 
 _PREFIX = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
 CLASSES: dict[str, tuple[str, str]] = {  # class -> (module, function doc file)

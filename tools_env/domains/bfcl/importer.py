@@ -23,7 +23,7 @@ import json
 import os
 from typing import Any
 
-from tools_env.domains.bfcl import BFCL_VERSION, require_bfcl
+from tools_env.domains.bfcl.package import BFCL_VERSION, require_bfcl
 from tools_env.domains.bfcl.apis import CLASSES, call_as_action, data_dir, function_classes, function_docs, parse_call
 from tools_env.task import TaskRecord
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tools_env.domains.bfcl import available
+from tools_env.domains.bfcl.package import available
 from tools_env.tools.base import EpisodeContext, Tool, ToolArgumentError, ToolResult, register_tool
 
 
