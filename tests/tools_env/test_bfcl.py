@@ -15,14 +15,14 @@ import pytest
 
 pytest.importorskip("bfcl_eval", reason="BFCL tasks need the 'bfcl' extra")
 
-from nemo_orchestra.evaluation.policy import Oracle  # noqa: E402
-from nemo_orchestra.evaluation.runner import PolicyRun, run_all  # noqa: E402
-from tools_env.client import ToolsEnvClient  # noqa: E402
-from tools_env.domains.bfcl.apis import call_as_action  # noqa: E402
-from tools_env.domains.bfcl.checker import end_turn, final_outcome, run_call  # noqa: E402
-from tools_env.domains.bfcl.importer import read_category, to_record  # noqa: E402
-from tools_env.launch import start_service  # noqa: E402
-from tools_env.tools.base import EpisodeContext  # noqa: E402
+from nemo_orchestra.evaluation.policy import Oracle
+from nemo_orchestra.evaluation.runner import PolicyRun, run_all
+from tools_env.client import ToolsEnvClient
+from tools_env.domains.bfcl.apis import call_as_action
+from tools_env.domains.bfcl.checker import end_turn, final_outcome, run_call
+from tools_env.domains.bfcl.importer import read_category, to_record
+from tools_env.launch import start_service
+from tools_env.tools.base import EpisodeContext
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -49,7 +49,9 @@ def _ours(record, turns):
 
 
 def _bfcl(entry, gt, turns):
-    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (
+        multi_turn_checker,
+    )
 
     decoded = [[[f"{a['name']}({', '.join(f'{k}={v!r}' for k, v in a['arguments'].items())})" for a in calls]]
                if calls else [] for calls in turns]
@@ -66,7 +68,8 @@ def _perturb(turns, rng, kind):
                  for key, v in a["arguments"].items() if isinstance(v, str)]
         if spots:
             i, j, key = rng.choice(spots)
-            turns[i][j] = {"name": turns[i][j]["name"], "arguments": {**turns[i][j]["arguments"], key: "x_" + turns[i][j]["arguments"][key]}}
+            call = turns[i][j]
+            turns[i][j] = {"name": call["name"], "arguments": {**call["arguments"], key: "x_" + call["arguments"][key]}}
     elif kind == "repeat_call" and turns[k]:
         turns[k].append(rng.choice(turns[k]))
     elif kind == "late_call" and k + 1 < len(turns) and turns[k]:
@@ -197,8 +200,9 @@ asyncio.run(go())
 """
     out = _run(code)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.startswith("unknown_verifier verifier type 'bfcl' is unavailable: BFCL tasks need the bfcl-eval package")
+    assert out.stdout.startswith("unknown_verifier verifier type 'bfcl' is unavailable: "
+                                 "BFCL tasks need the bfcl-eval package")
     assert "'bfcl' extra" in out.stdout
-    recipe = _run("import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path('recipes/import_bfcl.py', run_name='__main__')",
-                  "recipes/import_bfcl.py", f"output={tmp_path}")
+    main = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path('recipes/import_bfcl.py', run_name='__main__')"
+    recipe = _run(main, "recipes/import_bfcl.py", f"output={tmp_path}")
     assert recipe.returncode == 2 and "'bfcl' extra" in recipe.stderr and "Traceback" not in recipe.stderr

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("bfcl_eval", reason="BFCL tasks need the 'bfcl' extra")
 
-from tools_env.domains.bfcl.apis import function_classes  # noqa: E402
-from tools_env.task import load_jsonl  # noqa: E402
+from tools_env.domains.bfcl.apis import function_classes
+from tools_env.task import load_jsonl
 
 RECIPE = os.path.join(os.path.dirname(__file__), "..", "..", "recipes", "import_bfcl.py")
 

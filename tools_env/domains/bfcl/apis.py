@@ -17,7 +17,7 @@ import copy
 import inspect
 import json
 import os
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 from tools_env.domains.bfcl.package import require_bfcl
@@ -48,7 +48,7 @@ def api_class(name: str) -> type:
     return getattr(require_bfcl(f"{_PREFIX}.{CLASSES[name][0]}"), name)
 
 
-@lru_cache(maxsize=None)
+@cache
 def function_docs(class_name: str) -> tuple[dict[str, Any], ...]:
     """BFCL's function docs of one class, as shipped (``data/multi_turn_func_doc``)."""
     if class_name not in CLASSES:
@@ -57,7 +57,7 @@ def function_docs(class_name: str) -> tuple[dict[str, Any], ...]:
         return tuple(json.loads(line) for line in f if line.strip())
 
 
-@lru_cache(maxsize=None)
+@cache
 def function_classes() -> dict[str, str]:
     """Function name -> the class that defines it (names are unique across the eight classes)."""
     owner: dict[str, str] = {}

@@ -53,7 +53,8 @@ def episode_state(ctx: Any) -> BfclEpisode:
     if state is None:
         entry = (ctx.task.meta or {}).get("bfcl")
         if not isinstance(entry, dict):
-            raise ValueError(f"task {ctx.task.id} has no meta.bfcl entry (write BFCL tasks with recipes/import_bfcl.py)")
+            raise ValueError(f"task {ctx.task.id} has no meta.bfcl entry "
+                             "(write BFCL tasks with recipes/import_bfcl.py)")
         cfg = entry["initial_config"], bool(entry.get("long_context", False))
         state = BfclEpisode(entry, new_instances(entry["involved_classes"], *cfg),
                             new_instances(entry["involved_classes"], *cfg))
@@ -82,7 +83,8 @@ def end_turn(ctx: Any) -> str | None:
     state.turn += 1
     state.turn_results = []
     if state.turn < state.num_turns:
-        return f"Turn {state.turn} of {state.num_turns} done. The user's next request: {state.entry['turns'][state.turn]}"
+        request = state.entry["turns"][state.turn]
+        return f"Turn {state.turn} of {state.num_turns} done. The user's next request: {request}"
     state.finished = True
     return None
 
@@ -91,12 +93,13 @@ def check_turn(state: BfclEpisode, calls: list[str], truth_results: list[str]) -
     """Why the turn fails BFCL's checks, or None when it passes."""
     if not calls:
         if state.turn_results:
-            return f"the ground truth makes no call in this turn (the request cannot be done), the policy made {len(state.turn_results)}"
+            return ("the ground truth makes no call in this turn (the request cannot be done), "
+                    f"the policy made {len(state.turn_results)}")
         return None
     if not state.turn_results:
         return f"no function call in this turn; the ground truth makes {len(calls)}"
-    reasons = [r for r in (state_mismatch(state.instances, state.truth), missing_results(state.all_results, truth_results))
-               if r is not None]
+    checks = (state_mismatch(state.instances, state.truth), missing_results(state.all_results, truth_results))
+    reasons = [r for r in checks if r is not None]
     return "; ".join(reasons) or None
 
 
@@ -108,7 +111,8 @@ def state_mismatch(instances: dict[str, Any], truth: dict[str, Any]) -> str | No
         diffs = [d for attr, value in want_state.items() if got_state.get(attr) != value
                  for d in _diff(got_state.get(attr), value, attr)]
         if diffs:
-            shown = "; ".join(diffs[:MAX_DIFFS]) + (f"; {len(diffs) - MAX_DIFFS} more" if len(diffs) > MAX_DIFFS else "")
+            more = f"; {len(diffs) - MAX_DIFFS} more" if len(diffs) > MAX_DIFFS else ""
+            shown = "; ".join(diffs[:MAX_DIFFS]) + more
             parts.append(f"{cls} state differs from the ground truth's: {shown}")
     return " | ".join(parts) or None
 

@@ -23,8 +23,8 @@ import json
 import os
 from typing import Any
 
-from tools_env.domains.bfcl.package import BFCL_VERSION, require_bfcl
 from tools_env.domains.bfcl.apis import CLASSES, call_as_action, data_dir, function_classes, function_docs, parse_call
+from tools_env.domains.bfcl.package import BFCL_VERSION, require_bfcl
 from tools_env.task import TaskRecord
 
 CATEGORIES = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_param")
@@ -48,7 +48,8 @@ def read_category(category: str) -> list[tuple[dict[str, Any], list[list[str]]]]
     """The entries of a category with their ground truth, matched by id."""
     base = data_dir()
     entries = _read_jsonl(os.path.join(base, f"BFCL_v4_{category}.json"))
-    truth = {e["id"]: e["ground_truth"] for e in _read_jsonl(os.path.join(base, "possible_answer", f"BFCL_v4_{category}.json"))}
+    answers = _read_jsonl(os.path.join(base, "possible_answer", f"BFCL_v4_{category}.json"))
+    truth = {e["id"]: e["ground_truth"] for e in answers}
     missing = [e["id"] for e in entries if e["id"] not in truth]
     if missing:
         raise ValueError(f"{category}: no ground truth for {len(missing)} entries (first: {missing[0]})")
