@@ -206,3 +206,30 @@ asyncio.run(go())
     main = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path('recipes/import_bfcl.py', run_name='__main__')"
     recipe = _run(main, "recipes/import_bfcl.py", f"output={tmp_path}")
     assert recipe.returncode == 2 and "'bfcl' extra" in recipe.stderr and "Traceback" not in recipe.stderr
+
+
+def _mutable_ids(obj, seen=None) -> set:
+    """ids of every dict, list, set and object reachable from ``obj``."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool, type(None))):
+        return seen
+    if isinstance(obj, (dict, list, set, tuple)) or hasattr(obj, "__dict__"):
+        if not isinstance(obj, tuple):
+            seen.add(id(obj))
+        values = obj.values() if isinstance(obj, dict) else vars(obj).values() if hasattr(obj, "__dict__") else obj
+        for v in values:
+            _mutable_ids(v, seen)
+    return seen
+
+
+def test_two_episodes_instances_share_no_mutable_object():
+    """Long-context scenarios load module-level records (TravelAPI's extra credit cards); no two episodes,
+    and not the policy and the ground truth of one, may hold the same object."""
+    from tools_env.domains.bfcl.apis import CLASSES, new_instances
+
+    entries = [e for e, _ in read_category("multi_turn_long_context")]
+    for cls in CLASSES:
+        entry = next(e for e in entries if cls in e["involved_classes"])
+        a, b = (new_instances([cls], entry["initial_config"], True)[cls] for _ in range(2))
+        shared = (_mutable_ids(vars(a)) & _mutable_ids(vars(b))) - {id(v) for v in vars(type(a)).values()}
+        assert not shared, (cls, len(shared))

@@ -94,6 +94,10 @@ def new_instances(involved: list[str], initial_config: dict[str, Any], long_cont
         instance = api_class(name)()
         if name not in STATELESS:
             instance._load_scenario(copy.deepcopy(initial_config.get(name, {})), long_context=long_context)
+            # long-context scenarios put module-level records into the state as they are (TravelAPI's extra
+            # credit cards, whose balances purchases change in place): one deep copy of the whole state
+            # makes every object the instance's own and keeps the aliasing inside it
+            vars(instance).update(copy.deepcopy(vars(instance)))
         instances[name] = instance
     return instances
 
