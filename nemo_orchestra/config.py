@@ -410,9 +410,11 @@ def _structured(cls: type[T], tree, dotlist: List[str], source: str) -> T:
         merged = OmegaConf.merge(schema, tree)
         for item in dotlist:
             key, value = item.split("=", 1)
-            node = OmegaConf.select(merged, key, default="__absent__")
-            if node == "__absent__" and not _is_open_dict_key(merged, key):
-                raise ConfigError(f"{key}: unknown config key{_valid_keys(merged, key)}")
+            node = OmegaConf.select(merged, key, default=_ABSENT)
+            if node is _ABSENT:
+                if not _is_open_dict_key(merged, key):
+                    raise ConfigError(f"{key}: unknown config key{_valid_keys(merged, key)}")
+                node = None  # a new key of a free-form mapping: its value is typed as YAML reads it
             OmegaConf.update(merged, key, _parse_value(value, node), merge=True)
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
@@ -421,6 +423,9 @@ def _structured(cls: type[T], tree, dotlist: List[str], source: str) -> T:
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or ""
         raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
+
+
+_ABSENT = object()
 
 
 def _is_open_dict_key(merged, key: str) -> bool:

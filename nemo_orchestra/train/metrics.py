@@ -12,6 +12,7 @@ import logging
 import netrc
 import os
 import time
+import uuid
 from typing import Any
 
 from nemo_orchestra.config import LoggerConfig
@@ -91,7 +92,7 @@ def start_wandb(cfg: LoggerConfig, output_dir: str, run_config: dict):
         raise ValueError("logger.wandb=true needs the wandb package: pip install wandb") from None
     mode = cfg.wandb_mode if cfg.wandb_mode != "auto" else ("online" if _wandb_key_configured() else "offline")
     id_path = os.path.join(output_dir, WANDB_ID_FILE)
-    run_id = open(id_path).read().strip() if os.path.exists(id_path) else wandb.util.generate_id()
+    run_id = open(id_path).read().strip() if os.path.exists(id_path) else uuid.uuid4().hex[:8]
     with open(id_path, "w") as f:
         f.write(run_id)
     run = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or os.path.basename(os.path.abspath(output_dir)),
