@@ -2,14 +2,19 @@
 run's TensorBoard curve without the steps logged past its checkpoint, W&B offline."""
 
 import json
+import os
 import struct
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from nemo_orchestra.config import ConfigError, LoggerConfig, load_config
 from nemo_orchestra.train.metrics import WANDB_ID_FILE, MetricLogger, summary_line
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cfg(**kw) -> LoggerConfig:
@@ -136,3 +141,27 @@ def test_wandb_offline_logs_the_same_scalars(tmp_path, monkeypatch):
                for r in records if r.WhichOneof("record_type") == "history"]
     assert [{k: v for k, v in h.items() if k not in ("_timestamp", "_runtime")} for h in history] == [
         {"_step": i, "reward/mean": 0.25 * i, "loss/kl": 1.0 / i, "train/step_skipped": 0} for i in (1, 2)]
+
+
+@pytest.mark.slow
+def test_wandb_process_ends_with_a_killed_trainer(tmp_path):
+    """W&B runs a process of its own; a trainer killed by SIGKILL must not leave it behind."""
+    pytest.importorskip("wandb")
+    psutil = pytest.importorskip("psutil")
+    code = ("import sys, time\nfrom nemo_orchestra.config import LoggerConfig\n"
+            "from nemo_orchestra.train.metrics import MetricLogger\n"
+            "cfg = LoggerConfig(tensorboard=True, wandb=True, wandb_project='p', wandb_run_name=None, wandb_mode='offline')\n"
+            "MetricLogger(sys.argv[1], cfg=cfg).log(1, {'reward/mean': 1.0})\nprint('logged', flush=True)\n"
+            "time.sleep(600)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "logged"
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children  # wandb-core
+    finally:
+        proc.kill()
+        proc.wait()
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]
