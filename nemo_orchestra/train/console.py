@@ -66,7 +66,7 @@ class TqdmHandler(logging.StreamHandler):
             from tqdm import tqdm
 
             tqdm.write(self.format(record), file=self.stream)
-        except Exception:  # noqa: BLE001 (logging's own contract: a handler never raises)
+        except Exception:  # logging's contract: a handler never raises
             self.handleError(record)
 
 
@@ -79,6 +79,7 @@ def setup_logging(level: str, rank: int) -> None:
     handler.setFormatter(logging.Formatter(FORMAT.format(rank=rank), datefmt="%H:%M:%S"))
     logging.basicConfig(level=name if rank == 0 else logging.WARNING, handlers=[handler], force=True)
     if name == "DEBUG":  # everything, vLLM's processes included
+        os.environ.pop(QUIET_ENV, None)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG")
         return
     logging.getLogger("megatron").setLevel(logging.WARNING)  # it logs every parameter name at INFO

@@ -42,8 +42,8 @@ def test_one_summary_line_per_step_and_one_bar_per_phase(run):
     summaries = [line for line in lines if re.search(r"nemo_orchestra: step \d+ ", line)]
     assert [re.search(r"step (\d+) ", s).group(1) for s in summaries] == ["1", "2"]
     assert all("reward=" in s and "acc=" in s for s in summaries)
-    bars = {m.group(1) for line in lines if (m := re.match(r"^([\w ]+): +\d+%\|", line))}
-    assert bars == {"warm start", "grpo"}
+    bars = {m.group(1) for line in lines if (m := re.match(r"^([\w ]+): +\d+%", line))}
+    assert bars == {"warm start", "grpo"}  # no engine's loading bar either
 
 
 @pytest.mark.slow
