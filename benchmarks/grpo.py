@@ -97,13 +97,13 @@ def main(args: Any) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
 
+    from nemo_orchestra.train.console import setup_logging
+
+    setup_logging("WARNING", int(os.environ.get("RANK", 0)))  # before Megatron-Core and vLLM are imported
     import torch
 
     from nemo_orchestra.megatron.parallel import destroy_distributed, init_distributed
     from nemo_orchestra.train.build import build_trainer
-    from nemo_orchestra.train.metrics import setup_logging
-
-    setup_logging("WARNING", int(os.environ.get("RANK", 0)))
     info = init_distributed(cfg.parallel, cfg.run.seed)
     measured: list[dict] = []
     with ExitStack() as stack:

@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("model", "parallel", "reward", "tools")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "te")
+PARAMS_DTYPES = ("fp32", "bf16", "fp16")  # megatron.model.DTYPES maps each to its torch dtype (asserted there)
 ROLLOUT_ENGINES = ("vllm", "hf", "megatron")  # rollout.engines.ENGINES implements each (a test checks)
 T = TypeVar("T")
 
@@ -39,7 +40,11 @@ def _check(cond: bool, key: str, msg: str) -> None:
 class RunConfig:
     output_dir: str = MISSING
     seed: int = MISSING
-    log_level: str = MISSING
+    log_level: str = MISSING  # DEBUG shows every third-party notice the console otherwise filters
+
+    def validate(self) -> None:
+        _check(self.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"), "run.log_level",
+               "must be DEBUG, INFO, WARNING or ERROR")
 
 
 @dataclass
@@ -73,7 +78,7 @@ class ModelConfig:
                "must divide model.num_attention_heads")
         _check(self.attention_backend in ATTENTION_BACKENDS, "model.attention_backend",
                f"must be one of {ATTENTION_BACKENDS}")
-        _check(self.params_dtype in ("fp32", "bf16", "fp16"), "model.params_dtype", "must be fp32, bf16 or fp16")
+        _check(self.params_dtype in PARAMS_DTYPES, "model.params_dtype", "must be fp32, bf16 or fp16")
         _check(self.fp8 in (None, "hybrid", "e4m3"), "model.fp8", "must be null, hybrid or e4m3")
         _check(self.fp8_recipe in ("delayed", "tensorwise"), "model.fp8_recipe", "must be delayed or tensorwise")
         _check(self.fp8 is None or self.params_dtype == "bf16", "model.fp8",
@@ -244,6 +249,20 @@ class CheckpointConfig:
 
 
 @dataclass
+class LoggerConfig:
+    """Where the step metrics go besides metrics.jsonl (nemo_orchestra.train.metrics)."""
+
+    tensorboard: bool = MISSING  # event files in <run.output_dir>/tensorboard
+    wandb: bool = MISSING  # Weights & Biases (pip install wandb)
+    wandb_project: str = MISSING
+    wandb_run_name: Optional[str] = MISSING  # null: the run folder's name
+    wandb_mode: str = MISSING  # auto: online with an API key (WANDB_API_KEY or wandb login), else offline
+
+    def validate(self) -> None:
+        _check(self.wandb_mode in ("auto", "online", "offline"), "logger.wandb_mode", "must be auto, online or offline")
+
+
+@dataclass
 class ExportConfig:
     enabled: bool = MISSING
     dir: Optional[str] = MISSING  # null: <run.output_dir>/hf
@@ -288,6 +307,7 @@ class Config:
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
 
@@ -390,9 +410,11 @@ def _structured(cls: type[T], tree, dotlist: List[str], source: str) -> T:
         merged = OmegaConf.merge(schema, tree)
         for item in dotlist:
             key, value = item.split("=", 1)
-            node = OmegaConf.select(merged, key, default="__absent__")
-            if node == "__absent__" and not _is_open_dict_key(merged, key):
-                raise ConfigError(f"{key}: unknown config key{_valid_keys(merged, key)}")
+            node = OmegaConf.select(merged, key, default=_ABSENT)
+            if node is _ABSENT:
+                if not _is_open_dict_key(merged, key):
+                    raise ConfigError(f"{key}: unknown config key{_valid_keys(merged, key)}")
+                node = None  # a new key of a free-form mapping: its value is typed as YAML reads it
             OmegaConf.update(merged, key, _parse_value(value, node), merge=True)
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
@@ -401,6 +423,9 @@ def _structured(cls: type[T], tree, dotlist: List[str], source: str) -> T:
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or ""
         raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
+
+
+_ABSENT = object()
 
 
 def _is_open_dict_key(merged, key: str) -> bool:

@@ -12,7 +12,8 @@ Launch:
     python recipes/grpo_orchestrator.py                                  # embedded default, CPU
     python recipes/grpo_orchestrator.py trainer.max_steps=2 run.output_dir=runs/try
     torchrun --nproc-per-node 8 recipes/grpo_orchestrator.py recipe=qwen3_8b_1n8g
-Overrides are key=value (see conf/grpo_orchestrator.yaml); group=name picks conf/<group>/name.yaml.
+Overrides are key=value (see conf/grpo_orchestrator.yaml); group=name picks conf/<group>/name.yaml;
+--help lists every key with its default (after any overrides given with it).
 """
 
 import logging
@@ -22,6 +23,8 @@ import sys
 from contextlib import ExitStack
 
 from nemo_orchestra.config import ConfigError, load_config
+from nemo_orchestra.config_help import recipe_help, wants_help
+from nemo_orchestra.train.console import setup_logging
 
 
 def _terminate(signum, frame):
@@ -34,19 +37,21 @@ def main(argv: list[str]) -> int:
     # and the tool service are shut down, not left running
     signal.signal(signal.SIGTERM, _terminate)
     try:
+        if wants_help(argv):
+            print(recipe_help(__doc__, main=True, argv=argv), end="")
+            return 0
         cfg = load_config(argv)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))  # before Megatron and vLLM are imported
 
     from nemo_orchestra.hf.export import export_hf
     from nemo_orchestra.hf.qwen3 import full_state_dict
     from nemo_orchestra.megatron.parallel import destroy_distributed, init_distributed
     from nemo_orchestra.train.build import build_trainer, load_eval_tasks
-    from nemo_orchestra.train.metrics import setup_logging
     from nemo_orchestra.train.report import plot_curves, write_report
 
-    setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))
     log = logging.getLogger("grpo_orchestrator")
     info = init_distributed(cfg.parallel, cfg.run.seed)
     ckpt_root = os.path.join(cfg.run.output_dir, "checkpoints")

@@ -267,6 +267,7 @@ class Trainer:
 
     def close(self) -> None:
         try:
+            self.logger.close()
             self.loop.run_until_complete(self.client.aclose())
             self.loop.close()
         finally:  # engines with processes of their own (vllm) are shut down whatever happened before
