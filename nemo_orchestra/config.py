@@ -127,6 +127,9 @@ class RolloutConfig:
     orchestrator_price_out: float = MISSING
     sync_timeout_s: float = MISSING  # a weight sync into the engine that takes longer raises (vllm engine)
     batch_window_s: float = MISSING  # once a tool call returns, wait this long for others before generating
+    max_staleness: int = MISSING  # K: rollouts run up to K policy versions ahead of training (0: synchronous)
+    fill_informative_groups: bool = MISSING  # sample more prompts until the step has prompts_per_step informative groups
+    max_extra_prompts: int = MISSING  # at most this many extra prompts a step when filling informative groups
 
     def validate(self) -> None:
         _check(self.engine in ROLLOUT_ENGINES, "rollout.engine", f"must be one of {sorted(ROLLOUT_ENGINES)}")
@@ -137,6 +140,8 @@ class RolloutConfig:
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
         _check(self.sync_timeout_s > 0, "rollout.sync_timeout_s", "must be > 0")
         _check(self.batch_window_s >= 0, "rollout.batch_window_s", "must be >= 0")
+        _check(self.max_staleness >= 0, "rollout.max_staleness", "must be >= 0 (0: synchronous rollouts)")
+        _check(self.max_extra_prompts >= 0, "rollout.max_extra_prompts", "must be >= 0")
 
 
 @dataclass
@@ -320,6 +325,13 @@ class Config:
         _check(m.num_layers % p.pp == 0, "parallel.pp", f"must divide model.num_layers ({m.num_layers})")
         _check(m.num_query_groups % p.tp == 0 and m.ffn_hidden_size % p.tp == 0, "parallel.tp",
                f"must divide model.num_query_groups ({m.num_query_groups}) and model.ffn_hidden_size")
+        r = self.rollout
+        _check(r.max_staleness == 0 or self.loss.tis_cap is not None, "loss.tis_cap",
+               f"must be set with rollout.max_staleness={r.max_staleness}: rollouts of older policy versions "
+               "are corrected by truncated importance sampling (e.g. loss.tis_cap=2.0)")
+        _check(r.max_staleness == 0 or r.engine != "megatron", "rollout.max_staleness",
+               "needs an engine that holds its own copy of the weights (vllm or hf): the megatron engine "
+               "generates with the weights being trained")
         return self
 
 

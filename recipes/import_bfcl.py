@@ -11,7 +11,7 @@ Launch:
     python recipes/evaluate.py tasks=data/bfcl/multi_turn_base.jsonl output=runs/bfcl_oracle \
         policies=oracle max_turns=20
 Keys: output, categories (multi_turn_base, multi_turn_long_context, multi_turn_miss_param),
-limit (entries per category; 0: all).
+limit (entries per category; 0: all). ``--help`` lists them with their defaults.
 """
 
 import json
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import List
 
 from nemo_orchestra.config import ConfigError, load_structured
+from nemo_orchestra.config_help import recipe_help, wants_help
 
 
 @dataclass
@@ -39,6 +40,9 @@ class ImportConfig:
 
 
 def main(argv: list) -> int:
+    if wants_help(argv):
+        print(recipe_help(__doc__, ImportConfig), end="")
+        return 0
     from tools_env.domains.bfcl.package import BfclUnavailable
 
     try:
