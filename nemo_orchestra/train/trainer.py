@@ -116,6 +116,7 @@ class Trainer:
         seed = f"{self.cfg.run.seed}/{step}/{self.dp_rank}"
         tasks = self.batch_tasks(step)
         stats: dict = {}
+        t0 = time.perf_counter()
         trajs = await self.episodes(tasks, r.group_size, r.temperature, seed, stats)
         drawn = 0
         if r.fill_informative_groups:
@@ -138,6 +139,7 @@ class Trainer:
                 for k, v in more_stats.items():
                     stats[k] += v
         stats["prompts_drawn"] = len(tasks) + drawn
+        stats["wall_s"] = time.perf_counter() - t0
         return trajs, stats
 
     def take_rollouts(self) -> tuple[list[Trajectory], dict, float]:
@@ -247,7 +249,7 @@ class Trainer:
         # ahead, these overlap training: the trainer's own wait is time/rollout_wait_s)
         metrics.update({"time/generate_s": stats["generate_s"], "time/env_wait_s": stats["env_wait_s"],
                         "rollout/generate_calls": stats["generate_calls"],
-                        "rollout/prompts_drawn": stats["prompts_drawn"],
+                        "rollout/prompts_drawn": stats["prompts_drawn"], "time/rollouts_wall_s": stats["wall_s"],
                         "time/rollout_wait_s": waited, "perf/rollout_wait_share": waited / step_s})
         metrics.update({"time/rollout_s": t_rollout, "time/train_s": t_train, "time/weight_sync_s": t_sync,
                         "time/step_s": step_s, "perf/tokens_per_s": tokens / step_s,
