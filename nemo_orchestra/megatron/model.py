@@ -117,6 +117,10 @@ def build_gpt_model(model: ModelConfig, parallel: ParallelConfig, vocab_size: in
             rotary_base=int(model.rope_theta),
             rotary_percent=1.0,
         )
+    if config.params_dtype != torch.float32:  # Megatron's torch norms are built fp32: one dtype, the fused kernel
+        for m in gpt.modules():
+            if isinstance(m, torch.nn.RMSNorm):
+                m.to(config.params_dtype)
     return gpt.to(device)
 
 
