@@ -50,6 +50,10 @@ if [ "${ROLLOUT_ENGINE:-vllm}" = vllm ]; then
   done
   "$PY" -c "import vllm; print(f'setup: vllm {vllm.__version__}')"
 fi
+# nemo-run 0.11.1 (recipes/launch.py) imports leptonai.api.v1, which leptonai 0.47 removed; 0.27.3 has it.
+# --no-deps: 0.27.3's own pins (cloudpickle, starlette) would downgrade vLLM's; NeMo-Run imports only its types.
+"$PY" -m pip install --quiet --no-deps "leptonai==0.27.3"
+"$PY" -c "import nemo_run" >/dev/null 2>&1 || { echo "setup: nemo_run does not import" >&2; exit 1; }
 "$PY" - <<'PYEOF'
 import torch, megatron.core, transformers
 from transformers import Qwen3ForCausalLM  # fails when a broken torchvision is installed
