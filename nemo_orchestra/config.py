@@ -88,6 +88,7 @@ class ParallelConfig:
     sequence_parallel: bool = MISSING
     microbatch_tokens: int = MISSING
     backend: str = MISSING  # auto | nccl | gloo
+    activation_recompute: bool = MISSING  # keep each layer's input only; recompute the layer in backward
 
     def validate(self) -> None:
         _check(self.tp >= 1, "parallel.tp", "must be >= 1")
@@ -122,6 +123,9 @@ class RolloutConfig:
     orchestrator_price_out: float = MISSING
     sync_timeout_s: float = MISSING  # a weight sync into the engine that takes longer raises (vllm engine)
     batch_window_s: float = MISSING  # once a tool call returns, wait this long for others before generating
+    gpu_memory_utilization: float = MISSING  # vllm on CUDA: the share of a GPU that training and engine may fill
+    kv_cache_gb: Optional[float] = MISSING  # vllm: the engine's KV cache, GiB; null: from the memory plan
+    sleep_while_training: bool = MISSING  # vllm on CUDA: weights and KV cache released while training
 
     def validate(self) -> None:
         _check(self.engine in ROLLOUT_ENGINES, "rollout.engine", f"must be one of {sorted(ROLLOUT_ENGINES)}")
@@ -132,6 +136,8 @@ class RolloutConfig:
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
         _check(self.sync_timeout_s > 0, "rollout.sync_timeout_s", "must be > 0")
         _check(self.batch_window_s >= 0, "rollout.batch_window_s", "must be >= 0")
+        _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")
+        _check(self.kv_cache_gb is None or self.kv_cache_gb > 0, "rollout.kv_cache_gb", "must be > 0 or null")
 
 
 @dataclass

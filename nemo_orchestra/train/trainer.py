@@ -148,6 +148,13 @@ class Trainer:
             self.engine.load_weights(state)
         return time.perf_counter() - t0
 
+    def engine_memory(self, action: str) -> float:
+        """``engine.sleep()`` or ``engine.wake_up()`` (vLLM's sleep mode on CUDA); its seconds."""
+        t0 = time.perf_counter()
+        if self.engine is not None:
+            {"sleep": self.engine.sleep, "wake_up": self.engine.wake_up}[action]()
+        return time.perf_counter() - t0
+
     def grpo_step(self) -> dict:
         t0 = time.perf_counter()
         tasks = self.batch_tasks(self.step)
@@ -155,6 +162,7 @@ class Trainer:
         stats: dict = {}
         trajs = broadcast_in_model_parallel_group(self.on_rollout_rank(lambda: self.rollout(tasks, stats)))
         t_rollout = time.perf_counter() - t0
+        t_sleep = self.engine_memory("sleep")  # the engine's GPU memory is the trainer's until the sync
         assign_rewards(trajs, self.cfg.reward)
         self.write_samples(trajs)
         kept, metrics = assign_advantages(trajs, self.cfg.advantage, self.policy.device)
@@ -173,12 +181,14 @@ class Trainer:
         t_train = time.perf_counter() - t1
         metrics.update(self.train_perf(batches, t_train))
         metrics["data/task_ids"] = [i for ids in data_parallel_gather([t.id for t in tasks]) for i in ids]
+        t_wake = self.engine_memory("wake_up")
         t_sync = self.sync_weights()
         step_s = time.perf_counter() - t0
         tokens = sum(len(t.token_ids) for t in trajs)
         if stats:  # the generation engine's share of the rollout, and its idle wait on tools
             metrics.update({"time/generate_s": stats["generate_s"], "time/env_wait_s": stats["env_wait_s"],
                             "rollout/generate_calls": stats["generate_calls"]})
+        metrics.update({"time/engine_sleep_s": t_sleep, "time/engine_wake_s": t_wake})
         metrics.update({"time/rollout_s": t_rollout, "time/train_s": t_train, "time/weight_sync_s": t_sync,
                         "time/step_s": step_s, "perf/tokens_per_s": tokens / step_s,
                         "perf/generated_tokens": sum(t.num_generated for t in trajs)})
