@@ -33,8 +33,8 @@ dp the data-parallel size, T the longest pack (max(``parallel.microbatch_tokens`
 
 Both phases must fit the budget, and the KV cache must hold at least one sequence of
 ``rollout.max_context`` tokens (2 L Hkv D b_e bytes a token). The figures are estimates: they
-leave out fragmentation and the engine's prefix-cache policy. ``python -m nemo_orchestra.train.memory_plan recipe=NAME world_size=N gpu_gb=80``
-prints the plan of a recipe on any machine.
+leave out fragmentation and the engine's prefix-cache policy. The plan of a recipe, on any machine:
+``python -m nemo_orchestra.train.memory_plan recipe=NAME world_size=N gpu_gb=80``.
 """
 
 from __future__ import annotations

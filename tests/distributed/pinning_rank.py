@@ -12,7 +12,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from nemo_orchestra.rollout.engines.vllm import pinned_to
+from nemo_orchestra.rollout.engines.vllm_memory import pinned_to
 
 CHILD = "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES', ''))"
 

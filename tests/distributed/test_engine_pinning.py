@@ -39,7 +39,7 @@ def test_pinning_follows_the_launchers_gpu_list(tmp_path):
 
 
 def test_a_rank_without_a_gpu_is_an_error():
-    from nemo_orchestra.rollout.engines.vllm import engine_visible_devices
+    from nemo_orchestra.rollout.engines.vllm_memory import engine_visible_devices
 
     assert engine_visible_devices(1, "2, 7") == "7"
     with pytest.raises(ValueError, match="local rank 2 has no GPU"):

@@ -42,11 +42,9 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import shutil
 import tempfile
 import threading
 import weakref
-from contextlib import contextmanager
 
 import torch
 
@@ -54,6 +52,7 @@ from nemo_orchestra.config import ModelConfig
 from nemo_orchestra.hf.export import export_hf
 from nemo_orchestra.hf.qwen3 import megatron_to_hf
 from nemo_orchestra.rollout.engines.base import EngineCapabilities, EngineContext, Generation, GenerationEngine
+from nemo_orchestra.rollout.engines.vllm_memory import buckets, close_segment, layout, pinned_to, remove, sizes
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +112,7 @@ class VLLMEngine(GenerationEngine):
         shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
         self._dir = tempfile.mkdtemp(prefix="nemo-orchestra-vllm-", dir=shm)
         self._segments: list = []  # shared-memory segments, unlinked with the folder
-        self._cleanup = weakref.finalize(self, _remove, self._dir, self._segments)
+        self._cleanup = weakref.finalize(self, remove, self._dir, self._segments)
         # token ids in and out, so no tokenizer in the engine: vLLM's chat-template warm-up then
         # fails harmlessly and would log a traceback at WARNING
         logging.getLogger("vllm.renderers.base").addFilter(_drop_chat_template_warmup)
@@ -232,10 +231,10 @@ class VLLMEngine(GenerationEngine):
 
     def _push_shared(self, hf: dict[str, torch.Tensor]) -> int:
         """CPU: the tensors copied into one shared-memory segment; the worker reloads from views of it."""
-        specs, total = _layout(hf, self.dtype)
+        specs, total = layout(hf, self.dtype)
         shm = self._segment(total)
         buf = torch.frombuffer(shm.buf, dtype=torch.uint8, count=total) if total else None
-        for (name, _, _, off), n in zip(specs, _sizes(specs)):
+        for (name, _, _, off), n in zip(specs, sizes(specs)):
             buf[off:off + n].view(self.dtype).copy_(hf[name].detach().reshape(-1))
         del buf  # no view of the segment may outlive a sync
         loaded = self._rpc("nemo_reload_shared", shm.name, specs)
@@ -247,7 +246,7 @@ class VLLMEngine(GenerationEngine):
 
         if self._shm is None or self._shm.size < nbytes:
             if self._shm is not None:
-                _close_segment(self._shm)
+                close_segment(self._shm)
                 self._segments.remove(self._shm)
             self._shm = shared_memory.SharedMemory(create=True, size=max(nbytes, 1))
             self._segments.append(self._shm)
@@ -258,10 +257,10 @@ class VLLMEngine(GenerationEngine):
         from torch.multiprocessing.reductions import reduce_tensor
 
         loaded = 0
-        for bucket in _buckets(hf, self.dtype, BUCKET_BYTES):
-            specs, total = _layout(bucket, self.dtype)
+        for bucket in buckets(hf, self.dtype, BUCKET_BYTES):
+            specs, total = layout(bucket, self.dtype)
             flat = torch.empty(total, dtype=torch.uint8, device=self.device)
-            for (name, _, _, off), n in zip(specs, _sizes(specs)):
+            for (name, _, _, off), n in zip(specs, sizes(specs)):
                 flat[off:off + n].view(self.dtype).copy_(bucket[name].detach().reshape(-1))
             torch.cuda.synchronize(self.device)
             loaded += self._rpc("nemo_load_ipc_bucket", pickle.dumps((reduce_tensor(flat), specs)))
@@ -313,80 +312,6 @@ class VLLMEngine(GenerationEngine):
 
 def _shapes(hf: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in hf.items()}
-
-
-def _layout(hf: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[list, int]:
-    """(specs, bytes) of ``hf`` packed back to back in ``dtype``: specs are (name, shape, dtype name,
-    byte offset), each offset aligned to 64 bytes."""
-    specs, off = [], 0
-    name = str(dtype).removeprefix("torch.")
-    for k, v in hf.items():
-        specs.append((k, list(v.shape), name, off))
-        off += -(-v.numel() * dtype.itemsize // 64) * 64
-    return specs, off
-
-
-def _sizes(specs: list) -> list[int]:
-    import math
-
-    return [math.prod(shape) * getattr(torch, dtype).itemsize for _, shape, dtype, _ in specs]
-
-
-def _buckets(hf: dict[str, torch.Tensor], dtype: torch.dtype, limit: int):
-    """``hf`` in consecutive dicts of at most ``limit`` bytes (a larger tensor goes alone)."""
-    bucket, size = {}, 0
-    for k, v in hf.items():
-        n = v.numel() * dtype.itemsize
-        if bucket and size + n > limit:
-            yield bucket
-            bucket, size = {}, 0
-        bucket[k] = v
-        size += n
-    if bucket:
-        yield bucket
-
-
-def engine_visible_devices(local_rank: int, visible: str | None) -> str:
-    """``CUDA_VISIBLE_DEVICES`` for the engine of local rank ``local_rank``: the one GPU the rank
-    trains on, named as the parent sees it (``visible``, the launcher's own list, or all GPUs)."""
-    gpus = [g.strip() for g in visible.split(",") if g.strip()] if visible else None
-    if gpus is None:
-        return str(local_rank)
-    if local_rank >= len(gpus):
-        raise ValueError(f"local rank {local_rank} has no GPU: CUDA_VISIBLE_DEVICES={visible}")
-    return gpus[local_rank]
-
-
-@contextmanager
-def pinned_to(device: torch.device):
-    """Processes started inside see only ``device``'s GPU (on CUDA; nothing changes elsewhere)."""
-    if device.type != "cuda":
-        yield
-        return
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    os.environ["CUDA_VISIBLE_DEVICES"] = engine_visible_devices(index, before)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before
-
-
-def _close_segment(shm) -> None:
-    try:
-        shm.close()
-        shm.unlink()
-    except (FileNotFoundError, BufferError):
-        pass
-
-
-def _remove(folder: str, segments: list) -> None:
-    shutil.rmtree(folder, ignore_errors=True)
-    for shm in segments:
-        _close_segment(shm)
 
 
 def call_with_timeout(fn, timeout_s: float):
