@@ -29,9 +29,13 @@ dp the data-parallel size, T the longest pack (max(``parallel.microbatch_tokens`
     training     = weights + grads + optimizer + reference + activations + logits + reserved
                    (+ engine + kv_cache unless ``rollout.sleep_while_training``: vLLM's sleep mode
                    moves the engine's weights to CPU memory and drops its KV cache while training)
+    sync         = weights + grads + optimizer + reference + engine + gathered + reserved
+                   gathered = P b + A b + bucket: the full weights every rank gathers from the TP/PP
+                   shards, the q/k/v copies of the Hugging Face mapping (A: attention q/k/v
+                   parameters) and one hand-over bucket; the engine's KV cache is still asleep
     rollout      = weights + grads + optimizer + reference + engine + kv_cache + reserved
 
-Both phases must fit the budget, and the KV cache must hold at least one sequence of
+The three phases must fit the budget, and the KV cache must hold at least one sequence of
 ``rollout.max_context`` tokens (2 L Hkv D b_e bytes a token). The figures are estimates: they
 leave out fragmentation and the engine's prefix-cache policy. The plan of a recipe, on any machine:
 ``python -m nemo_orchestra.train.memory_plan recipe=NAME world_size=N gpu_gb=80``.
@@ -46,6 +50,7 @@ from dataclasses import dataclass
 import torch
 
 from nemo_orchestra.config import Config
+from nemo_orchestra.rollout.engines.vllm import BUCKET_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +74,7 @@ class MemoryPlan:
     kv_cache: int
     kv_per_token: int
     sleep: bool
+    gathered: int = 0
 
     @property
     def resident(self) -> int:
@@ -84,12 +90,18 @@ class MemoryPlan:
     def rollout(self) -> int:
         return self.resident + self.engine + self.kv_cache
 
+    @property
+    def sync(self) -> int:
+        kv = 0 if self.sleep else self.kv_cache
+        return self.resident + self.engine + kv + self.gathered
+
     def table(self) -> str:
         rows = [("weights", self.weights), ("grads", self.grads), ("optimizer", self.optimizer),
                 ("reference", self.reference), ("activations", self.activations), ("logits", self.logits),
                 ("engine weights+workspace", self.engine), ("kv cache", self.kv_cache), ("reserved", RESERVED),
+                ("gathered for the weight sync", self.gathered),
                 ("= training phase" + (" (engine asleep)" if self.sleep else ""), self.training),
-                ("= rollout phase", self.rollout), (f"budget of {self.gpu_bytes / GiB:.0f} GiB", self.budget)]
+                ("= weight-sync phase", self.sync), ("= rollout phase", self.rollout), (f"budget of {self.gpu_bytes / GiB:.0f} GiB", self.budget)]
         tokens = self.kv_cache // self.kv_per_token if self.kv_per_token else 0
         lines = [f"  {name:<32}{b / GiB:8.2f} GiB" for name, b in rows]
         return "memory plan per GPU:\n" + "\n".join(lines) + f"\n  kv cache holds {tokens} tokens"
@@ -126,6 +138,7 @@ def plan(cfg: Config, vocab: int, world_size: int, gpu_bytes: int) -> MemoryPlan
     b, b_e = BYTES[m.params_dtype], BYTES["fp16" if m.params_dtype == "fp32" else m.params_dtype]
     dp = max(world_size // (p.tp * p.pp), 1)
     full, shard = stage_params(cfg, vocab)
+    qkv = m.num_layers * m.hidden_size * (m.num_attention_heads + 2 * m.num_query_groups) * m.head_dim
     tokens = max(p.microbatch_tokens, r.max_context)
     optimizer = (8 + (4 if b < 4 else 0)) * shard // (dp if p.distributed_optimizer else 1)
     budget = int(r.gpu_memory_utilization * gpu_bytes)
@@ -134,10 +147,10 @@ def plan(cfg: Config, vocab: int, world_size: int, gpu_bytes: int) -> MemoryPlan
                          reference=0 if cfg.reference.offload else shard * b,
                          activations=activation_bytes(cfg, tokens), logits=2 * tokens * (vocab // p.tp) * 4,
                          engine=full * b_e + ENGINE_EXTRA, kv_cache=0, kv_per_token=kv_per_token,
-                         sleep=r.sleep_while_training)
+                         sleep=r.sleep_while_training, gathered=(full + qkv) * b + BUCKET_BYTES)
     kv = int(r.kv_cache_gb * GiB) if r.kv_cache_gb is not None else max(budget - partial.rollout, 0)
-    if not r.sleep_while_training and r.kv_cache_gb is None:  # the engine's memory is held while training too
-        kv = max(min(kv, budget - partial.training), 0)
+    if not r.sleep_while_training and r.kv_cache_gb is None:  # the KV cache is held while training and syncing
+        kv = max(min(kv, budget - partial.training, budget - partial.sync), 0)
     return MemoryPlan(**{**partial.__dict__, "kv_cache": kv})
 
 
@@ -151,6 +164,10 @@ def check(p: MemoryPlan, cfg: Config) -> None:
             "parallel.microbatch_tokens or rollout.max_context, raise parallel.tp or parallel.pp, set "
             "parallel.activation_recompute=true, parallel.sequence_parallel=true, reference.offload=true "
             "or rollout.sleep_while_training=true")
+    if p.sync > p.budget:
+        raise ValueError(f"memory plan: the weight sync needs {p.sync / GiB:.1f} GiB per GPU (the gathered full "
+                         f"weights beside the training state and the engine), {over}; raise parallel.tp or "
+                         "parallel.pp, or set reference.offload=true or rollout.sleep_while_training=true")
     if p.rollout > p.budget:
         raise ValueError(f"memory plan: the rollout phase needs {p.rollout / GiB:.1f} GiB per GPU, {over}; lower "
                          f"rollout.kv_cache_gb ({r.kv_cache_gb}) or raise parallel.tp")

@@ -29,6 +29,9 @@ def test_8b_recipes_plan_by_hand(recipe, world, dp):
     assert p.budget == int(0.9 * H100)
     assert p.kv_cache == p.budget - (p.weights + p.grads + p.optimizer + RESERVED + p.engine)
     assert p.rollout == p.budget and p.training < p.budget  # the engine sleeps while training
+    q_k_v = L * H * (32 + 2 * 8) * 128  # the q/k/v rows the Hugging Face mapping copies
+    assert p.gathered == (QWEN3_8B_PARAMS + q_k_v) * 2 + 512 * 1024**2  # full bf16 weights + copies + a bucket
+    assert p.sync == p.weights + p.grads + p.optimizer + RESERVED + p.engine + p.gathered <= p.budget
     assert p.kv_cache // KV_PER_TOKEN >= 8 * T  # room for 8 full-length rollouts at once
     check(p, _cfg(recipe))
 
@@ -42,6 +45,14 @@ def test_the_old_kv_reservation_of_32_full_sequences_is_refused():
         check(p, cfg)
 
 
+def test_a_weight_sync_that_cannot_gather_the_full_weights_is_refused():
+    cfg = _cfg("qwen3_8b_1n8g", "reference.offload=false")  # a bf16 reference on the GPU: 7.6 GiB more
+    p = plan(cfg, V, 8, H100)
+    assert p.reference == p.weights
+    with pytest.raises(ValueError, match="the weight sync needs .* reference.offload=true"):
+        check(p, cfg)
+
+
 def test_without_recompute_the_training_phase_is_refused_naming_the_keys():
     cfg = _cfg("qwen3_8b_1n8g", "parallel.activation_recompute=false")
     p = plan(cfg, V, 8, H100)
@@ -51,9 +62,10 @@ def test_without_recompute_the_training_phase_is_refused_naming_the_keys():
 
 
 def test_an_engine_kept_awake_must_leave_one_sequence_of_kv():
-    cfg = _cfg("qwen3_8b_1n8g", "rollout.sleep_while_training=false", "rollout.gpu_memory_utilization=0.87")
+    cfg = _cfg("qwen3_8b_1n8g", "rollout.sleep_while_training=false")
     p = plan(cfg, V, 8, H100)
     assert p.training == p.resident + p.activations + p.logits + p.engine + p.kv_cache  # all held together
+    assert p.kv_cache == p.budget - (p.resident + p.engine + p.gathered)  # what the weight sync leaves
     with pytest.raises(ValueError, match="less than one sequence of rollout.max_context=16384"):
         check(p, cfg)
 

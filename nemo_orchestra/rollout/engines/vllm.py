@@ -21,8 +21,8 @@ Memory and placement: the KV cache is ``ctx.kv_cache_bytes`` (the memory plan's,
 of ``max_model_len`` tokens. On CUDA each rank's engine is pinned to the rank's own GPU: its
 processes start with ``CUDA_VISIBLE_DEVICES`` naming that one GPU (``engine_visible_devices``),
 and with ``rollout.sleep_while_training`` it is built with vLLM's sleep mode: ``sleep()`` (level 2)
-drops its weights and KV cache while the trainer trains, ``wake_up()`` takes the memory back
-before the next weight sync.
+drops its weights and KV cache while the trainer trains, ``wake_up()`` takes the weights' memory
+back before the next weight sync, and the KV cache returns at the next ``generate``.
 
 Weight sync: ``load_weights`` maps Megatron names to Hugging Face names (the export's mapping),
 checks names and shapes against the exported ones and hands the tensors over without files:
@@ -102,7 +102,7 @@ class VLLMEngine(GenerationEngine):
         self.dtype = DTYPES[model_cfg.params_dtype]
         self.sync_timeout_s = sync_timeout_s
         self.transfer = transfer
-        self.sleep_mode, self.asleep = sleep_mode, False
+        self.sleep_mode, self.asleep, self.kv_asleep = sleep_mode, False, False
         self._failure: str | None = None
         self._warned_top_p = False
         self._shm = None  # the CPU weight-sync segment, made at the first sync
@@ -153,6 +153,7 @@ class VLLMEngine(GenerationEngine):
         self._check_usable()
         if not prompts:
             return []
+        self._wake_kv_cache()
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -274,12 +275,19 @@ class VLLMEngine(GenerationEngine):
         if self.sleep_mode and not self.asleep:
             self._check_usable()
             self.llm.sleep(level=2)
-            self.asleep = True
+            self.asleep = self.kv_asleep = True
 
     def wake_up(self) -> None:
+        """The weights' memory only: the KV cache is taken back at the next generate, once the sync's
+        gathered state is gone (the memory plan's sync and rollout phases)."""
         if self.asleep:
-            self.llm.wake_up()
+            self.llm.wake_up(tags=["weights"])
             self.asleep = False
+
+    def _wake_kv_cache(self) -> None:
+        if self.kv_asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.kv_asleep = False
 
     def _validate(self, hf: dict[str, torch.Tensor]) -> None:
         unknown = sorted(set(hf) - set(self._shapes))
