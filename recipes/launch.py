@@ -27,6 +27,7 @@ import logging
 import os
 import shlex
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -37,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MAIN_JOB = "recipes/grpo_orchestrator.py"
 EXECUTORS = ("local", "slurm", "skypilot")
 log = logging.getLogger("launch")
+warnings.filterwarnings("ignore", message="starlette.middleware.wsgi is deprecated")  # imported by nemo_run
 
 
 @dataclass
