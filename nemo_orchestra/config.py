@@ -93,6 +93,7 @@ class ParallelConfig:
     sequence_parallel: bool = MISSING
     microbatch_tokens: int = MISSING
     backend: str = MISSING  # auto | nccl | gloo
+    activation_recompute: bool = MISSING  # keep each layer's input only; recompute the layer in backward
 
     def validate(self) -> None:
         _check(self.tp >= 1, "parallel.tp", "must be >= 1")
@@ -130,6 +131,9 @@ class RolloutConfig:
     max_staleness: int = MISSING  # K: rollouts run up to K policy versions ahead of training (0: synchronous)
     fill_informative_groups: bool = MISSING  # sample more prompts until the step has prompts_per_step informative groups
     max_extra_prompts: int = MISSING  # at most this many extra prompts a step when filling informative groups
+    gpu_memory_utilization: float = MISSING  # vllm on CUDA: the share of a GPU that training and engine may fill
+    kv_cache_gb: Optional[float] = MISSING  # vllm: the engine's KV cache, GiB; null: from the memory plan
+    sleep_while_training: bool = MISSING  # vllm on CUDA: weights and KV cache released while training
 
     def validate(self) -> None:
         _check(self.engine in ROLLOUT_ENGINES, "rollout.engine", f"must be one of {sorted(ROLLOUT_ENGINES)}")
@@ -142,6 +146,8 @@ class RolloutConfig:
         _check(self.batch_window_s >= 0, "rollout.batch_window_s", "must be >= 0")
         _check(self.max_staleness >= 0, "rollout.max_staleness", "must be >= 0 (0: synchronous rollouts)")
         _check(self.max_extra_prompts >= 0, "rollout.max_extra_prompts", "must be >= 0")
+        _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")
+        _check(self.kv_cache_gb is None or self.kv_cache_gb > 0, "rollout.kv_cache_gb", "must be > 0 or null")
 
 
 @dataclass

@@ -55,6 +55,14 @@ if [ "${ROLLOUT_ENGINE:-vllm}" = vllm ]; then
   done
   "$PY" -c "import vllm; print(f'setup: vllm {vllm.__version__}')"
 fi
+# NeMo-Run for recipes/launch.py (the `launch` extra). nemo-run 0.11.1 imports leptonai.api.v1, which
+# leptonai 0.47 removed; 0.27.3 has it, installed without its pins (cloudpickle, httpx, starlette), which
+# would downgrade vLLM's: NeMo-Run imports only its types. Once it imports, a re-run leaves it alone.
+if ! "$PY" -c "import nemo_run" >/dev/null 2>&1; then
+  "$PY" -m pip install --quiet -e ".[$EXTRAS,launch]"
+  "$PY" -m pip install --quiet --no-deps "leptonai==0.27.3"
+  "$PY" -c "import nemo_run" >/dev/null 2>&1 || { echo "setup: nemo_run does not import" >&2; exit 1; }
+fi
 "$PY" - <<'PYEOF'
 import torch, megatron.core, transformers
 from transformers import Qwen3ForCausalLM  # fails when a broken torchvision is installed

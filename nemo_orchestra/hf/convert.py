@@ -88,8 +88,10 @@ def find_tokenizer(ckpt_dir: str, explicit: str | None) -> str | None:
 
 
 def export_checkpoint(ckpt_dir: str, out_dir: str, parallel: ParallelConfig, device: torch.device,
-                      tokenizer_dir: str | None = None, dtype: str | None = None) -> str:
-    """Write a HF folder from a checkpoint saved under any layout. Collective; rank 0 writes."""
+                      tokenizer_dir: str | None = None, dtype: str | None = None, fmt: str = "hf",
+                      tp_out: int = 1) -> str:
+    """Write a HF folder (``fmt="hf"``) or a TensorRT-LLM checkpoint sharded ``tp_out`` ways
+    (``fmt="trtllm"``) from a checkpoint saved under any layout. Collective; rank 0 writes."""
     from transformers import AutoTokenizer
 
     from nemo_orchestra.hf.export import export_hf
@@ -104,10 +106,22 @@ def export_checkpoint(ckpt_dir: str, out_dir: str, parallel: ParallelConfig, dev
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     model = ModelConfig(**{k: v for k, v in meta["model"].items() if k in fields})
     model = dataclasses.replace(model, init_from=None, fp8=None)
+    if fmt == "trtllm":
+        from nemo_orchestra.hf.trtllm import check_tp
+
+        check_tp(model, tp_out)  # before the weights are read
     gpt = build_gpt_model(model, parallel, meta["vocab_size"], device, initialize=False)
     dist_ckpt.load_model(gpt, ckpt_dir)
     weights = gather_full_state(gpt)
-    if _rank() == 0:
+    if _rank() == 0 and fmt == "trtllm":
+        from nemo_orchestra.hf.trtllm import export_trtllm
+
+        tmp = out_dir.rstrip("/") + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        export_trtllm(weights, model, meta["vocab_size"], tmp, tp_out, TORCH_DTYPES[dtype or model.params_dtype])
+        shutil.rmtree(out_dir, ignore_errors=True)
+        os.replace(tmp, out_dir)
+    elif _rank() == 0:
         tok_dir = find_tokenizer(ckpt_dir, tokenizer_dir)
         tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True) if tok_dir else None
         if tokenizer is None:

@@ -71,6 +71,8 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, initialize:
         persist_layer_norm=False,
         calculate_per_token_loss=True,  # DDP sums gradients; the loss divides by the global token count
         cuda_graph_scope=[],  # Megatron's default "full" means this and warns that it is deprecated
+        **(dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+           if parallel.activation_recompute else {}),
         **fp8,
     )
 

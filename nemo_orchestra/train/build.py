@@ -15,6 +15,7 @@ from nemo_orchestra.megatron.parallel import DistInfo, once_per_node
 from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, ChatFormat
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer, load_tokenizer
 from nemo_orchestra.rollout.engines import EngineContext, capabilities, check_engine, start_engine
+from nemo_orchestra.train.memory_plan import memory_check
 from nemo_orchestra.train.metrics import MetricLogger
 from nemo_orchestra.train.policy import build_policy
 from nemo_orchestra.train.trainer import Trainer
@@ -25,6 +26,9 @@ log = logging.getLogger(__name__)
 
 def load_tasks(cfg: Config):
     if cfg.data.train_path:
+        if not os.path.isfile(cfg.data.train_path):
+            raise FileNotFoundError(f"data.train_path: no task file at {cfg.data.train_path} (docs/data.md; "
+                                    "recipes/synthesize_data.py writes one)")
         return load_jsonl(cfg.data.train_path)
     return generate_tasks(cfg.data.num_train_tasks, cfg.run.seed)
 
@@ -111,12 +115,13 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
         tokenizer.save_pretrained(os.path.join(cfg.run.output_dir, "tokenizer"))
     chat = ChatFormat(tokenizer)
     vocab = cfg.model.vocab_size or padded_vocab_size(len(tokenizer), cfg.parallel.tp)
+    kv_cache_bytes = memory_check(cfg, vocab, info.dp * info.tp * info.pp, info.device)  # before any GPU memory
 
     policy = build_policy(cfg, vocab, info.device)
     check_engine(cfg.rollout.engine)  # a missing vLLM stops the run now, not after the warm start
 
     ctx = EngineContext(cfg.model, vocab, tokenizer, info.device, rollout=cfg.rollout, seed=cfg.run.seed,
-                        model=policy.module)
+                        model=policy.module, kv_cache_bytes=kv_cache_bytes)
 
     def engine_factory(state):  # the engine starts at the first weight sync (Trainer.sync_weights)
         return start_engine(cfg.rollout.engine, ctx, state)

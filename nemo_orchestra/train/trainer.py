@@ -216,12 +216,21 @@ class Trainer:
             self.weights.load(self.engine, state, version)
         return time.perf_counter() - t0
 
+    def engine_memory(self, action: str) -> float:
+        """``engine.sleep()`` or ``engine.wake_up()`` (vLLM's sleep mode on CUDA); its seconds. Not while
+        rollouts run ahead of training: the engine is generating the next steps' turns meanwhile."""
+        t0 = time.perf_counter()
+        if self.engine is not None and self.rollouts is None:
+            {"sleep": self.engine.sleep, "wake_up": self.engine.wake_up}[action]()
+        return time.perf_counter() - t0
+
     def grpo_step(self) -> dict:
         t0 = time.perf_counter()
         tasks = self.batch_tasks(self.step)
         # one rollout per model replica: its tensor/pipeline ranks must train on the same data
         trajs, stats, waited = broadcast_in_model_parallel_group(self.on_rollout_rank(self.take_rollouts))
         t_rollout = time.perf_counter() - t0
+        t_sleep = self.engine_memory("sleep")  # the engine's GPU memory is the trainer's until the sync
         assign_rewards(trajs, self.cfg.reward)
         self.write_samples(trajs)
         fresh, stale_metrics = self.drop_stale(trajs)
@@ -242,6 +251,7 @@ class Trainer:
         t_train = time.perf_counter() - t1
         metrics.update(self.train_perf(batches, t_train))
         metrics["data/task_ids"] = [i for ids in data_parallel_gather([t.id for t in tasks]) for i in ids]
+        t_wake = self.engine_memory("wake_up")
         t_sync = self.sync_weights(self.step + 1)
         step_s = time.perf_counter() - t0
         tokens = sum(len(t.token_ids) for t in trajs)
@@ -251,6 +261,7 @@ class Trainer:
                         "rollout/generate_calls": stats["generate_calls"],
                         "rollout/prompts_drawn": stats["prompts_drawn"], "time/rollouts_wall_s": stats["wall_s"],
                         "time/rollout_wait_s": waited, "perf/rollout_wait_share": waited / step_s})
+        metrics.update({"time/engine_sleep_s": t_sleep, "time/engine_wake_s": t_wake})
         metrics.update({"time/rollout_s": t_rollout, "time/train_s": t_train, "time/weight_sync_s": t_sync,
                         "time/step_s": step_s, "perf/tokens_per_s": tokens / step_s,
                         "perf/generated_tokens": sum(t.num_generated for t in trajs)})

@@ -29,6 +29,7 @@ def test_recipe_with_the_vllm_engine(tmp_path):
     for row in rows:
         assert row["perf/generated_tokens"] > 0
         assert 0 < row["time/weight_sync_s"] < 10
+        assert row["time/engine_sleep_s"] >= 0 and row["time/engine_wake_s"] >= 0  # sleep mode: CUDA only
         if "rollout/logprob_mismatch" in row:  # a step that trained: vLLM's fp32 logprobs equal the trainer's
             assert row["rollout/logprob_mismatch"] < 1e-3
     assert (tmp_path / "hf" / "model.safetensors").is_file()

