@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Optional
 
 from nemo_orchestra.config import ConfigError, load_recipe_config
+from nemo_orchestra.config_help import recipe_help, wants_help
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN_JOB = "recipes/grpo_orchestrator.py"
@@ -143,6 +144,9 @@ def print_sbatch(job_dir: str, name: str) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if wants_help(argv):
+        print(recipe_help(__doc__, LaunchArgs, main=True, argv=argv), end="")
+        return 0
     own = {f for f in LaunchArgs.__dataclass_fields__}
     job_argv = [a for a in argv if a.split("=", 1)[0].split(".")[0] not in own]
     try:

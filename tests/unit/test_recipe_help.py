@@ -73,7 +73,7 @@ def test_a_recipes_own_keys_come_first():
         sys.path.pop(0)
     text = recipe_help("Export.", ExportArgs, main=True)
     own = [k for k, _ in _leaf_keys(ExportArgs)]
-    assert own == ["checkpoint", "output", "tokenizer", "dtype"]
+    assert own == ["checkpoint", "output", "tokenizer", "dtype", "format", "tp"]
     positions = [text.index(f"  {k} = ") for k in own] + [text.index("  run.output_dir = ")]
     assert positions == sorted(positions)
     assert _value_of(text, "dtype") == "null"
