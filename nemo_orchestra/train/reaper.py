@@ -34,6 +34,8 @@ import uuid
 
 RUN_ENV = "NEMO_ORCHESTRA_RUN"
 TMP_ENV = "NEMO_ORCHESTRA_RUN_TMP"
+PREFIX = "nor-"  # short: multiprocessing puts socket paths (at most 107 bytes) inside it
+MAX_BASE = 40
 GRACE_S = 3.0  # between SIGTERM and SIGKILL: a tool service removes its folders, vLLM its shared memory
 
 
@@ -47,8 +49,8 @@ def contain() -> None:
     if not sys.platform.startswith("linux") or not os.path.isdir("/proc"):
         return
     if not contained():
-        token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        tmp = tempfile.mkdtemp(prefix=f"nemo-orchestra-run-{token}-")
+        token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp = run_tmpdir(token)
         env = dict(os.environ)
         # compile caches keep their usual place: a run's temporary folder is removed when it ends
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}"))
@@ -60,6 +62,15 @@ def contain() -> None:
     subprocess.Popen([sys.executable, "-m", "nemo_orchestra.train.reaper", str(os.getpid()),
                       os.environ[RUN_ENV], os.environ[TMP_ENV]], env=env, stdin=subprocess.DEVNULL,
                      stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+
+
+def run_tmpdir(token: str) -> str:
+    """The run's temporary folder: under the usual one, or /tmp when that path is so long that
+    multiprocessing's socket paths inside it would pass the 107-byte AF_UNIX limit."""
+    base = tempfile.gettempdir()
+    if len(base) > MAX_BASE and os.access("/tmp", os.W_OK):
+        base = "/tmp"
+    return tempfile.mkdtemp(prefix=f"{PREFIX}{token}-", dir=base)
 
 
 def _user() -> str:
@@ -141,7 +152,7 @@ def sweep(token: str, tmp: str | None, grace_s: float = GRACE_S) -> list[int]:
             break
         _signal_all(left, signal.SIGKILL)
         time.sleep(0.05)
-    if tmp and os.path.basename(tmp).startswith(f"nemo-orchestra-run-{token}"):
+    if tmp and os.path.basename(tmp).startswith(f"{PREFIX}{token}-"):
         shutil.rmtree(tmp, ignore_errors=True)
     return first
 

@@ -37,6 +37,7 @@ from nemo_orchestra.train.checkpoint import (
     load_checkpoint,
     rng_state,
     save_checkpoint,
+    set_rng_state,
 )
 from nemo_orchestra.train.flops import forward_flops, perf_metrics, sequence_lengths
 from nemo_orchestra.train.metrics import MetricLogger
@@ -243,7 +244,9 @@ class Trainer:
             return False
         state = load_checkpoint(folder, self.policy, self.rank)
         self.step = state["step"]
-        self.sync_weights()
+        rng = rng_state()
+        self.sync_weights()  # may start the engine, whose construction draws random numbers
+        set_rng_state(rng)  # the checkpoint's: the next step samples as the uninterrupted run's did
         log.info("resumed from %s at step %d", folder, self.step)
         return True
 
