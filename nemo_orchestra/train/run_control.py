@@ -226,7 +226,7 @@ class SaveSchedule:
     every_s: float  # checkpoint.save_every_s (0: none by time)
     max_steps: int
     last_saved: int = 0
-    saved_at: float = field(default_factory=time.monotonic)
+    saved_at: float = field(default_factory=lambda: time.monotonic())
 
     def by_step(self, step: int) -> bool:
         return bool(self.every and step % self.every == 0) or step == self.max_steps
