@@ -41,8 +41,8 @@ JOB = textwrap.dedent("""
         folder = tempfile.mkdtemp(prefix="tools_env-")
         open(os.path.join(folder, "x"), "w").write("x")
         time.sleep(2)
-        print("ready", os.environ["NEMO_ORCHESTRA_RUN"], shm.name, flush=True)
         try:
+            print("ready", os.environ["NEMO_ORCHESTRA_RUN"], shm.name, flush=True)
             time.sleep(600)
         except KeyboardInterrupt:
             os._exit(0)  # exits at once, its children still running
