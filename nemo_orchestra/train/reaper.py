@@ -12,7 +12,9 @@ armed it. So the main job marks itself instead, before anything starts:
 2. It starts this module as a watcher in a session of its own (Ctrl-C in the terminal does not
    reach it; it is not marked). The watcher waits for the job's pid to end (a pidfd: it learns
    at once, whatever the cause), then sends SIGTERM to every process carrying the job's marker,
-   SIGKILL to those still there after ``GRACE_S``, removes the run's temporary folder, and exits.
+   SIGKILL to those still there after ``GRACE_S`` (resource trackers last: they unlink the shared
+   memory the others left), removes the run's temporary folders (``TMPDIR`` and one in /dev/shm,
+   ``NEMO_ORCHESTRA_RUN_SHM``, for the vLLM engine's weight files), and exits.
 
 This needs no cooperation from the children and no privilege; it covers every process of the
 user that kept the job's environment (a child that clears its environment, such as the tool
@@ -34,9 +36,10 @@ import uuid
 
 RUN_ENV = "NEMO_ORCHESTRA_RUN"
 TMP_ENV = "NEMO_ORCHESTRA_RUN_TMP"
+SHM_ENV = "NEMO_ORCHESTRA_RUN_SHM"
 PREFIX = "nor-"  # short: multiprocessing puts socket paths (at most 107 bytes) inside it
 MAX_BASE = 40
-GRACE_S = 3.0  # between SIGTERM and SIGKILL: a tool service removes its folders, vLLM its shared memory
+GRACE_S = 2.0  # between SIGTERM and SIGKILL: a tool service removes its folders, vLLM its shared memory
 
 
 def contained() -> bool:
@@ -51,16 +54,18 @@ def contain() -> None:
     if not contained():
         token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp = run_tmpdir(token)
+        shm = run_shmdir(token)
         env = dict(os.environ)
         # compile caches keep their usual place: a run's temporary folder is removed when it ends
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}"))
-        env.update({RUN_ENV: token, TMP_ENV: tmp, "TMPDIR": tmp})
+        env.update({RUN_ENV: token, TMP_ENV: tmp, "TMPDIR": tmp} | ({SHM_ENV: shm} if shm else {}))
         sys.stdout.flush()
         sys.stderr.flush()
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
     env = {k: v for k, v in os.environ.items() if k not in (RUN_ENV, "TMPDIR")}
+    folders = [os.environ[k] for k in (TMP_ENV, SHM_ENV) if os.environ.get(k)]
     subprocess.Popen([sys.executable, "-m", "nemo_orchestra.train.reaper", str(os.getpid()),
-                      os.environ[RUN_ENV], os.environ[TMP_ENV]], env=env, stdin=subprocess.DEVNULL,
+                      os.environ[RUN_ENV], *folders], env=env, stdin=subprocess.DEVNULL,
                      stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True)
 
 
@@ -71,6 +76,14 @@ def run_tmpdir(token: str) -> str:
     if len(base) > MAX_BASE and os.access("/tmp", os.W_OK):
         base = "/tmp"
     return tempfile.mkdtemp(prefix=f"{PREFIX}{token}-", dir=base)
+
+
+def run_shmdir(token: str) -> str | None:
+    """The run's folder in /dev/shm (``NEMO_ORCHESTRA_RUN_SHM``: the vLLM engine's weight-sync
+    files), removed with the run; None without a writable /dev/shm."""
+    if not os.access("/dev/shm", os.W_OK):
+        return None
+    return tempfile.mkdtemp(prefix=f"{PREFIX}{token}-", dir="/dev/shm")
 
 
 def _user() -> str:
@@ -137,32 +150,49 @@ def _signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
-def sweep(token: str, tmp: str | None, grace_s: float = GRACE_S) -> list[int]:
-    """End every process marked ``token`` (SIGTERM, then SIGKILL after ``grace_s``) and remove
-    ``tmp``; returns the pids that had to be signalled."""
+def sweep(token: str, folders: list[str], grace_s: float = GRACE_S) -> list[int]:
+    """End every process marked ``token`` and remove the run's ``folders``; returns the pids signalled.
+
+    SIGTERM first; SIGKILL to those left after ``grace_s``. multiprocessing's resource trackers go
+    last: a tracker ends by itself once every process using it has, unlinking the shared memory
+    and semaphores they left; only one still there ``grace_s`` later is killed."""
     me = os.getpid()
     first = marked(token, exclude=me)
-    _signal_all(first, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(p) for p in marked(token, exclude=me)):
-        time.sleep(0.1)
-    for _ in range(20):  # SIGKILL until none is left (a child started meanwhile included)
-        left = [p for p in marked(token, exclude=me) if _alive(p)]
-        if not left:
-            break
-        _signal_all(left, signal.SIGKILL)
-        time.sleep(0.05)
-    if tmp and os.path.basename(tmp).startswith(f"{PREFIX}{token}-"):
-        shutil.rmtree(tmp, ignore_errors=True)
+    _signal_all([p for p in first if not _is_tracker(p)], signal.SIGTERM)
+    for trackers_too in (False, True):
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and _left(token, trackers_too):
+            time.sleep(0.05)
+        for _ in range(20):  # SIGKILL until none is left (a child started meanwhile included)
+            left = _left(token, trackers_too)
+            if not left:
+                break
+            _signal_all(left, signal.SIGKILL)
+            time.sleep(0.05)
+    for folder in folders:
+        if os.path.basename(folder).startswith(f"{PREFIX}{token}"):
+            shutil.rmtree(folder, ignore_errors=True)
     return first
 
 
+def _left(token: str, trackers_too: bool) -> list[int]:
+    return [p for p in marked(token, exclude=os.getpid()) if _alive(p) and (trackers_too or not _is_tracker(p))]
+
+
+def _is_tracker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"multiprocessing.resource_tracker" in f.read()
+    except OSError:
+        return False
+
+
 def main(argv: list[str]) -> int:
-    pid, token, tmp = int(argv[0]), argv[1], argv[2]
+    pid, token, folders = int(argv[0]), argv[1], argv[2:]
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # ended by the job's end only
     wait_for_exit(pid)
-    sweep(token, tmp)
+    sweep(token, folders)
     return 0
 
 

@@ -79,6 +79,7 @@ def _wait_empty(token: str, base: Path, timeout: float = 10.0):
     while time.monotonic() < deadline:
         left = _marked(token)
         folders = [p.name for p in base.iterdir() if not p.name.startswith("torchinductor_")]
+        folders += [p.name for p in Path("/dev/shm").glob(f"nor-{token}-*")]  # the run's /dev/shm folder
         if not left and not folders:
             return
         time.sleep(0.1)
@@ -92,6 +93,8 @@ def test_every_process_and_folder_of_a_killed_job_is_gone_within_10_s(tmp_path, 
     marked = _marked(token)
     assert len(marked) >= 5, marked  # the job, 2 spawn children, a fork child, the tracker, the service
     (run_tmp,) = list(base.iterdir())
+    if os.access("/dev/shm", os.W_OK):
+        assert len(list(Path("/dev/shm").glob(f"nor-{token}-*"))) == 1
     assert any(p.name.startswith("tools_env-") for p in run_tmp.iterdir())  # the job's temp folders are in it
     t0 = time.monotonic()
     proc.send_signal(sig)

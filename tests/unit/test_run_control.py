@@ -238,3 +238,44 @@ def test_the_recipe_refuses_a_bad_task_file_before_starting_anything(tmp_path):
     assert r.stderr.strip() == f"config error: data.eval_path: {tmp_path / 'eval.jsonl'}:2: not valid JSON " \
                                "(Expecting property name enclosed in double quotes)"
     assert not (tmp_path / "run").exists() and time.monotonic() - t0 < 60
+
+
+# ---- an error inside a GRPO step ----------------------------------------------------------------------------
+
+def _trainer_failing(step: int, touch_weights: bool):
+    import torch
+
+    from nemo_orchestra.train.trainer import Trainer
+
+    module = torch.nn.Linear(2, 2)
+    saved = []
+
+    def grpo_step():
+        torch.rand(3)  # the failed step drew random numbers before failing
+        if touch_weights:
+            with torch.no_grad():
+                module.weight.add_(1.0)
+        raise RuntimeError("tool service gone")
+
+    fake = SimpleNamespace(step=step, policy=SimpleNamespace(module=module), grpo_step=grpo_step,
+                           save=lambda root, rng=None: saved.append((root, fake.step, rng)))
+    return Trainer.guarded_step.__get__(fake), saved
+
+
+def test_an_error_before_the_update_saves_the_last_completed_step_with_its_rng():
+    import torch
+
+    guarded, saved = _trainer_failing(step=5, touch_weights=False)
+    before = torch.get_rng_state()
+    with pytest.raises(RuntimeError, match="tool service gone"):
+        guarded("ckpts", rc.SaveSchedule(every=0, every_s=0, max_steps=10, last_saved=3))
+    assert [(root, step) for root, step, _ in saved] == [("ckpts", 5)]
+    assert torch.equal(saved[0][2]["torch"], before)  # the RNG state of the step's start, not of its failure
+
+
+@pytest.mark.parametrize("touch_weights, last_saved", [(True, 3), (False, 5)])
+def test_no_save_after_the_weights_moved_or_when_already_saved(touch_weights, last_saved):
+    guarded, saved = _trainer_failing(step=5, touch_weights=touch_weights)
+    with pytest.raises(RuntimeError):
+        guarded("ckpts", rc.SaveSchedule(every=0, every_s=0, max_steps=10, last_saved=last_saved))
+    assert saved == []

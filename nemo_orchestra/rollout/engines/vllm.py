@@ -78,8 +78,9 @@ class VLLMEngine(GenerationEngine):
         self._failure: str | None = None
         self._warned_top_p = False
         max_model_len = min(max_model_len or model_cfg.max_position_embeddings, model_cfg.max_position_embeddings)
-        # Weight-sync files go to a private folder, removed at close() or when the engine is collected.
-        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        # Weight-sync files go to a private folder, removed at close() or when the engine is collected
+        # (inside the run's /dev/shm folder, which train/reaper.py removes however the run ends)
+        shm = os.environ.get("NEMO_ORCHESTRA_RUN_SHM") or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
         self._dir = tempfile.mkdtemp(prefix="nemo-orchestra-vllm-", dir=shm)
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, ignore_errors=True)
         # token ids in and out, so no tokenizer in the engine: vLLM's chat-template warm-up then
