@@ -24,12 +24,10 @@ folder in use, 75 stopped by the preempt signal and asking to be requeued, 128+N
 import logging
 import os
 import sys
-import traceback
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 
 from nemo_orchestra.config import ConfigError, load_config
 from nemo_orchestra.train import run_control as rc
-from nemo_orchestra.train.checkpoint import CheckpointError, CheckpointSpaceError
 
 log = logging.getLogger("grpo_orchestrator")
 
@@ -44,25 +42,8 @@ def main(argv: list[str]) -> int:
         return 2
     from nemo_orchestra.train.metrics import setup_logging
 
-    rank = int(os.environ.get("RANK", 0))
-    setup_logging(cfg.run.log_level, rank)
-    try:
-        with rc.RunLock(cfg.run.output_dir) if rank == 0 else nullcontext():
-            return train(cfg, stop)
-    except (rc.RunLocked, CheckpointError, CheckpointSpaceError) as e:
-        log.error("%s", e)
-        return 1 if isinstance(e, CheckpointSpaceError) else 2
-    except rc.StopNow as e:
-        ckpt_root = os.path.join(cfg.run.output_dir, "checkpoints")
-        log.warning("stopped by %s outside a GRPO step; last checkpoint %s; resume with: %s",
-                    rc.signal_name(e.signum), rc.checkpoint_named(ckpt_root), rc.resume_command())
-        return 128 + e.signum
-    except Exception as e:
-        path = os.path.join(cfg.run.output_dir, "traceback.txt")
-        with open(path, "w") as f:
-            traceback.print_exc(file=f)
-        log.error("stopped by an error: %s: %s (traceback in %s)", type(e).__name__, e, path)
-        return 1
+    setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))
+    return rc.guarded(lambda: train(cfg, stop), cfg.run.output_dir)  # the folder lock; one line at the end
 
 
 def train(cfg, stop: rc.StopSignals) -> int:
@@ -95,19 +76,10 @@ def train(cfg, stop: rc.StopSignals) -> int:
             return 128 + e.signum
         stop.in_loop = False
         if stop.signum is not None:
-            return stopped(cfg, stop, trainer.step, ckpt_root)
+            return rc.stopped(stop, trainer.step, ckpt_root, cfg.run.max_restarts)
         finish(cfg, info, trainer, evals, eval_tasks)
     destroy_distributed()
     return 0
-
-
-def stopped(cfg, stop: rc.StopSignals, step: int, ckpt_root: str) -> int:
-    log.warning("%s", rc.stop_line(stop.signum, step, ckpt_root, in_flight=False))
-    if stop.preempted and rc.request_requeue(cfg.run.max_restarts):
-        log.warning("asking to be requeued (restart %d of run.max_restarts=%d)", rc.restart_count() + 1,
-                    cfg.run.max_restarts)
-        return rc.REQUEUE_EXIT
-    return 128 + stop.signum
 
 
 def finish(cfg, info, trainer, evals: dict, eval_tasks: list) -> None:

@@ -355,3 +355,40 @@ def stop_line(signum: int, step: int, ckpt_root: str, in_flight: bool) -> str:
     where = f"during step {step + 1} (dropped)" if in_flight else f"after step {step}"
     return (f"stopped by {signal_name(signum)} {where}: checkpoint {checkpoint_named(ckpt_root)}; "
             f"resume with: {resume_command()}")
+
+
+def stopped(stop: StopSignals, step: int, ckpt_root: str, max_restarts: int) -> int:
+    """The line and exit code of a run stopped after a step (its checkpoint written)."""
+    log.warning("%s", stop_line(stop.signum, step, ckpt_root, in_flight=False))
+    if stop.preempted and request_requeue(max_restarts):
+        log.warning("asking to be requeued (restart %d of run.max_restarts=%d)", restart_count() + 1, max_restarts)
+        return REQUEUE_EXIT
+    return 128 + stop.signum
+
+
+def guarded(run, output_dir: str) -> int:
+    """``run()`` holding the folder lock (on rank 0); however it ends, one line and an exit code:
+    1 a full disk or an error (its traceback in ``output_dir/traceback.txt``), 2 the folder in use
+    or no intact checkpoint, 128+N a signal outside a GRPO step."""
+    import traceback
+    from contextlib import nullcontext
+
+    from nemo_orchestra.train.checkpoint import CheckpointError, CheckpointSpaceError
+
+    try:
+        with RunLock(output_dir) if int(os.environ.get("RANK", 0)) == 0 else nullcontext():
+            return run()
+    except (RunLocked, CheckpointError, CheckpointSpaceError) as e:
+        log.error("%s", e)
+        return 1 if isinstance(e, CheckpointSpaceError) else 2
+    except StopNow as e:
+        log.warning("stopped by %s outside a GRPO step; last checkpoint %s; resume with: %s",
+                    signal_name(e.signum), checkpoint_named(os.path.join(output_dir, "checkpoints")),
+                    resume_command())
+        return 128 + e.signum
+    except Exception as e:
+        path = os.path.join(output_dir, "traceback.txt")
+        with open(path, "w") as f:
+            traceback.print_exc(file=f)
+        log.error("stopped by an error: %s: %s (traceback in %s)", type(e).__name__, e, path)
+        return 1
