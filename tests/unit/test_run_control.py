@@ -279,3 +279,21 @@ def test_no_save_after_the_weights_moved_or_when_already_saved(touch_weights, la
     with pytest.raises(RuntimeError):
         guarded("ckpts", rc.SaveSchedule(every=0, every_s=0, max_steps=10, last_saved=last_saved))
     assert saved == []
+
+
+def _agree_rank(rank: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:  # rank 1 got the signal, rank 0's clock says a save is due: both stop and both save
+        flags = rc.agree([rank == 1, rank == 0])
+        Path(out, f"rank{rank}").write_text(json.dumps(flags))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_agree_on_stopping_and_saving(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_agree_rank, args=(f"file://{tmp_path / 'store'}", str(tmp_path)), nprocs=2)
+    assert [json.loads((tmp_path / f"rank{r}").read_text()) for r in (0, 1)] == [[True, True], [True, True]]
