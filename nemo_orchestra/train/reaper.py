@@ -53,8 +53,11 @@ def contain() -> None:
         return
     if not contained():
         token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp = run_tmpdir(token)
-        shm = run_shmdir(token)
+        try:
+            tmp, shm = run_tmpdir(token), run_shmdir(token)
+        except OSError as e:  # no writable temporary folder: run uncontained rather than not at all
+            print(f"warning: processes of this run may outlive it: no run folder ({e})", file=sys.stderr)
+            return
         env = dict(os.environ)
         # compile caches keep their usual place: a run's temporary folder is removed when it ends
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}"))
