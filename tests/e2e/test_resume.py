@@ -38,10 +38,21 @@ def _cmd(out):
 
 def _short_tmp(tmp_path: Path) -> Path:
     """A TMPDIR for the launches: in /tmp, since pytest's folders are too deep for the socket paths
-    multiprocessing makes inside it."""
+    multiprocessing makes inside it; a link in ``tmp_path`` names it for ``_remove_short_tmps``."""
     import tempfile
 
-    return Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))
+    folder = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))
+    (tmp_path / f"tmpdir-{folder.name}").symlink_to(folder)
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def _remove_short_tmps(tmp_path):
+    yield
+    import shutil
+
+    for link in tmp_path.glob("tmpdir-*"):
+        shutil.rmtree(link.resolve(), ignore_errors=True)
 
 
 def _env(tmp: Path):

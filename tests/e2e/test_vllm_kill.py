@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from tests.e2e.test_resume import ROOT, _assert_nothing_left, _children, _env, _short_tmp, _wait_for_step
+from tests.e2e.test_resume import (  # noqa: F401 (the fixture removes the launches' TMPDIR)
+    ROOT, _assert_nothing_left, _children, _env, _remove_short_tmps, _short_tmp, _wait_for_step)
 
 ARGS = ["rollout.engine=vllm", "trainer.max_steps=3", "checkpoint.save_every=1", "sft.steps=1", "sft.num_episodes=8",
         "data.num_train_tasks=32", "data.prompts_per_step=2", "rollout.group_size=2", "rollout.max_turns=1",
