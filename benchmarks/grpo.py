@@ -11,8 +11,15 @@ steps, then ``--steps`` measured ones, and reports per step:
 - ``training_s``: forward, backward and the optimizer step (the policy's old logprobs come from
   this forward: one optimizer step per batch of rollouts)
 - ``weight_sync_s``: pushing the new weights into the generation engine
+- ``rollout_wait_s``: the trainer's wait for the step's rollouts; with ``rollout.max_staleness=K``
+  they run while earlier steps train, so generation and environment time overlap training and
+  only this wait is on the step's critical path (``rollout_wait_share`` of the step)
 - ``tokens_per_s``: every token of the step's trajectories (prompts, generated turns,
   observations) over the step's wall time; ``generated_tokens_per_s`` over generation time.
+- ``mfu``: model FLOPs of the logprob and training passes over their own time, and ``step_mfu``
+  the same FLOPs over the whole step, against the machine's peak: on a CPU the matmul peak
+  measured in the same run (a 2048 x 2048 matmul in the run's precision), on a GPU the device's
+  dense bf16 peak (``perf.peak_tflops`` overrides both).
 
 The warm start is off unless asked for (``sft.steps=N``): an untrained policy writes whole
 turns until ``rollout.max_new_tokens_per_turn``, the longest generation the config allows.
@@ -32,9 +39,11 @@ import time
 from contextlib import ExitStack
 from typing import Any
 
-PHASES = (("generation_s", "time/generate_s"), ("environment_s", None), ("reference_logprobs_s", "time/ref_logprobs_s"),
-          ("training_s", "time/update_s"),
-          ("weight_sync_s", "time/weight_sync_s"))
+# on the trainer's critical path; generation and environment are the rollouts' own (they overlap
+# training when rollouts run ahead)
+PHASES = (("rollout_wait_s", "time/rollout_wait_s"), ("reference_logprobs_s", "time/ref_logprobs_s"),
+          ("training_s", "time/update_s"), ("weight_sync_s", "time/weight_sync_s"))
+ROLLOUT_PHASES = (("generation_s", "time/generate_s"), ("environment_s", None))
 BENCH_DEFAULTS = ("sft.steps=0", "evaluation.enabled=false", "export.enabled=false", "checkpoint.save_every=0",
                   "advantage.min_group_std=-1.0")
 
@@ -50,12 +59,15 @@ def summarize(steps: list[dict]) -> dict[str, float]:
     """Mean per-step figures from the trainer's metrics of the measured steps."""
     mean = statistics.fmean
     out: dict[str, float] = {}
-    for name, key in PHASES:
+    for name, key in PHASES + ROLLOUT_PHASES:
         if key is not None:
             out[name] = mean(m.get(key, 0.0) for m in steps)
-    out["environment_s"] = mean(m["time/rollout_s"] - m.get("time/generate_s", 0.0) for m in steps)
+    # the rollouts' own wall time (generation, and waiting on tools) minus generation
+    out["environment_s"] = mean(m.get("time/rollouts_wall_s", m["time/rollout_s"]) - m.get("time/generate_s", 0.0)
+                                for m in steps)
     out["step_s"] = mean(m["time/step_s"] for m in steps)
     out["other_s"] = out["step_s"] - sum(out[name] for name, _ in PHASES)
+    out["rollout_wait_share"] = out["rollout_wait_s"] / out["step_s"]
     out["tokens_per_step"] = mean(m["perf/tokens_per_s"] * m["time/step_s"] for m in steps)
     out["generated_tokens_per_step"] = mean(m["perf/generated_tokens"] for m in steps)
     out["tokens_per_s"] = out["tokens_per_step"] / out["step_s"]
@@ -65,6 +77,8 @@ def summarize(steps: list[dict]) -> dict[str, float]:
     for key in ("perf/tflops_per_gpu", "perf/mfu", "perf/peak_mem_gb"):
         if all(key in m for m in steps):
             out[key.split("/", 1)[1]] = mean(m[key] for m in steps)
+    if all("perf/mfu" in m for m in steps):  # the train stage's FLOPs over the whole step
+        out["step_mfu"] = mean(m["perf/mfu"] * m["time/train_s"] / m["time/step_s"] for m in steps)
     return out
 
 
@@ -74,10 +88,16 @@ def table(summary: dict[str, float]) -> str:
     for name in [p for p, _ in PHASES] + ["other_s"]:
         rows.append(f"{name.removesuffix('_s'):<22}{summary[name]:>10.3f}{summary[name] / step:>9.1%}")
     rows.append(f"{'step':<22}{step:>10.3f}")
+    rows.append("rollouts (" + ", ".join(f"{name.removesuffix('_s')} {summary[name]:.3f} s" for name, _ in ROLLOUT_PHASES)
+                + "): overlap training when rollout.max_staleness > 0")
     rows.append(f"tokens/s {summary['tokens_per_s']:.0f} ({summary['tokens_per_step']:.0f} tokens/step); "
                 f"generated tokens/s {summary['generated_tokens_per_s']:.0f} "
                 f"({summary['generated_tokens_per_step']:.0f}/step in {summary['generate_calls_per_step']:.1f} "
                 "engine calls)")
+    if "mfu" in summary:
+        rows.append(f"MFU {summary['mfu']:.1%} in the logprob and training passes, {summary['step_mfu']:.1%} over "
+                    f"the step ({summary['tflops_per_gpu'] * 1e3:.1f} GFLOP/s of a {summary['peak_tflops'] * 1e3:.0f} "
+                    "GFLOP/s peak)")
     return "\n".join(rows)
 
 
@@ -97,13 +117,15 @@ def main(args: Any) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
 
+    from nemo_orchestra.train.console import setup_logging
+
+    setup_logging("WARNING", int(os.environ.get("RANK", 0)))  # before Megatron-Core and vLLM are imported
     import torch
 
+    if cfg.perf.peak_tflops is None and not torch.cuda.is_available():
+        cfg.perf.peak_tflops = matmul_peak_tflops(cfg.model.params_dtype)
     from nemo_orchestra.megatron.parallel import destroy_distributed, init_distributed
     from nemo_orchestra.train.build import build_trainer
-    from nemo_orchestra.train.metrics import setup_logging
-
-    setup_logging("WARNING", int(os.environ.get("RANK", 0)))
     info = init_distributed(cfg.parallel, cfg.run.seed)
     measured: list[dict] = []
     with ExitStack() as stack:
@@ -125,9 +147,13 @@ def main(args: Any) -> int:
     if not info.is_main:
         return 0
     summary = summarize(measured)
+    from nemo_orchestra.train.flops import peak_tflops
+
+    summary["peak_tflops"] = peak_tflops(cfg.perf.peak_tflops) or float("nan")
     report = {
         "benchmark": "grpo",
         "config": {"model": cfg.model.name, "engine": cfg.rollout.engine, "parallel": vars(cfg.parallel),
+                   "params_dtype": cfg.model.params_dtype, "max_staleness": cfg.rollout.max_staleness,
                    "prompts_per_step": cfg.data.prompts_per_step, "group_size": cfg.rollout.group_size,
                    "max_turns": cfg.rollout.max_turns, "max_new_tokens_per_turn": cfg.rollout.max_new_tokens_per_turn,
                    "sft_steps": cfg.sft.steps, "overrides": list(args.overrides)},
@@ -144,3 +170,18 @@ def main(args: Any) -> int:
     print(table(summary))
     print(f"wrote {out}")
     return 0
+
+
+def matmul_peak_tflops(params_dtype: str, n: int = 2048, seconds: float = 2.0) -> float:
+    """This machine's matmul throughput in the run's precision: the best of repeated n x n products."""
+    import torch
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[params_dtype]
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b  # warm-up
+    best, t_end = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e12

@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("model", "parallel", "reward", "tools")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "te")
+PARAMS_DTYPES = ("fp32", "bf16", "fp16")  # megatron.model.DTYPES maps each to its torch dtype (asserted there)
 ROLLOUT_ENGINES = ("vllm", "hf", "megatron")  # rollout.engines.ENGINES implements each (a test checks)
 T = TypeVar("T")
 
@@ -39,12 +40,14 @@ def _check(cond: bool, key: str, msg: str) -> None:
 class RunConfig:
     output_dir: str = MISSING
     seed: int = MISSING
-    log_level: str = MISSING
+    log_level: str = MISSING  # DEBUG shows every third-party notice the console otherwise filters
     resume: bool = MISSING  # false: start afresh, removing the folder's checkpoints and records
     max_restarts: int = MISSING  # requeues after the preempt signal (Slurm, scripts/requeue_local.py)
     preempt_signal: Optional[str] = MISSING  # checkpoint, stop and ask to be requeued; null: none
 
     def validate(self) -> None:
+        _check(self.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"), "run.log_level",
+               "must be DEBUG, INFO, WARNING or ERROR")
         _check(self.max_restarts >= 0, "run.max_restarts", "must be >= 0")
         _check(self.preempt_signal is None or self.preempt_signal.upper().removeprefix("SIG")
                in ("USR1", "USR2", "HUP", "URG"), "run.preempt_signal", "must be null, USR1, USR2, HUP or URG")
@@ -81,7 +84,7 @@ class ModelConfig:
                "must divide model.num_attention_heads")
         _check(self.attention_backend in ATTENTION_BACKENDS, "model.attention_backend",
                f"must be one of {ATTENTION_BACKENDS}")
-        _check(self.params_dtype in ("fp32", "bf16", "fp16"), "model.params_dtype", "must be fp32, bf16 or fp16")
+        _check(self.params_dtype in PARAMS_DTYPES, "model.params_dtype", "must be fp32, bf16 or fp16")
         _check(self.fp8 in (None, "hybrid", "e4m3"), "model.fp8", "must be null, hybrid or e4m3")
         _check(self.fp8_recipe in ("delayed", "tensorwise"), "model.fp8_recipe", "must be delayed or tensorwise")
         _check(self.fp8 is None or self.params_dtype == "bf16", "model.fp8",
@@ -130,6 +133,9 @@ class RolloutConfig:
     orchestrator_price_out: float = MISSING
     sync_timeout_s: float = MISSING  # a weight sync into the engine that takes longer raises (vllm engine)
     batch_window_s: float = MISSING  # once a tool call returns, wait this long for others before generating
+    max_staleness: int = MISSING  # K: rollouts run up to K policy versions ahead of training (0: synchronous)
+    fill_informative_groups: bool = MISSING  # sample more prompts until the step has prompts_per_step informative groups
+    max_extra_prompts: int = MISSING  # at most this many extra prompts a step when filling informative groups
 
     def validate(self) -> None:
         _check(self.engine in ROLLOUT_ENGINES, "rollout.engine", f"must be one of {sorted(ROLLOUT_ENGINES)}")
@@ -140,6 +146,8 @@ class RolloutConfig:
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
         _check(self.sync_timeout_s > 0, "rollout.sync_timeout_s", "must be > 0")
         _check(self.batch_window_s >= 0, "rollout.batch_window_s", "must be >= 0")
+        _check(self.max_staleness >= 0, "rollout.max_staleness", "must be >= 0 (0: synchronous rollouts)")
+        _check(self.max_extra_prompts >= 0, "rollout.max_extra_prompts", "must be >= 0")
 
 
 @dataclass
@@ -255,6 +263,20 @@ class CheckpointConfig:
 
 
 @dataclass
+class LoggerConfig:
+    """Where the step metrics go besides metrics.jsonl (nemo_orchestra.train.metrics)."""
+
+    tensorboard: bool = MISSING  # event files in <run.output_dir>/tensorboard
+    wandb: bool = MISSING  # Weights & Biases (pip install wandb)
+    wandb_project: str = MISSING
+    wandb_run_name: Optional[str] = MISSING  # null: the run folder's name
+    wandb_mode: str = MISSING  # auto: online with an API key (WANDB_API_KEY or wandb login), else offline
+
+    def validate(self) -> None:
+        _check(self.wandb_mode in ("auto", "online", "offline"), "logger.wandb_mode", "must be auto, online or offline")
+
+
+@dataclass
 class ExportConfig:
     enabled: bool = MISSING
     dir: Optional[str] = MISSING  # null: <run.output_dir>/hf
@@ -299,6 +321,7 @@ class Config:
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
 
@@ -311,6 +334,13 @@ class Config:
         _check(m.num_layers % p.pp == 0, "parallel.pp", f"must divide model.num_layers ({m.num_layers})")
         _check(m.num_query_groups % p.tp == 0 and m.ffn_hidden_size % p.tp == 0, "parallel.tp",
                f"must divide model.num_query_groups ({m.num_query_groups}) and model.ffn_hidden_size")
+        r = self.rollout
+        _check(r.max_staleness == 0 or self.loss.tis_cap is not None, "loss.tis_cap",
+               f"must be set with rollout.max_staleness={r.max_staleness}: rollouts of older policy versions "
+               "are corrected by truncated importance sampling (e.g. loss.tis_cap=2.0)")
+        _check(r.max_staleness == 0 or r.engine != "megatron", "rollout.max_staleness",
+               "needs an engine that holds its own copy of the weights (vllm or hf): the megatron engine "
+               "generates with the weights being trained")
         return self
 
 
@@ -401,9 +431,11 @@ def _structured(cls: type[T], tree, dotlist: List[str], source: str) -> T:
         merged = OmegaConf.merge(schema, tree)
         for item in dotlist:
             key, value = item.split("=", 1)
-            node = OmegaConf.select(merged, key, default="__absent__")
-            if node == "__absent__" and not _is_open_dict_key(merged, key):
-                raise ConfigError(f"{key}: unknown config key{_valid_keys(merged, key)}")
+            node = OmegaConf.select(merged, key, default=_ABSENT)
+            if node is _ABSENT:
+                if not _is_open_dict_key(merged, key):
+                    raise ConfigError(f"{key}: unknown config key{_valid_keys(merged, key)}")
+                node = None  # a new key of a free-form mapping: its value is typed as YAML reads it
             OmegaConf.update(merged, key, _parse_value(value, node), merge=True)
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
@@ -412,6 +444,9 @@ def _structured(cls: type[T], tree, dotlist: List[str], source: str) -> T:
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or ""
         raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
+
+
+_ABSENT = object()
 
 
 def _is_open_dict_key(merged, key: str) -> bool:

@@ -48,6 +48,7 @@ class Trajectory:
     tool_errors: int = 0  # malformed calls, unknown tools, bad arguments
     format_errors: int = 0  # turns without a valid tool call
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation, OpenAI format
+    turn_versions: list[int] = field(default_factory=list)  # the policy version (weight syncs) that wrote each turn
     reward: float = 0.0
     advantage: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)

@@ -2,6 +2,7 @@
 
     python recipes/benchmark.py tools_env [--out FILE] [--workers N] [--seconds S]
     python recipes/benchmark.py grpo [--steps N] [--warmup N] [--out FILE] [key=value ...]
+    python recipes/benchmark.py NAME --help                 # its flags with their defaults (grpo: and keys)
 
 Subcommands live in ``BENCHMARKS`` (name -> (module path, one-line description)); each module
 provides ``add_args(parser)`` (optional) and ``main(args) -> int``, and is imported only when
@@ -23,6 +24,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
              "logprobs, training, weight sync)"),
 }
 
+TAKES_MAIN_CONFIG = ("grpo",)  # its key=value arguments are the main job's config
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -36,10 +39,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown benchmark '{name}'; valid: {valid}", file=sys.stderr)
         return 2
     module = importlib.import_module(BENCHMARKS[name][0])
-    parser = argparse.ArgumentParser(prog=f"benchmark.py {name}", description=BENCHMARKS[name][1])
+    parser = argparse.ArgumentParser(prog=f"benchmark.py {name}", description=BENCHMARKS[name][1],
+                                     formatter_class=HelpFormatter)
     if hasattr(module, "add_args"):
         module.add_args(parser)
+    if name in TAKES_MAIN_CONFIG and any(a in ("-h", "--help") for a in rest):
+        from nemo_orchestra.config_help import main_keys_help
+
+        parser.epilog = main_keys_help([a for a in rest if "=" in a])
     return module.main(parser.parse_args(rest))
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Flags with their defaults (those that have one); the epilog (the main job's keys) as it is written."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default in (None, argparse.SUPPRESS) else super()._get_help_string(action)
 
 
 if __name__ == "__main__":

@@ -24,15 +24,11 @@ prompt training uses. A checkpoint of a run folder is evaluated under that run's
 held-out figures; the other policies under ``max_turns``, ``orchestrator.*`` and ``default_preference``.
 To evaluate an exported orchestrator served by vLLM's OpenAI-compatible server (README, "Serving"),
 give its run's settings: ``max_turns=3 openai.max_tokens=48`` for the default run.
-Keys: tasks, output, policies, preferences, alpha, samples, limit, max_turns, concurrency, seed,
-default_preference.{accuracy,cost,latency}, orchestrator.{price_in,price_out},
-tools_env.{url,token,config}, openai.{api_key_env,temperature,max_tokens,timeout_s}, checkpoint.{temperature,top_p},
-progress.
+``--help`` lists every key with its default.
 """
 
 import asyncio
 import json
-import logging
 import os
 import sys
 import time
@@ -40,10 +36,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, Optional
 
 from nemo_orchestra.config import ConfigError, load_config, load_structured
+from nemo_orchestra.config_help import recipe_help, wants_help
 from nemo_orchestra.evaluation.policy import build_policy
 from nemo_orchestra.evaluation.report import summarize, write_report
 from nemo_orchestra.evaluation.runner import PolicyRun, run_all
 from nemo_orchestra.rollout.loop import LoopLimits
+from nemo_orchestra.train.console import setup_logging
 from tools_env.task import load_jsonl
 
 PRESETS = {"accuracy": {"accuracy": 1.0, "cost": 0.0, "latency": 0.0},
@@ -178,7 +176,10 @@ async def evaluate(cfg: EvalConfig, urls: list, token: Optional[str]) -> list:
 
 
 def main(argv: list) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if wants_help(argv):
+        print(recipe_help(__doc__, EvalConfig), end="")
+        return 0
+    setup_logging("INFO", 0)  # before a checkpoint policy imports Megatron-Core or vLLM
     try:
         cfg = load_structured(EvalConfig, argv)
         for spec in cfg.policies.split(","):  # fail on an unknown or unavailable policy before starting anything

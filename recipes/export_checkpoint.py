@@ -18,9 +18,9 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-from nemo_orchestra.config import ConfigError, load_recipe_config
-from nemo_orchestra.megatron.model import DTYPES
-
+from nemo_orchestra.config import PARAMS_DTYPES, ConfigError, load_recipe_config
+from nemo_orchestra.config_help import recipe_help, wants_help
+from nemo_orchestra.train.console import setup_logging
 
 
 @dataclass
@@ -33,22 +33,24 @@ class ExportArgs:
     def validate(self) -> None:
         if not self.checkpoint or not self.output:
             raise ValueError("usage: export_checkpoint.py checkpoint=DIR output=DIR [tokenizer=DIR] [dtype=bf16]")
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dtype is not None and self.dtype not in PARAMS_DTYPES:
+            raise ValueError(f"dtype: must be one of {', '.join(PARAMS_DTYPES)}, got {self.dtype!r}")
 
 
 def main(argv: list[str]) -> int:
     try:
+        if wants_help(argv):
+            print(recipe_help(__doc__, ExportArgs, main=True, argv=argv), end="")
+            return 0
         args, cfg = load_recipe_config(ExportArgs, argv)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))  # before Megatron is imported
 
     from nemo_orchestra.hf.convert import export_checkpoint
     from nemo_orchestra.megatron.parallel import destroy_distributed, init_distributed
-    from nemo_orchestra.train.metrics import setup_logging
 
-    setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))
     info = init_distributed(cfg.parallel, cfg.run.seed)
     try:
         out = export_checkpoint(args.checkpoint, args.output, cfg.parallel, info.device, args.tokenizer, args.dtype)

@@ -12,7 +12,8 @@ Launch:
     python recipes/grpo_orchestrator.py                                  # embedded default, CPU
     python recipes/grpo_orchestrator.py trainer.max_steps=2 run.output_dir=runs/try
     torchrun --nproc-per-node 8 recipes/grpo_orchestrator.py recipe=qwen3_8b_1n8g
-Overrides are key=value (see conf/grpo_orchestrator.yaml); group=name picks conf/<group>/name.yaml.
+Overrides are key=value (see conf/grpo_orchestrator.yaml); group=name picks conf/<group>/name.yaml;
+--help lists every key with its default (after any overrides given with it).
 
 When it stops (README, "When a run stops"): SIGTERM, SIGINT or run.preempt_signal end the step in
 flight, checkpoint and exit with one line naming the resume command (the same command: a run
@@ -27,22 +28,25 @@ import sys
 from contextlib import ExitStack
 
 from nemo_orchestra.config import ConfigError, load_config
+from nemo_orchestra.config_help import recipe_help, wants_help
 from nemo_orchestra.train import run_control as rc
+from nemo_orchestra.train.console import setup_logging
 
 log = logging.getLogger("grpo_orchestrator")
 
 
 def main(argv: list[str]) -> int:
     try:
+        if wants_help(argv):
+            print(recipe_help(__doc__, main=True, argv=argv), end="")
+            return 0
         cfg = load_config(argv)
         rc.check_task_files(cfg)  # a bad task file stops the run now, not after the warm start
         stop = rc.StopSignals(rc.preempt_signal(cfg.run.preempt_signal)).install()
     except (ConfigError, ValueError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    from nemo_orchestra.train.metrics import setup_logging
-
-    setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))
+    setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))  # before Megatron and vLLM are imported
     return rc.guarded(lambda: train(cfg, stop), cfg.run.output_dir)  # the folder lock; one line at the end
 
 

@@ -22,8 +22,9 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-from nemo_orchestra.config import ConfigError, load_recipe_config
-from nemo_orchestra.megatron.model import DTYPES
+from nemo_orchestra.config import PARAMS_DTYPES, ConfigError, load_recipe_config
+from nemo_orchestra.config_help import recipe_help, wants_help
+from nemo_orchestra.train.console import setup_logging
 
 
 @dataclass
@@ -35,22 +36,24 @@ class ImportArgs:
     def validate(self) -> None:
         if not self.hf or not self.output:
             raise ValueError("usage: import_checkpoint.py hf=DIR output=DIR [dtype=bf16] [parallel.tp=N parallel.pp=M]")
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dtype is not None and self.dtype not in PARAMS_DTYPES:
+            raise ValueError(f"dtype: must be one of {', '.join(PARAMS_DTYPES)}, got {self.dtype!r}")
 
 
 def main(argv: list[str]) -> int:
     try:
+        if wants_help(argv):
+            print(recipe_help(__doc__, ImportArgs, main=True, argv=argv), end="")
+            return 0
         args, cfg = load_recipe_config(ImportArgs, argv)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))  # before Megatron is imported
 
     from nemo_orchestra.hf.convert import import_hf
     from nemo_orchestra.megatron.parallel import destroy_distributed, init_distributed
-    from nemo_orchestra.train.metrics import setup_logging
 
-    setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))
     info = init_distributed(cfg.parallel, cfg.run.seed)
     model = import_hf(args.hf, args.output, cfg.model, cfg.parallel, info.device, args.dtype)
     if info.is_main:

@@ -17,21 +17,23 @@ Launch:
     python recipes/synthesize_data.py output=data/small seed=1 num_tasks=200 mix.lookup=0.5
     python recipes/synthesize_data.py output=data/llm mode=llm llm.base_url=http://127.0.0.1:8000/v1 \
         llm.model=Qwen3-32B llm.k=4 num_tasks=500
-Keys: output, seed, mode, num_tasks, eval_fraction, corpus_seed, db_seeds, mix.<category>, domains,
-records.{distractors_min,distractors_max,price_jitter}, llm.{base_url,model,api_key_env,k,paraphrase,
-oversample,temperature,max_tokens,max_turns,concurrency,timeout_s}, progress.
+``--help`` lists every key with its default.
 """
 
 import json
-import logging
 import sys
 
 from nemo_orchestra.config import ConfigError, load_structured
+from nemo_orchestra.config_help import recipe_help, wants_help
 from nemo_orchestra.synth import SynthConfig, synthesize
+from nemo_orchestra.train.console import setup_logging
 
 
 def main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if wants_help(argv):
+        print(recipe_help(__doc__, SynthConfig), end="")
+        return 0
+    setup_logging("INFO", 0)
     try:
         cfg = load_structured(SynthConfig, argv)
     except ConfigError as e:

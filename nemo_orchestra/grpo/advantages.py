@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 import torch
@@ -9,6 +10,8 @@ import torch
 import kernels
 from nemo_orchestra.config import AdvantageConfig
 from nemo_orchestra.types import Trajectory
+
+STD_TOLERANCE = 1e-8  # a group's reward std must exceed min_group_std by this to count as informative
 
 
 def assign_advantages(trajectories: Sequence[Trajectory], cfg: AdvantageConfig,
@@ -32,7 +35,7 @@ def assign_advantages(trajectories: Sequence[Trajectory], cfg: AdvantageConfig,
     mean = torch.zeros(len(groups), device=device).index_add_(0, inverse, rewards) / counts
     sq = torch.zeros(len(groups), device=device).index_add_(0, inverse, (rewards - mean[inverse]) ** 2)
     std = torch.where(counts > 1, (sq / (counts - 1).clamp(min=1)).sqrt(), torch.zeros_like(sq))  # Bessel, as the kernel
-    keep = (std > cfg.min_group_std + 1e-8).tolist()
+    keep = (std > cfg.min_group_std + STD_TOLERANCE).tolist()
     keep_groups = {g for g, k in zip(groups.tolist(), keep) if k}
     kept = [t for t in trajectories if t.group in keep_groups]
     return kept, {
@@ -40,3 +43,11 @@ def assign_advantages(trajectories: Sequence[Trajectory], cfg: AdvantageConfig,
         "advantage/groups_dropped": len(groups) - len(keep_groups),
         "advantage/abs_mean": float(adv.abs().mean()),
     }
+
+
+def informative_groups(trajectories: Sequence[Trajectory], min_group_std: float) -> set[int]:
+    """The groups ``assign_advantages`` keeps: reward sample std above ``min_group_std``."""
+    rewards: dict[int, list[float]] = {}
+    for t in trajectories:
+        rewards.setdefault(t.group, []).append(t.reward)
+    return {g for g, r in rewards.items() if len(r) > 1 and statistics.stdev(r) > min_group_std + STD_TOLERANCE}

@@ -44,9 +44,13 @@ def policy_loss(logprobs_T: torch.Tensor, old_logprobs_T: torch.Tensor, ref_logp
         pg = torch.where(advantages_T < 0, torch.minimum(pg, -advantages_T * cfg.dual_clip), pg)
     if is_weights_T is not None:
         pg = pg * is_weights_T.detach()
-    delta = (ref_logprobs_T - logprobs_T).clamp(-20.0, 20.0)
-    kl = torch.exp(delta) - delta - 1.0
-    loss_sum = ((pg + cfg.kl_coef * kl) * mask).sum()
+    if cfg.kl_coef > 0:
+        delta = (ref_logprobs_T - logprobs_T).clamp(-20.0, 20.0)
+        kl = torch.exp(delta) - delta - 1.0
+        loss_sum = ((pg + cfg.kl_coef * kl) * mask).sum()
+    else:  # no KL term: the trainer runs no reference forward, ref_logprobs_T is not filled
+        kl = torch.zeros_like(pg)
+        loss_sum = (pg * mask).sum()
     with torch.no_grad():
         n = mask.sum().clamp_min(1.0)
         metrics = {

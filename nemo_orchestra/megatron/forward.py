@@ -31,7 +31,7 @@ def packed_forward(m, batch: PackedBatch, device):
 
 def token_logprobs(logits_1TV: torch.Tensor, target_T: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log p(target) from (vocab-parallel) logits without gathering the vocabulary."""
-    return logprobs_and_entropy(logits_1TV[0], target_T, temperature)[0]
+    return logprobs_and_entropy(logits_1TV[0], target_T, temperature, with_entropy=False)[0]
 
 
 def run_schedule(model, forward_step, batches: list[PackedBatch], forward_only: bool, collect: bool = False):

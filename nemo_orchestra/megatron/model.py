@@ -15,13 +15,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from nemo_orchestra.config import ModelConfig, ParallelConfig
+from nemo_orchestra.config import PARAMS_DTYPES, ModelConfig, ParallelConfig
 from nemo_orchestra.megatron.attention import (
     make_core_attention,
     resolve_attention_backend,
 )
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+assert tuple(DTYPES) == PARAMS_DTYPES, "config.PARAMS_DTYPES must name the dtypes mapped here"
 
 
 def transformer_config(model: ModelConfig, parallel: ParallelConfig, initialize: bool = True):
@@ -69,6 +70,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, initialize:
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
         calculate_per_token_loss=True,  # DDP sums gradients; the loss divides by the global token count
+        cuda_graph_scope=[],  # Megatron's default "full" means this and warns that it is deprecated
         **fp8,
     )
 

@@ -10,7 +10,7 @@ holds the logits of vocabulary rows [r V_r, (r+1) V_r). With z = logits / temper
     H_t    = logZ_t - sum_v p_tv z_tv                (sum_v exp(z_tv - m_t) z_tv: all-reduce SUM, / S_t)
 
 d logp_t / d z_tv = 1[v = y_t] - p_tv, recomputed in backward from the saved logits, so the
-fp32 temporaries never exceed one chunk of ``chunk_tokens`` x V_r (a 16k-token microbatch of
+fp32 temporaries never exceed one chunk of tokens x V_r (a 16k-token microbatch of
 Qwen3's 151k vocabulary is ~10 GB as full fp32 logits). The entropy is a metric: no gradient.
 """
 
@@ -19,7 +19,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-CHUNK_ELEMENTS = 1 << 26  # fp32 temporaries per chunk: 256 MB
+# fp32 elements per chunk of temporaries. On a GPU, large chunks keep kernels busy (256 MB); on a CPU,
+# 2 MB chunks stay in cache across the chain of elementwise passes. Measured on 2 CPU cores, 68k
+# tokens x 2176 vocabulary, forward (with entropy) + backward: 0.55 s, against 2.1 s for one pass
+# per op over 256 MB chunks.
+CHUNK_ELEMENTS = {"cuda": 1 << 26, "cpu": 1 << 19}
 
 
 def _tp_group():
@@ -36,34 +40,49 @@ def _all_reduce(t: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
     return t
 
 
-def _chunks(T: int, V: int):
-    step = max(1, CHUNK_ELEMENTS // max(V, 1))
+def _chunks(T: int, V: int, device: torch.device):
+    step = max(1, CHUNK_ELEMENTS.get(device.type, CHUNK_ELEMENTS["cuda"]) // max(V, 1))
     for s in range(0, T, step):
         yield s, min(T, s + step)
 
 
+def _scaled(logits_CV: torch.Tensor, temperature: float) -> torch.Tensor:
+    """z = logits / temperature in a new fp32 tensor (the caller's logits are never written)."""
+    if temperature == 1.0:
+        return logits_CV.to(torch.float32, copy=True)
+    return logits_CV.float() * (1.0 / temperature)
+
+
 class _VocabParallelLogprob(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits_TV, target_T, temperature):
+    def forward(ctx, logits_TV, target_T, temperature, with_entropy):
         group, rank = _tp_group()
         T, V = logits_TV.shape
         lo = rank * V
         logz_T = torch.empty(T, dtype=torch.float32, device=logits_TV.device)
         lp_T = torch.empty_like(logz_T)
-        ent_T = torch.empty_like(logz_T)
-        for s, e in _chunks(T, V):
-            z = logits_TV[s:e].float() / temperature
-            m = _all_reduce(z.max(dim=-1).values, group, dist.ReduceOp.MAX)
-            ez = torch.exp(z - m[:, None])
-            sums = _all_reduce(torch.stack([ez.sum(-1), (ez * z).sum(-1)]), group)  # [S_t, sum exp * z]
+        ent_T = torch.empty_like(logz_T) if with_entropy else None
+        for s, e in _chunks(T, V, logits_TV.device):
+            z = _scaled(logits_TV[s:e], temperature)
             local = target_T[s:e] - lo
             owned = (local >= 0) & (local < V)
-            tgt = torch.where(owned, z.gather(-1, local.clamp(0, V - 1)[:, None])[:, 0], torch.zeros_like(m))
+            tgt = torch.where(owned, z.gather(-1, local.clamp(0, V - 1)[:, None])[:, 0], 0.0)
+            m = _all_reduce(z.amax(dim=-1), group, dist.ReduceOp.MAX)
+            ez = z.sub(m[:, None]).exp_()
+            if with_entropy:  # [S_t, sum_v exp(z_tv - m_t) z_tv]: a row-wise dot product, no temporary
+                dots = torch.bmm(ez[:, None, :], z[:, :, None])[:, 0, 0]
+                sums = _all_reduce(torch.stack([ez.sum(-1), dots]), group)
+            else:
+                sums = _all_reduce(ez.sum(-1)[None], group)
             tgt = _all_reduce(tgt, group)
             logz = m + torch.log(sums[0])
-            logz_T[s:e], lp_T[s:e], ent_T[s:e] = logz, tgt - logz, logz - sums[1] / sums[0]
+            logz_T[s:e], lp_T[s:e] = logz, tgt - logz
+            if with_entropy:
+                ent_T[s:e] = logz - sums[1] / sums[0]
         ctx.save_for_backward(logits_TV, target_T, logz_T)
         ctx.temperature = temperature
+        if not with_entropy:
+            ent_T = torch.zeros_like(logz_T)
         ctx.mark_non_differentiable(ent_T)
         return lp_T, ent_T
 
@@ -74,19 +93,20 @@ class _VocabParallelLogprob(torch.autograd.Function):
         T, V = logits_TV.shape
         lo = rank * V
         grad = torch.empty_like(logits_TV)
-        for s, e in _chunks(T, V):
-            p = torch.exp(logits_TV[s:e].float() / ctx.temperature - logz_T[s:e, None])
-            g = -p
+        g_T = grad_lp_T.float() / ctx.temperature
+        for s, e in _chunks(T, V, logits_TV.device):
+            # d logp_t / d logits_tv = (1[v = y_t] - p_tv) / temperature, scaled by the incoming gradient
+            g = _scaled(logits_TV[s:e], ctx.temperature).sub_(logz_T[s:e, None]).exp_().mul_(-g_T[s:e, None])
             local = target_T[s:e] - lo
-            owned = (local >= 0) & (local < V)
-            rows = torch.nonzero(owned)[:, 0]
-            g[rows, local[rows]] += 1.0
-            grad[s:e] = (g * (grad_lp_T[s:e, None] / ctx.temperature)).to(grad.dtype)
-        return grad, None, None
+            rows = torch.nonzero((local >= 0) & (local < V))[:, 0]
+            g[rows, local[rows]] += g_T[s:e][rows]
+            grad[s:e] = g
+        return grad, None, None, None
 
 
-def logprobs_and_entropy(logits_TV: torch.Tensor, target_T: torch.Tensor,
-                         temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log p(target), entropy) per token from this rank's vocabulary slice; both fp32 [T]."""
+def logprobs_and_entropy(logits_TV: torch.Tensor, target_T: torch.Tensor, temperature: float = 1.0,
+                         with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p(target), entropy) per token from this rank's vocabulary slice; both fp32 [T].
+    ``with_entropy=False`` skips the entropy's pass (it is then zeros)."""
     assert logits_TV.dim() == 2 and target_T.shape == logits_TV.shape[:1], (logits_TV.shape, target_T.shape)
-    return _VocabParallelLogprob.apply(logits_TV, target_T, float(temperature))
+    return _VocabParallelLogprob.apply(logits_TV, target_T, float(temperature), with_entropy)

@@ -29,7 +29,7 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nemo_orchestra.config import RolloutConfig
@@ -79,6 +79,7 @@ class Turn:
     prompt_tokens: int = 0  # the policy's own tokens this turn, priced by LoopLimits
     completion_tokens: int = 0
     failure: str | None = None  # the policy could not produce a turn (an unreachable endpoint)
+    version: int = 0  # the policy version that wrote it (token-level policies: the engine's weights)
 
 
 @dataclass
@@ -127,6 +128,23 @@ class TurnPolicy(Protocol):
         ...
 
 
+class EngineWeights:
+    """The version of the weights a generation engine holds (the policy's optimizer steps when they
+    were loaded). Loads run on the engine thread, between generate calls: rollouts in flight go on
+    with the new weights from their next turn, and each turn records the version that wrote it."""
+
+    def __init__(self, version: int = 0):
+        self.version = version
+
+    def load(self, engine: GenerationEngine, state: dict, version: int) -> None:
+        """``engine.load_weights(state)`` between two generate calls; the version then becomes ``version``."""
+        def load():
+            engine.load_weights(state)
+            self.version = version
+
+        _ENGINE_THREAD.submit(load).result()
+
+
 @dataclass
 class EnginePolicy:
     """A generation engine as the policy: continues each episode's token ids (training, held-out
@@ -138,16 +156,21 @@ class EnginePolicy:
     temperature: float
     top_p: float = 1.0
     name: str = "engine"
+    weights: "EngineWeights | None" = None  # the version of the engine's weights, read with each call
 
     async def act(self, episodes: list[Episode]) -> list[Turn]:
-        gens = await asyncio.get_running_loop().run_in_executor(
-            _ENGINE_THREAD, self.engine.generate, [e.traj.token_ids for e in episodes], self.max_new_tokens,
-            self.temperature, self.top_p, [self.chat.end_of_turn_id])
+        def generate():  # on the engine thread, so no weight load can come between the version and the call
+            version = self.weights.version if self.weights is not None else 0
+            return version, self.engine.generate([e.traj.token_ids for e in episodes], self.max_new_tokens,
+                                                 self.temperature, self.top_p, [self.chat.end_of_turn_id])
+
+        version, gens = await asyncio.get_running_loop().run_in_executor(_ENGINE_THREAD, generate)
         turns = []
         for e, g in zip(episodes, gens):
             ids = g.token_ids[:-1] if g.finished and g.token_ids[-1:] == [self.chat.end_of_turn_id] else g.token_ids
             turns.append(Turn(self.chat.decode(ids), g.token_ids, g.logprobs, g.finished,
-                              prompt_tokens=len(e.traj.token_ids), completion_tokens=len(g.token_ids)))
+                              prompt_tokens=len(e.traj.token_ids), completion_tokens=len(g.token_ids),
+                              version=version))
         return turns
 
     async def aclose(self) -> None:
@@ -285,6 +308,7 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
         t.stop_reason, t.meta["failure"] = StopReason.POLICY_ERROR, turn.failure
         return True
     t.turns += 1
+    t.turn_versions.append(turn.version)
     ep.prompt_tokens += turn.prompt_tokens
     ep.completion_tokens += turn.completion_tokens
     if chat is not None:

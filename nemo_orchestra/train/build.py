@@ -7,7 +7,7 @@ import logging
 import os
 from contextlib import ExitStack
 
-from nemo_orchestra.config import Config, save_config
+from nemo_orchestra.config import Config, save_config, to_dict
 from nemo_orchestra.data.default_tasks import generate_tasks, plan_phrases
 from nemo_orchestra.data.warm_start import render_text, scripted_episodes, to_trajectory
 from nemo_orchestra.megatron.model import padded_vocab_size
@@ -124,7 +124,7 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     # an engine on the policy's own model waits for no weights: started now, so that a layout it cannot
     # serve stops the run before the warm start
     engine = engine_factory(None) if capabilities(cfg.rollout.engine).reads_policy_weights else None
-    logger = MetricLogger(cfg.run.output_dir, enabled=info.is_main)
+    logger = MetricLogger(cfg.run.output_dir, enabled=info.is_main, cfg=cfg.logger, run_config=to_dict(cfg))
     return Trainer(cfg, policy, engine, client, chat, tasks, logger, tokenizer=tokenizer, vocab_size=vocab,
                    sft_trajectories=[to_trajectory(ep, chat, cfg.reward) for ep in scripted], rank=info.rank,
                    dp_rank=info.rank // (info.tp * info.pp), dp_size=info.dp, loop=loop,

@@ -1,6 +1,9 @@
 """The GRPO loop: each step is a sequence of short named stages.
 
 rollout -> reward -> advantages -> pack -> logprobs (old, reference) -> train -> sync -> log -> checkpoint
+
+With ``rollout.max_staleness=K >= 1`` the rollouts of the next K steps run while a step trains
+(``train/async_rollouts.py``); with K = 0 a step's rollouts run when it starts.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Callable
 import torch
 
 from nemo_orchestra.config import Config
-from nemo_orchestra.grpo.advantages import assign_advantages
+from nemo_orchestra.grpo.advantages import assign_advantages, informative_groups
 from nemo_orchestra.grpo.reward import assign_rewards
 from nemo_orchestra.hf.qwen3 import full_state_dict
 from nemo_orchestra.rollout.engines.base import GenerationEngine
@@ -30,7 +33,8 @@ from nemo_orchestra.megatron.parallel import (
     model_parallel_rank,
 )
 from nemo_orchestra.prompting.chat import ChatFormat
-from nemo_orchestra.rollout.loop import HELDOUT_SEED, EnginePolicy, LoopLimits, run_episodes
+from nemo_orchestra.rollout.loop import HELDOUT_SEED, EnginePolicy, EngineWeights, LoopLimits, run_episodes
+from nemo_orchestra.train.async_rollouts import AsyncRollouts
 from nemo_orchestra.train.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -75,6 +79,8 @@ class Trainer:
     step: int = 0
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
     engine_factory: Callable[[dict | None], GenerationEngine] | None = None  # starts the engine (sync_weights)
+    weights: EngineWeights = field(default_factory=EngineWeights)  # the version of the engine's weights
+    rollouts: AsyncRollouts | None = None  # rollouts running ahead of training (rollout.max_staleness > 0)
 
     # ---- data order: a seeded permutation per epoch; position = step --------------------------------
     def batch_tasks(self, step: int) -> list[TaskRecord]:
@@ -93,16 +99,72 @@ class Trainer:
     def run_loop(self, tasks: list[TaskRecord], samples: int, temperature: float, seed: str = "",
                  stats: dict | None = None) -> list[Trajectory]:
         """``samples`` episodes per task through the agent loop, the engine as the policy."""
-        r = self.cfg.rollout
-        policy = EnginePolicy(self.engine, self.chat, r.max_new_tokens_per_turn, temperature, r.top_p)
-        return with_tool_service(lambda: self.loop.run_until_complete(run_episodes(
-            tasks, policy, self.client, samples=samples, limits=LoopLimits.from_rollout(r),
-            default_preference=self.cfg.reward.default_preference, seed=seed, stats=stats)),
+        return with_tool_service(lambda: self.loop.run_until_complete(
+            self.episodes(tasks, samples, temperature, seed, stats)),
             self.client, **tool_service_context(self.cfg.run.output_dir, self.step, seed == HELDOUT_SEED))
 
-    def rollout(self, tasks: list[TaskRecord], stats: dict | None = None) -> list[Trajectory]:
-        return self.run_loop(tasks, self.cfg.rollout.group_size, self.cfg.rollout.temperature,
-                             seed=f"{self.cfg.run.seed}/{self.step}/{self.dp_rank}", stats=stats)
+    async def episodes(self, tasks: list[TaskRecord], samples: int, temperature: float, seed: str,
+                       stats: dict | None = None) -> list[Trajectory]:
+        r = self.cfg.rollout
+        policy = EnginePolicy(self.engine, self.chat, r.max_new_tokens_per_turn, temperature, r.top_p,
+                              weights=self.weights)
+        return await run_episodes(tasks, policy, self.client, samples=samples, limits=LoopLimits.from_rollout(r),
+                                  default_preference=self.cfg.reward.default_preference, seed=seed, stats=stats)
+
+    async def step_rollouts(self, step: int) -> tuple[list[Trajectory], dict]:
+        """Step ``step``'s rollouts (group_size per prompt) and the engine's timings; with
+        ``rollout.fill_informative_groups``, more prompts until the step has ``data.prompts_per_step``
+        groups whose rewards differ (DAPO's dynamic sampling), at most ``rollout.max_extra_prompts``."""
+        r, n = self.cfg.rollout, self.cfg.data.prompts_per_step
+        seed = f"{self.cfg.run.seed}/{step}/{self.dp_rank}"
+        tasks = self.batch_tasks(step)
+        stats: dict = {}
+        t0 = time.perf_counter()
+        trajs = await self.episodes(tasks, r.group_size, r.temperature, seed, stats)
+        drawn = 0
+        if r.fill_informative_groups:
+            used = {t.id for t in tasks}
+            pool = [t for t in self.tasks if t.id not in used]  # a fixed draw per step: the data order holds
+            random.Random(f"{seed}/extra").shuffle(pool)
+            while drawn < r.max_extra_prompts and drawn < len(pool):
+                assign_rewards(trajs, self.cfg.reward)
+                need = n - len(informative_groups(trajs, self.cfg.advantage.min_group_std))
+                if need <= 0:
+                    break
+                extra = pool[drawn:drawn + min(need, r.max_extra_prompts - drawn)]
+                more_stats: dict = {}
+                more = await self.episodes(extra, r.group_size, r.temperature, f"{seed}/extra{drawn}", more_stats)
+                offset = max(t.group for t in trajs) + 1
+                for t in more:
+                    t.group += offset
+                trajs += more
+                drawn += len(extra)
+                for k, v in more_stats.items():
+                    stats[k] += v
+        stats["prompts_drawn"] = len(tasks) + drawn
+        stats["wall_s"] = time.perf_counter() - t0
+        return trajs, stats
+
+    def take_rollouts(self) -> tuple[list[Trajectory], dict, float]:
+        """This step's rollouts, their engine timings and the seconds the trainer waited for them."""
+        context = tool_service_context(self.cfg.run.output_dir, self.step)
+        if self.rollouts is None:
+            t0 = time.perf_counter()
+            trajs, stats = with_tool_service(lambda: self.loop.run_until_complete(self.step_rollouts(self.step)),
+                                             self.client, **context)
+            return trajs, stats, time.perf_counter() - t0
+        (trajs, stats), waited = with_tool_service(lambda: self.rollouts.take(self.step), self.client, **context)
+        return trajs, stats, waited
+
+    def drop_stale(self, trajs: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
+        """Trajectories whose oldest turn is at most ``rollout.max_staleness`` versions behind this step's
+        policy (all of them, by construction: a violation is counted, and the trajectory not trained on)."""
+        lags = [self.step - min(t.turn_versions, default=self.step) for t in trajs]
+        k = self.cfg.rollout.max_staleness
+        kept = [t for t, lag in zip(trajs, lags) if lag <= k]
+        return kept, {"rollout/staleness_mean": statistics.fmean(lags) if lags else 0.0,
+                      "rollout/staleness_max": float(max(lags, default=0)),
+                      "rollout/stale_dropped": float(len(trajs) - len(kept))}
 
     def on_rollout_rank(self, fn):
         """``fn()`` (rollouts) on this replica's first model-parallel rank; None on the others.
@@ -122,7 +184,10 @@ class Trainer:
                 self.engine.release()
 
     def fill_logprobs(self, batches: list[PackedBatch]) -> dict[str, float]:
-        """The frozen reference's logprobs. The old logprobs are the update's (see grpo_update)."""
+        """The frozen reference's logprobs, for the KL term (none when ``loss.kl_coef`` is 0). The old
+        logprobs are the update's (see grpo_update)."""
+        if self.cfg.loss.kl_coef == 0:
+            return {"time/ref_logprobs_s": 0.0}
         t0 = time.perf_counter()
         for b, r in zip(batches, reference_logprobs(self.policy, batches, self.cfg.rollout.temperature)):
             b.ref_logprobs_T = r
@@ -131,36 +196,40 @@ class Trainer:
     def train_perf(self, batches: list[PackedBatch], seconds: float) -> dict:
         """perf/tflops_per_gpu, perf/mfu, perf/peak_mem_gb of the logprob + train stage (see flops.py)."""
         seqs = sequence_lengths(batches)
-        passes = 3 + 1  # forward + backward, and the reference's logprobs
+        passes = 3 + (self.cfg.loss.kl_coef > 0)  # forward + backward, and the reference's logprobs
         flops = data_parallel_sum([passes * forward_flops(self.cfg.model, self.vocab_size, seqs)])[0]
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         return perf_metrics(flops, seconds, world, self.cfg.perf.peak_tflops)
 
-    def sync_weights(self) -> float:
-        """Push the policy's weights into the engine. The engine itself is started here the first
-        time, from the weights of that moment (after the warm start, or from a resumed checkpoint),
-        so an engine with processes of its own (vLLM) does not compete with the warm start for CPU.
-        An engine that reads the policy's own parameters (``reads_policy_weights``) gets nothing."""
+    def sync_weights(self, version: int) -> float:
+        """Push the policy's weights (after ``version`` GRPO steps) into the engine, between two of its
+        generate calls. The engine itself is started here the first time, from the weights of that
+        moment (after the warm start, or from a resumed checkpoint), so an engine with processes of its
+        own (vLLM) does not compete with the warm start for CPU. An engine that reads the policy's own
+        parameters (``reads_policy_weights``) gets nothing."""
         t0 = time.perf_counter()
         if self.engine is not None and self.engine.capabilities.reads_policy_weights:  # nothing to gather or push
+            self.weights.version = version
             return time.perf_counter() - t0
         state = full_state_dict(self.policy.module)  # gathered from TP/PP shards: every rank joins
         if self.engine is None:
             self.engine = self.engine_factory(state)
+            self.weights.version = version
         else:
-            self.engine.load_weights(state)
+            self.weights.load(self.engine, state, version)
         return time.perf_counter() - t0
 
     def grpo_step(self) -> dict:
         t0 = time.perf_counter()
         tasks = self.batch_tasks(self.step)
         # one rollout per model replica: its tensor/pipeline ranks must train on the same data
-        stats: dict = {}
-        trajs = broadcast_in_model_parallel_group(self.on_rollout_rank(lambda: self.rollout(tasks, stats)))
+        trajs, stats, waited = broadcast_in_model_parallel_group(self.on_rollout_rank(self.take_rollouts))
         t_rollout = time.perf_counter() - t0
         assign_rewards(trajs, self.cfg.reward)
         self.write_samples(trajs)
-        kept, metrics = assign_advantages(trajs, self.cfg.advantage, self.policy.device)
+        fresh, stale_metrics = self.drop_stale(trajs)
+        kept, metrics = assign_advantages(fresh, self.cfg.advantage, self.policy.device)
+        metrics.update(stale_metrics)
         metrics.update(rollout_metrics(trajs))
         t1 = time.perf_counter()
         minibatches = minibatch_packs(kept, self.cfg.loss.minibatches, self.cfg.parallel)
@@ -176,12 +245,15 @@ class Trainer:
         t_train = time.perf_counter() - t1
         metrics.update(self.train_perf(batches, t_train))
         metrics["data/task_ids"] = [i for ids in data_parallel_gather([t.id for t in tasks]) for i in ids]
-        t_sync = self.sync_weights()
+        t_sync = self.sync_weights(self.step + 1)
         step_s = time.perf_counter() - t0
         tokens = sum(len(t.token_ids) for t in trajs)
-        if stats:  # the generation engine's share of the rollout, and its idle wait on tools
-            metrics.update({"time/generate_s": stats["generate_s"], "time/env_wait_s": stats["env_wait_s"],
-                            "rollout/generate_calls": stats["generate_calls"]})
+        # the generation engine's share of the rollout and its idle wait on tools (with rollouts running
+        # ahead, these overlap training: the trainer's own wait is time/rollout_wait_s)
+        metrics.update({"time/generate_s": stats["generate_s"], "time/env_wait_s": stats["env_wait_s"],
+                        "rollout/generate_calls": stats["generate_calls"],
+                        "rollout/prompts_drawn": stats["prompts_drawn"], "time/rollouts_wall_s": stats["wall_s"],
+                        "time/rollout_wait_s": waited, "perf/rollout_wait_share": waited / step_s})
         metrics.update({"time/rollout_s": t_rollout, "time/train_s": t_train, "time/weight_sync_s": t_sync,
                         "time/step_s": step_s, "perf/tokens_per_s": tokens / step_s,
                         "perf/generated_tokens": sum(t.num_generated for t in trajs)})
@@ -232,7 +304,7 @@ class Trainer:
             set_lr(self.policy.optimizer, self.cfg.optim.lr)
             reset_optimizer_state(self.policy.optimizer)  # GRPO starts with fresh Adam moments
         self.policy.reset_reference()
-        self.sync_weights()
+        self.sync_weights(self.step)
 
     # ---- the loop -----------------------------------------------------------------------------------------
     def resume(self, ckpt_root: str) -> bool:
@@ -245,7 +317,7 @@ class Trainer:
         state = load_checkpoint(folder, self.policy, self.rank)
         self.step = state["step"]
         rng = rng_state()
-        self.sync_weights()  # may start the engine, whose construction draws random numbers
+        self.sync_weights(self.step)  # may start the engine, whose construction draws random numbers
         set_rng_state(rng)  # the checkpoint's: the next step samples as the uninterrupted run's did
         log.info("resumed from %s at step %d", folder, self.step)
         return True
@@ -259,6 +331,20 @@ class Trainer:
         schedule = SaveSchedule(c.save_every, c.save_every_s, self.cfg.trainer.max_steps, last_saved=self.step)
         bar = tqdm(total=self.cfg.trainer.max_steps, initial=self.step, desc="grpo", disable=self.rank != 0,
                    dynamic_ncols=True)
+        if self.rollouts is None and self.cfg.rollout.max_staleness > 0:
+            assert self.engine is not None and not self.engine.capabilities.reads_policy_weights, \
+                "rollout.max_staleness > 0 needs an engine with its own weights (checked by the config)"
+            self.rollouts = AsyncRollouts(self.loop, self.step_rollouts, self.cfg.rollout.max_staleness,
+                                          self.cfg.trainer.max_steps)
+        try:
+            self._fit_steps(ckpt_root, bar, schedule, stop)
+        finally:  # rollouts in flight are dropped; the event loop is this thread's again
+            if self.rollouts is not None:
+                self.rollouts.close()
+                self.rollouts = None
+        bar.close()
+
+    def _fit_steps(self, ckpt_root: str, bar, schedule: SaveSchedule, stop: Callable[[], bool]) -> None:
         while self.step < self.cfg.trainer.max_steps:
             metrics = self.guarded_step(ckpt_root, schedule)
             self.step += 1
@@ -271,7 +357,6 @@ class Trainer:
                 schedule.saved(self.step)
             if stopping:
                 break
-        bar.close()
 
     def guarded_step(self, ckpt_root: str, schedule: SaveSchedule) -> dict:
         """``grpo_step()``; if it raises (an error, or a signal that drops the step) before touching the
@@ -293,6 +378,7 @@ class Trainer:
 
     def close(self) -> None:
         try:
+            self.logger.close()
             self.loop.run_until_complete(self.client.aclose())
             self.loop.close()
         finally:  # engines with processes of their own (vllm) are shut down whatever happened before

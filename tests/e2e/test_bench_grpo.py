@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tools_env.launch import REPO_ROOT
 
 SCRIPT = os.path.join(REPO_ROOT, "recipes", "benchmark.py")
@@ -20,14 +22,18 @@ def test_grpo_benchmark_reports_every_phase(tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     report = json.loads(out.read_text())
     s = report["per_step"]
-    phases = ("generation_s", "environment_s", "reference_logprobs_s", "training_s",
-              "weight_sync_s")
-    assert all(s[k] > 0 for k in phases), s
+    phases = ("rollout_wait_s", "reference_logprobs_s", "training_s", "weight_sync_s")  # the step's critical path
+    assert all(s[k] > 0 for k in phases + ("generation_s", "environment_s")), s
     assert sum(s[k] for k in phases) <= s["step_s"] * 1.001 and s["other_s"] >= -1e-3 * s["step_s"]
+    # synchronous: the trainer waits for the whole rollout, generation and environment
+    assert s["generation_s"] + s["environment_s"] <= s["rollout_wait_s"] * 1.001
+    assert 0 < s["rollout_wait_share"] < 1 and 0 < s["mfu"] < 1  # against the matmul peak measured in the run
+    assert s["peak_tflops"] > 0.001 and s["tflops_per_gpu"] == pytest.approx(s["mfu"] * s["peak_tflops"])
+    assert 0 < s["step_mfu"] < s["mfu"]
     # an untrained policy writes whole turns: 4 trajectories x 2 turns x 16 tokens at most
     assert 0 < s["generated_tokens_per_step"] <= 4 * 2 * 16
     assert s["tokens_per_s"] > 0 and report["measured_steps"] == 2 and len(report["steps"]) == 2
-    assert "generation" in p.stdout and "weight_sync" in p.stdout
+    assert "generation" in p.stdout and "weight_sync" in p.stdout and "MFU" in p.stdout
 
 
 def test_grpo_benchmark_rejects_a_bad_override(tmp_path):

@@ -14,8 +14,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from sandbox_helpers import FAST, REPO, alive
 from tools_env.sandbox import run_python, run_python_sync
 from tools_env.sandbox import warm as warm_path

@@ -1,7 +1,5 @@
 """Answer verification, hand-checked: normalization, numbers, delegation to domains and the judge."""
 
-import sys
-
 import pytest
 
 from tools_env.task import TaskRecord

@@ -182,3 +182,14 @@ def test_two_minibatches_take_two_steps_and_the_clip_binds(policy):
     assert all(torch.equal(b.old_logprobs_T, lp) for b, lp in zip(packs, before))  # the sampling policy's
     assert m["loss/clip_frac"] > 0.0
     assert m["train/loss_tokens"] == pytest.approx(float(sum(b.loss_mask_T.sum() for b in packs)))
+
+
+def test_no_kl_term_needs_no_reference_logprobs(policy):
+    """kl_coef=0: the loss ignores ref_logprobs_T, so the trainer may skip the reference forward."""
+    cfg = loss_cfg(kl_coef=0.0)
+    filled = _batch(policy)
+    unfilled = dataclasses.replace(filled, ref_logprobs_T=torch.full_like(filled.ref_logprobs_T, float("nan")))
+    g_filled, m_filled = _grads(policy, filled, cfg)
+    g_unfilled, m_unfilled = _grads(policy, unfilled, cfg)
+    assert all(torch.equal(a, b) for a, b in zip(g_filled, g_unfilled))
+    assert float(m_unfilled["loss/kl"]) == 0.0 and all(torch.isfinite(a).all() for a in g_unfilled)

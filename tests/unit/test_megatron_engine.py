@@ -201,8 +201,9 @@ def test_trainer_pushes_no_weights_into_it(setup, monkeypatch):
         raise AssertionError("the megatron engine is built with the policy, not at a weight sync")
 
     trainer = Trainer(cfg, s.policy, s.engine, None, None, [], None, engine_factory=no_factory)
-    trainer.sync_weights()
-    trainer.sync_weights()
+    trainer.sync_weights(0)
+    trainer.sync_weights(1)
+    assert trainer.weights.version == 1
     assert trainer.engine is s.engine
     assert trainer.on_rollout_rank(lambda: 42) == 42  # one rank: it is the rollout rank
     trainer.loop.close()

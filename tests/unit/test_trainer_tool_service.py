@@ -13,6 +13,7 @@ from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, ChatFormat, forma
     tool_call_message
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 from nemo_orchestra.rollout.engines.base import Generation
+from nemo_orchestra.rollout.loop import EngineWeights
 from nemo_orchestra.train.trainer import Trainer
 from nemo_orchestra.types import StopReason
 from tools_env.client import ToolsEnvClient
@@ -46,7 +47,10 @@ class KillingEngine:
 
 def trainer(chat, engine, client, tmp_path):
     cfg = load_config([f"run.output_dir={tmp_path}", "rollout.max_context=65536"])  # room for the tool schemas
-    return SimpleNamespace(cfg=cfg, engine=engine, chat=chat, client=client, loop=asyncio.new_event_loop(), step=2)
+    t = SimpleNamespace(cfg=cfg, engine=engine, chat=chat, client=client, loop=asyncio.new_event_loop(), step=2,
+                        weights=EngineWeights())
+    t.episodes = lambda *args: Trainer.episodes(t, *args)
+    return t
 
 
 def test_run_loop_restarts_the_service_it_started_and_redoes_the_batch(chat, tmp_path):

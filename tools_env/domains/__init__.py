@@ -19,6 +19,7 @@ from typing import Any
 from tools_env.domains import (
     bank, basketball, ecommerce, medicine, movie, railway, restaurant, school, travel, weather,
 )
+from tools_env.domains import bfcl  # noqa: F401  (registers the bfcl verifier, or why it is unavailable)
 from tools_env.domains.base import DB, Domain, DomainError, diff_state, dump_state, open_copy
 from tools_env.verify import Outcome, exact_match, numeric_match, parse_number, register_verifier
 

@@ -17,3 +17,5 @@ for _name in ("search", "domain"):
             importlib.import_module(f"tools_env.tools.{_name}")
         except Exception as _e:  # a plug-in being written must not take the service down
             logging.getLogger(__name__).warning("tool plug-in tools_env.tools.%s not loaded: %s", _name, _e)
+
+from tools_env.domains.bfcl import tools as _bfcl_tools  # noqa: F401,E402  (BFCL's API functions, when installed)

@@ -7,7 +7,9 @@ writes the final answer from the task and the episode's tool results, billed at 
 
 The ``ToolResult`` carries ``done=True`` and ``meta["outcome"]`` (an ``Outcome``); the
 episode store turns that into the step response's ``outcome``. The final answer is also left in
-``ctx.state["final_answer"]`` for verifiers (db_state) that grade what was communicated.
+``ctx.state["final_answer"]`` for verifiers (db_state) that grade what was communicated. In a
+multi-turn task (a verifier type with a turn hook, ``tools_env.verify.next_user_turn``) an
+answer before the last user turn ends that turn only: its observation is the next user turn.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import aiohttp
 from tools_env.config import JudgeConfig
 from tools_env.tools.base import EpisodeContext, Tool, ToolArgumentError, ToolResult, register_tool
 from tools_env.tools.experts import EndpointError, Expert, chat_completion
-from tools_env.verify import verify
+from tools_env.verify import next_user_turn, verify
 
 JUDGE_PROMPT = """You grade answers. Decide whether the predicted answer means the same as the gold answer \
 for the question. Reply with exactly one word, CORRECT or INCORRECT.
@@ -105,6 +107,10 @@ class Answer(Tool):
         else:
             answer = arguments["answer"]
         ctx.state["final_answer"] = answer
+        follow_up = next_user_turn(answer, ctx.task, ctx)
+        if follow_up is not None:  # a multi-turn task: the user's next turn, the episode goes on
+            return ToolResult(observation=follow_up, cost=0.0 if written is None else written.cost,
+                              latency_s=time.perf_counter() - t0, meta={"turn_ended": True})
         outcome = await verify(answer, ctx.task, ctx, self.judge)
         meta: dict[str, Any] = {"outcome": outcome}
         if written is None:

@@ -96,6 +96,7 @@ class VLLMEngine(GenerationEngine):
                 generation_config="vllm",  # no sampling defaults from generation_config.json
                 enforce_eager=device.type != "cuda",  # torch.compile on CPU costs minutes, gains little here
                 worker_extension_cls=EXTENSION,
+                use_tqdm_on_load=False,  # the weights are one small local file: no progress bar of its own
             )
 
     def _kv_bytes(self, max_model_len: int) -> int:

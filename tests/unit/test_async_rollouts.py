@@ -1,0 +1,138 @@
+"""Rollouts that run ahead of training: weights reach the engine between generate calls, each turn
+records the version that wrote it and carries that version's logprobs into the loss's importance
+weights, and ``AsyncRollouts`` starts step j's rollouts only within K versions of it."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+import torch
+
+from nemo_orchestra.config import load_config
+from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, ChatFormat, render_chat, tool_call_message
+from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
+from nemo_orchestra.rollout.engines.base import Generation
+from nemo_orchestra.rollout.loop import EnginePolicy, EngineWeights, LoopLimits, run_episodes
+from nemo_orchestra.train.async_rollouts import AsyncRollouts
+from nemo_orchestra.train.packing import pack
+from nemo_orchestra.train.step import grpo_loss_fn
+from tests.unit.helpers import loss_cfg
+from tools_env.client import ToolsEnvClient
+from tools_env.launch import start_service
+from tools_env.task import TaskRecord
+
+TASK = TaskRecord.from_dict({"problem": "What is 12 + 30?", "answer": "42", "category": "arithmetic",
+                             "tools": ["calculator", "answer"]})
+TURNS = ['<tool_call>{"name": "calculator", "arguments": {"expression": "12 + 30"}}</tool_call>',
+         '<tool_call>{"name": "answer", "arguments": {"answer": "42"}}</tool_call>']
+
+
+@pytest.fixture(scope="module")
+def chat():
+    convo = [{"role": "user", "content": TASK.problem}, tool_call_message("calculator", {"expression": "12 + 30"}),
+             {"role": "tool", "content": "42"}, tool_call_message("answer", {"answer": "42"})]
+    return ChatFormat(build_embedded_tokenizer([render_chat(QWEN3_CHAT_TEMPLATE, convo, [])] * 4, vocab_size=600))
+
+
+class VersionedEngine:
+    """Writes the scripted turns; every generated token's logprob is -(w + 1) / 10 for the loaded weight w.
+    Its first generate call has the trainer load version 1 meanwhile (from another thread, as the
+    trainer's main thread does), so the load lands between the first and the second call."""
+
+    def __init__(self, chat, weights: EngineWeights):
+        self.chat, self.weights, self.w, self.calls, self.loader = chat, weights, 0.0, 0, None
+
+    def load_weights(self, state):
+        self.w = float(state["w"])
+
+    def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids):
+        self.calls += 1
+        if self.calls == 1:
+            self.loader = threading.Thread(target=self.weights.load, args=(self, {"w": torch.tensor(1.0)}, 1))
+            self.loader.start()
+            time.sleep(0.3)  # the load is queued on the engine thread before this call returns
+        out = []
+        for p in prompts:
+            turn = TURNS[0 if self.calls == 1 else 1]
+            ids = self.chat.encode(turn) + [self.chat.end_of_turn_id]
+            out.append(Generation(ids, [-(self.w + 1) / 10] * len(ids), True))
+        return out
+
+
+def test_weights_load_between_calls_and_each_turn_keeps_its_version_and_logprobs(chat):
+    weights = EngineWeights(version=0)
+    engine = VersionedEngine(chat, weights)
+    cfg = load_config(["rollout.max_context=8192"])
+    policy = EnginePolicy(engine, chat, 64, 1.0, weights=weights)
+    with start_service() as svc:
+        client = ToolsEnvClient(svc.urls)
+        loop = asyncio.new_event_loop()
+        (traj,) = loop.run_until_complete(run_episodes([TASK], policy, client, limits=LoopLimits(max_turns=3),
+                                                       default_preference=cfg.reward.default_preference))
+        loop.run_until_complete(client.aclose())
+        loop.close()
+    engine.loader.join()
+    assert traj.correct and traj.turns == 2 and weights.version == 1
+    assert traj.turn_versions == [0, 1]
+    generated = [lp for lp, m in zip(traj.gen_logprobs, traj.loss_mask) if m]
+    first = len(chat.encode(TURNS[0])) + 1
+    assert generated == pytest.approx([-0.1] * first + [-0.2] * (len(generated) - first))
+
+    # the loss weighs each generated token by min(exp(old - gen), cap) with gen from the version that wrote it
+    traj.advantage = 1.0
+    (batch,) = pack([traj], capacity=4096)
+    mask = batch.loss_mask_T.bool()
+    old = torch.full_like(batch.loss_mask_T, -0.15)
+    _, _, metrics = grpo_loss_fn(loss_cfg(tis_cap=1.02))(old.clone().requires_grad_(True), batch)
+    expected = torch.exp(old - batch.gen_logprobs_T).clamp(max=1.02)[mask]
+    # version 0's tokens: exp(-0.15 + 0.1) = 0.951; version 1's: exp(-0.15 + 0.2) = 1.051, capped at 1.02
+    assert sorted(set(expected.tolist())) == pytest.approx([0.951229, 1.02], abs=1e-6)
+    assert float(metrics["loss/tis_weight_mean"]) == pytest.approx(float(expected.mean()), rel=1e-6)
+
+
+def test_async_rollouts_start_within_k_versions_and_drop_nothing_on_close():
+    """take(s) starts steps s..s+K; a step never starts before the trainer took step j - K."""
+    loop = asyncio.new_event_loop()
+    started: list[tuple[int, int]] = []  # (step started, steps taken so far)
+    taken = [0]
+    gate = asyncio.Event()
+
+    async def rollout(j):
+        started.append((j, taken[0]))
+        if j == 4:
+            await gate.wait()  # still running when the run closes: cancelled
+        return f"rollouts of step {j}"
+
+    ahead = AsyncRollouts(loop, rollout, max_staleness=2, last_step=5)
+    results = []
+    for s in range(4):
+        value, waited = ahead.take(s)
+        results.append(value)
+        taken[0] += 1
+        assert waited >= 0
+    assert results == [f"rollouts of step {j}" for j in range(4)]
+    assert all(j - k <= 2 for j, k in started), started  # step j started when at least j - 2 steps were taken
+    assert sorted(j for j, _ in started) == [0, 1, 2, 3, 4]  # never past last_step
+    ahead.close()
+    assert not ahead.thread.is_alive() and not loop.is_running()
+    loop.run_until_complete(asyncio.sleep(0))  # the loop is the caller's again
+    loop.close()
+
+
+def test_k0_starts_each_step_only_when_it_is_taken():
+    loop = asyncio.new_event_loop()
+    started: list[tuple[int, int]] = []
+    taken = [0]
+
+    async def rollout(j):
+        started.append((j, taken[0]))
+        return j
+
+    ahead = AsyncRollouts(loop, rollout, max_staleness=0, last_step=3)
+    for s in range(3):
+        assert ahead.take(s)[0] == s
+        taken[0] += 1
+    ahead.close()
+    loop.close()
+    assert started == [(0, 0), (1, 1), (2, 2)]
