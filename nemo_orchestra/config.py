@@ -41,10 +41,16 @@ class RunConfig:
     output_dir: str = MISSING
     seed: int = MISSING
     log_level: str = MISSING  # DEBUG shows every third-party notice the console otherwise filters
+    resume: bool = MISSING  # false: start afresh, removing the folder's checkpoints and records
+    max_restarts: int = MISSING  # requeues after the preempt signal (Slurm, scripts/requeue_local.py)
+    preempt_signal: Optional[str] = MISSING  # checkpoint, stop and ask to be requeued; null: none
 
     def validate(self) -> None:
         _check(self.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"), "run.log_level",
                "must be DEBUG, INFO, WARNING or ERROR")
+        _check(self.max_restarts >= 0, "run.max_restarts", "must be >= 0")
+        _check(self.preempt_signal is None or self.preempt_signal.upper().removeprefix("SIG")
+               in ("USR1", "USR2", "HUP", "URG"), "run.preempt_signal", "must be null, USR1, USR2, HUP or URG")
 
 
 @dataclass
@@ -253,10 +259,13 @@ class PerfConfig:
 @dataclass
 class CheckpointConfig:
     save_every: int = MISSING  # 0: only at the end
+    save_every_s: float = MISSING  # also every this many seconds of GRPO; 0: not by time
     keep: int = MISSING
 
     def validate(self) -> None:
         _check(self.keep >= 1, "checkpoint.keep", "must be >= 1")
+        _check(self.save_every >= 0, "checkpoint.save_every", "must be >= 0")
+        _check(self.save_every_s >= 0, "checkpoint.save_every_s", "must be >= 0")
 
 
 @dataclass

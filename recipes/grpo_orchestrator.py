@@ -14,47 +14,51 @@ Launch:
     torchrun --nproc-per-node 8 recipes/grpo_orchestrator.py recipe=qwen3_8b_1n8g
 Overrides are key=value (see conf/grpo_orchestrator.yaml); group=name picks conf/<group>/name.yaml;
 --help lists every key with its default (after any overrides given with it).
+
+When it stops (README, "When a run stops"): SIGTERM, SIGINT or run.preempt_signal end the step in
+flight, checkpoint and exit with one line naming the resume command (the same command: a run
+resumes from its folder's newest intact checkpoint); every process it started ends with it
+(train/reaper.py); one run per run.output_dir (run.lock). Exit codes: 0 done, 2 bad input or the
+folder in use, 75 stopped by the preempt signal and asking to be requeued, 128+N stopped by signal N.
 """
 
 import logging
 import os
-import signal
 import sys
 from contextlib import ExitStack
 
 from nemo_orchestra.config import ConfigError, load_config
 from nemo_orchestra.config_help import recipe_help, wants_help
+from nemo_orchestra.train import run_control as rc
 from nemo_orchestra.train.console import setup_logging
 
-
-def _terminate(signum, frame):
-    logging.getLogger("grpo_orchestrator").warning("stopping on signal %d", signum)
-    raise SystemExit(128 + signum)
+log = logging.getLogger("grpo_orchestrator")
 
 
 def main(argv: list[str]) -> int:
-    # SIGTERM (kill, SLURM's time limit) unwinds like an error: the generation engine's processes
-    # and the tool service are shut down, not left running
-    signal.signal(signal.SIGTERM, _terminate)
     try:
         if wants_help(argv):
             print(recipe_help(__doc__, main=True, argv=argv), end="")
             return 0
         cfg = load_config(argv)
-    except ConfigError as e:
+        rc.check_task_files(cfg)  # a bad task file stops the run now, not after the warm start
+        stop = rc.StopSignals(rc.preempt_signal(cfg.run.preempt_signal)).install()
+    except (ConfigError, ValueError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))  # before Megatron and vLLM are imported
+    return rc.guarded(lambda: train(cfg, stop), cfg.run.output_dir)  # the folder lock; one line at the end
 
-    from nemo_orchestra.hf.export import export_hf
-    from nemo_orchestra.hf.qwen3 import full_state_dict
+
+def train(cfg, stop: rc.StopSignals) -> int:
     from nemo_orchestra.megatron.parallel import destroy_distributed, init_distributed
     from nemo_orchestra.train.build import build_trainer, load_eval_tasks
-    from nemo_orchestra.train.report import plot_curves, write_report
 
-    log = logging.getLogger("grpo_orchestrator")
     info = init_distributed(cfg.parallel, cfg.run.seed)
+    rc.check_task_files(cfg, info.dp)
     ckpt_root = os.path.join(cfg.run.output_dir, "checkpoints")
+    if not cfg.run.resume and info.is_main:
+        rc.start_afresh(cfg.run.output_dir, ckpt_root)
     with ExitStack() as stack:
         try:
             trainer = build_trainer(cfg, info, stack)
@@ -62,29 +66,50 @@ def main(argv: list[str]) -> int:
             log.error("%s", e)
             return 2
         stack.callback(trainer.close)
-        if not trainer.resume(ckpt_root):
+        if not (cfg.run.resume and trainer.resume(ckpt_root)):
             trainer.warm_start()
-        evals, eval_tasks = {}, load_eval_tasks(cfg) if cfg.evaluation.enabled else []
-        if eval_tasks and info.is_main:  # for recomputing the held-out figures: recipes/evaluate.py tasks=...
-            with open(os.path.join(cfg.run.output_dir, "heldout.jsonl"), "w") as f:
-                f.writelines(t.to_json() + "\n" for t in eval_tasks)
-        if eval_tasks:
-            evals[f"step {trainer.step}"] = trainer.evaluate_heldout(eval_tasks)
-        trainer.fit(ckpt_root)
-        if eval_tasks:
-            evals[f"step {trainer.step}"] = trainer.evaluate_heldout(eval_tasks)
-            if info.is_main:
-                plot_curves(cfg.run.output_dir)
-                log.info("report: %s", write_report(cfg.run.output_dir, evals, "nemo-orchestra GRPO run"))
-        if cfg.export.enabled:
-            weights = full_state_dict(trainer.policy.module)  # gathered from the TP/PP shards: every rank joins
-            if info.is_main:
-                out = cfg.export.dir or os.path.join(cfg.run.output_dir, "hf")
-                export_hf(weights, cfg.model, trainer.vocab_size, trainer.tokenizer, out)
-                log.info("exported Hugging Face checkpoint to %s", out)
+        if info.is_main:
+            rc.report_cut(cfg.run.output_dir, trainer.step)
+        eval_tasks = load_eval_tasks(cfg) if cfg.evaluation.enabled else []
+        evals = {f"step {trainer.step}": trainer.evaluate_heldout(eval_tasks)} if eval_tasks else {}
+        stop.in_loop = True
+        try:
+            trainer.fit(ckpt_root, stop.requested)
+        except rc.StopNow as e:  # a second signal dropped the step in flight
+            log.warning("%s", rc.stop_line(e.signum, trainer.step, ckpt_root, in_flight=True))
+            return 128 + e.signum
+        stop.in_loop = False
+        if stop.signum is not None:
+            return rc.stopped(stop, trainer.step, ckpt_root, cfg.run.max_restarts)
+        finish(cfg, info, trainer, evals, eval_tasks)
     destroy_distributed()
     return 0
 
 
+def finish(cfg, info, trainer, evals: dict, eval_tasks: list) -> None:
+    """The final held-out evaluation, report and Hugging Face export."""
+    from nemo_orchestra.hf.export import export_hf
+    from nemo_orchestra.hf.qwen3 import full_state_dict
+    from nemo_orchestra.train.report import plot_curves, write_report
+
+    if eval_tasks:
+        if info.is_main:  # for recomputing the held-out figures: recipes/evaluate.py tasks=...
+            with open(os.path.join(cfg.run.output_dir, "heldout.jsonl"), "w") as f:
+                f.writelines(t.to_json() + "\n" for t in eval_tasks)
+        evals[f"step {trainer.step}"] = trainer.evaluate_heldout(eval_tasks)
+        if info.is_main:
+            plot_curves(cfg.run.output_dir)
+            log.info("report: %s", write_report(cfg.run.output_dir, evals, "nemo-orchestra GRPO run"))
+    if cfg.export.enabled:
+        weights = full_state_dict(trainer.policy.module)  # gathered from the TP/PP shards: every rank joins
+        if info.is_main:
+            out = cfg.export.dir or os.path.join(cfg.run.output_dir, "hf")
+            export_hf(weights, cfg.model, trainer.vocab_size, trainer.tokenizer, out)
+            log.info("exported Hugging Face checkpoint to %s", out)
+
+
 if __name__ == "__main__":
+    from nemo_orchestra.train.reaper import contain
+
+    contain()  # every process this run starts ends with it, SIGKILL included
     sys.exit(main(sys.argv[1:]))

@@ -18,11 +18,17 @@ falls back past any that fail, with a warning naming the file; when checkpoints 
 is intact it raises ``CheckpointError`` naming the newest one's bad file. Digests cost one read
 of the checkpoint at save and at resume (threads, ~1 GB/s per core; on several ranks only rank 0
 reads and broadcasts the verdict). A checkpoint written before manifests existed is refused
-until sealed by hand (``python -m nemo_orchestra.train.checkpoint seal FOLDER``).
+until sealed by hand (``python -m nemo_orchestra.train.checkpoint seal FOLDER``). A ``latest``
+that names a missing or unreadable folder is reported, and the newest intact checkpoint is used.
+
+Disk space: before each save the free space is compared with the newest checkpoint's size (from
+its manifest); a save that runs out of space anyway removes its partial folder. Both stop with
+``CheckpointSpaceError``, one line naming the path and the bytes.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -42,21 +48,36 @@ log = logging.getLogger(__name__)
 
 
 def save_checkpoint(root: str, step: int, policy, extra: dict, keep: int, rank: int, model_cfg=None,
-                    vocab_size: int = 0) -> str:
-    """Write ``root/step_XXXXXXXX`` (collective: every rank calls it). ``extra`` goes to the common state."""
+                    vocab_size: int = 0, rng: dict | None = None) -> str:
+    """Write ``root/step_XXXXXXXX`` (collective: every rank calls it). ``extra`` goes to the common state;
+    ``rng`` is this rank's RNG state to store (default: the current one).
+
+    A disk that cannot hold it stops the save with ``CheckpointSpaceError`` (one line: the path, the
+    bytes needed and free) before writing when the last checkpoint's size is more than the free
+    space, or when the write itself runs out of space; the partial folder is removed."""
     final = os.path.join(root, f"step_{step:08d}")
     tmp = final + ".tmp"
+    check_free_space(root)
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
     _barrier()
-    dist_ckpt.save(tmp, policy=policy, common={"step": step, **extra})  # needs an empty folder
-    torch.save(rng_state(), os.path.join(tmp, f"rng_rank_{rank:05d}.pt"))
-    _barrier()
+    try:
+        dist_ckpt.save(tmp, policy=policy, common={"step": step, **extra})  # needs an empty folder
+        torch.save(rng if rng is not None else rng_state(), os.path.join(tmp, f"rng_rank_{rank:05d}.pt"))
+        _barrier()
+        if rank == 0:
+            if model_cfg is not None:
+                dist_ckpt.write_meta(tmp, model_cfg, vocab_size, step=step, layout=_layout())
+            write_manifest(tmp)  # last: its presence says every file above is complete
+    except Exception as e:
+        if not _out_of_space(e):
+            raise
+        written = _folder_bytes(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointSpaceError(f"{tmp}: no space left on device after {written} bytes; the checkpoint needs "
+                                   f"{_needed(root, written)}, {_free(root)} bytes free (partial folder removed)") from None
     if rank == 0:
-        if model_cfg is not None:
-            dist_ckpt.write_meta(tmp, model_cfg, vocab_size, step=step, layout=_layout())
-        write_manifest(tmp)  # last: its presence says every file above is complete
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         with open(os.path.join(root, "latest.tmp"), "w") as f:
@@ -65,6 +86,79 @@ def save_checkpoint(root: str, step: int, policy, extra: dict, keep: int, rank: 
         _prune(root, keep)
     _barrier()
     return final
+
+
+class CheckpointSpaceError(OSError):
+    """The checkpoint does not fit on its disk; the message names the path and the bytes."""
+
+
+def checkpoint_bytes(folder: str) -> int:
+    """The size of a sealed checkpoint, from its manifest."""
+    return sum(size for size, _ in _read_manifest(folder).values())
+
+
+def check_free_space(root: str) -> None:
+    """Raise ``CheckpointSpaceError`` when the newest checkpoint of ``root`` is larger than the free space."""
+    previous = _newest_sealed(root)
+    if previous is None:
+        return
+    needed, free = checkpoint_bytes(previous), _free(root)
+    if needed > free:
+        raise CheckpointSpaceError(f"{root}: {free} bytes free, a checkpoint needs about {needed} "
+                                   f"(the size of {os.path.basename(previous)}); free space or move run.output_dir")
+
+
+def _newest_sealed(root: str) -> str | None:
+    for folder in _candidates(root) if os.path.isdir(root) else []:
+        if os.path.isfile(os.path.join(folder, MANIFEST)):
+            return folder
+    return None
+
+
+def _needed(root: str, written: int) -> str:
+    previous = _newest_sealed(root)
+    if previous is not None:
+        return f"about {checkpoint_bytes(previous)} bytes (the size of {os.path.basename(previous)})"
+    return f"more than {written} bytes"
+
+
+def _free(root: str) -> int:
+    return shutil.disk_usage(root).free
+
+
+def _folder_bytes(folder: str) -> int:
+    total = 0
+    for dirpath, _, names in os.walk(folder):
+        for n in names:
+            try:
+                total += os.path.getsize(os.path.join(dirpath, n))
+            except OSError:
+                pass
+    return total
+
+
+def _out_of_space(e: BaseException) -> bool:
+    """ENOSPC anywhere in ``e``: itself, its causes, or the per-rank failures of torch's CheckpointException."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(e) or f"[Errno {errno.ENOSPC}]" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def remove_checkpoints(root: str) -> list[str]:
+    """Delete every checkpoint folder of ``root`` and ``latest``; returns the names removed."""
+    if not os.path.isdir(root):
+        return []
+    names = sorted(d for d in os.listdir(root) if d.startswith("step_") or d in ("latest", "latest.tmp"))
+    for name in names:
+        path = os.path.join(root, name)
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    return names
 
 
 def _prune(root: str, keep: int) -> None:
@@ -223,18 +317,30 @@ def _candidates(root: str) -> list[str]:
     """Finished checkpoint folders, the one ``latest`` names first, then newest first."""
     found = sorted((d for d in os.listdir(root) if d.startswith("step_") and not d.endswith(".tmp")
                     and os.path.isdir(os.path.join(root, d))), reverse=True)
-    pointer = os.path.join(root, "latest")
-    if os.path.isfile(pointer):
-        with open(pointer) as f:
-            named = f.read().strip()
-        if named in found:
-            found.remove(named)
-            found.insert(0, named)
+    named = _latest_pointer(root)
+    if named in found:
+        found.remove(named)
+        found.insert(0, named)
     return [os.path.join(root, d) for d in found]
+
+
+def _latest_pointer(root: str) -> str | None:
+    pointer = os.path.join(root, "latest")
+    if not os.path.lexists(pointer):
+        return None
+    try:
+        with open(pointer) as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        return f"<unreadable: {type(e).__name__}>"
 
 
 def _newest_intact(root: str) -> str | None:
     candidates = _candidates(root) if os.path.isdir(root) else []
+    named = _latest_pointer(root) if candidates else None
+    if named is not None and os.path.join(root, named) != candidates[0]:
+        log.warning("%s/latest names %s, which is not there: using the newest checkpoint found instead, %s",
+                    root, named, os.path.basename(candidates[0]))
     problems = []
     for folder in candidates:
         try:

@@ -39,11 +39,14 @@ from nemo_orchestra.train.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     load_checkpoint,
+    rng_state,
     save_checkpoint,
+    set_rng_state,
 )
 from nemo_orchestra.train.flops import forward_flops, perf_metrics, sequence_lengths
 from nemo_orchestra.train.metrics import MetricLogger
 from nemo_orchestra.train.policy import Policy, reset_optimizer_state, set_lr
+from nemo_orchestra.train.run_control import SaveSchedule, agree, param_versions
 from nemo_orchestra.train.step import (
     grpo_update,
     minibatch_packs,
@@ -324,13 +327,19 @@ class Trainer:
             return False
         state = load_checkpoint(folder, self.policy, self.rank)
         self.step = state["step"]
-        self.sync_weights(self.step)
+        rng = rng_state()
+        self.sync_weights(self.step)  # may start the engine, whose construction draws random numbers
+        set_rng_state(rng)  # the checkpoint's: the next step samples as the uninterrupted run's did
         log.info("resumed from %s at step %d", folder, self.step)
         return True
 
-    def fit(self, ckpt_root: str) -> None:
+    def fit(self, ckpt_root: str, stop: Callable[[], bool] = lambda: False) -> None:
+        """GRPO steps up to ``trainer.max_steps``, or until ``stop()`` is true on any rank after a step.
+        Checkpoints by ``checkpoint.save_every`` / ``save_every_s``, at the last step and when stopping."""
         from tqdm import tqdm
 
+        c = self.cfg.checkpoint
+        schedule = SaveSchedule(c.save_every, c.save_every_s, self.cfg.trainer.max_steps, last_saved=self.step)
         bar = tqdm(total=self.cfg.trainer.max_steps, initial=self.step, desc="grpo", disable=self.rank != 0,
                    dynamic_ncols=True)
         if self.rollouts is None and self.cfg.rollout.max_staleness > 0:
@@ -339,24 +348,44 @@ class Trainer:
             self.rollouts = AsyncRollouts(self.loop, self.step_rollouts, self.cfg.rollout.max_staleness,
                                           self.cfg.trainer.max_steps)
         try:
-            self._fit_steps(ckpt_root, bar)
+            self._fit_steps(ckpt_root, bar, schedule, stop)
         finally:  # rollouts in flight are dropped; the event loop is this thread's again
             if self.rollouts is not None:
                 self.rollouts.close()
                 self.rollouts = None
         bar.close()
 
-    def _fit_steps(self, ckpt_root: str, bar) -> None:
+    def _fit_steps(self, ckpt_root: str, bar, schedule: SaveSchedule, stop: Callable[[], bool]) -> None:
         while self.step < self.cfg.trainer.max_steps:
-            metrics = self.grpo_step()
+            metrics = self.guarded_step(ckpt_root, schedule)
             self.step += 1
             self.logger.log(self.step, metrics)
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['reward/outcome']:.2f}")
-            every = self.cfg.checkpoint.save_every
-            if (every and self.step % every == 0) or self.step == self.cfg.trainer.max_steps:
-                save_checkpoint(ckpt_root, self.step, self.policy, {"data_position": self.step},
-                                self.cfg.checkpoint.keep, self.rank, self.cfg.model, self.vocab_size)
+            stopping, by_time = agree([stop(), schedule.by_time()], self.policy.device)
+            if schedule.by_step(self.step) or by_time or stopping:
+                self.save(ckpt_root)
+                schedule.saved(self.step)
+            if stopping:
+                break
+
+    def guarded_step(self, ckpt_root: str, schedule: SaveSchedule) -> dict:
+        """``grpo_step()``; if it raises (an error, or a signal that drops the step) before touching the
+        weights, the last completed step is saved first when it is not yet (one process: a save is
+        collective), with the RNG state it had, so that a resumed run redoes this step exactly."""
+        versions, rng = param_versions(self.policy.module), rng_state()
+        try:
+            return self.grpo_step()
+        except BaseException:
+            alone = not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1
+            if alone and self.step > schedule.last_saved and param_versions(self.policy.module) == versions:
+                log.warning("step %d did not finish: saving step %d, the last completed one", self.step + 1, self.step)
+                self.save(ckpt_root, rng)
+            raise
+
+    def save(self, ckpt_root: str, rng: dict | None = None) -> str:
+        return save_checkpoint(ckpt_root, self.step, self.policy, {"data_position": self.step},
+                               self.cfg.checkpoint.keep, self.rank, self.cfg.model, self.vocab_size, rng=rng)
 
     def close(self) -> None:
         try:

@@ -108,8 +108,9 @@ class VLLMEngine(GenerationEngine):
         self._shm = None  # the CPU weight-sync segment, made at the first sync
         max_model_len = min(max_model_len or model_cfg.max_position_embeddings, model_cfg.max_position_embeddings)
         kv_bytes = kv_cache_bytes or self._kv_bytes(max_model_len)
-        # Weight-sync files go to a private folder, removed at close() or when the engine is collected.
-        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        # Weight-sync files go to a private folder, removed at close() or when the engine is collected
+        # (inside the run's /dev/shm folder, which train/reaper.py removes however the run ends)
+        shm = os.environ.get("NEMO_ORCHESTRA_RUN_SHM") or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
         self._dir = tempfile.mkdtemp(prefix="nemo-orchestra-vllm-", dir=shm)
         self._segments: list = []  # shared-memory segments, unlinked with the folder
         self._cleanup = weakref.finalize(self, remove, self._dir, self._segments)
