@@ -148,6 +148,11 @@ class Trainer:
     def take_rollouts(self) -> tuple[list[Trajectory], dict, float]:
         """This step's rollouts, their engine timings and the seconds the trainer waited for them."""
         context = tool_service_context(self.cfg.run.output_dir, self.step)
+        if self.rollouts is None and self.cfg.rollout.max_staleness > 0:
+            assert self.engine is not None and not self.engine.capabilities.reads_policy_weights, \
+                "rollout.max_staleness > 0 needs an engine with its own weights (checked by the config)"
+            self.rollouts = AsyncRollouts(self.loop, self.step_rollouts, self.cfg.rollout.max_staleness,
+                                          self.cfg.trainer.max_steps)
         if self.rollouts is None:
             t0 = time.perf_counter()
             trajs, stats = with_tool_service(lambda: self.loop.run_until_complete(self.step_rollouts(self.step)),
@@ -155,6 +160,12 @@ class Trainer:
             return trajs, stats, time.perf_counter() - t0
         (trajs, stats), waited = with_tool_service(lambda: self.rollouts.take(self.step), self.client, **context)
         return trajs, stats, waited
+
+    def stop_rollouts_ahead(self) -> None:
+        """Drop the rollouts in flight for later steps; the event loop is this thread's again."""
+        if self.rollouts is not None:
+            self.rollouts.close()
+            self.rollouts = None
 
     def drop_stale(self, trajs: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
         """Trajectories whose oldest turn is at most ``rollout.max_staleness`` versions behind this step's
@@ -342,17 +353,10 @@ class Trainer:
         schedule = SaveSchedule(c.save_every, c.save_every_s, self.cfg.trainer.max_steps, last_saved=self.step)
         bar = tqdm(total=self.cfg.trainer.max_steps, initial=self.step, desc="grpo", disable=self.rank != 0,
                    dynamic_ncols=True)
-        if self.rollouts is None and self.cfg.rollout.max_staleness > 0:
-            assert self.engine is not None and not self.engine.capabilities.reads_policy_weights, \
-                "rollout.max_staleness > 0 needs an engine with its own weights (checked by the config)"
-            self.rollouts = AsyncRollouts(self.loop, self.step_rollouts, self.cfg.rollout.max_staleness,
-                                          self.cfg.trainer.max_steps)
         try:
             self._fit_steps(ckpt_root, bar, schedule, stop)
-        finally:  # rollouts in flight are dropped; the event loop is this thread's again
-            if self.rollouts is not None:
-                self.rollouts.close()
-                self.rollouts = None
+        finally:
+            self.stop_rollouts_ahead()
         bar.close()
 
     def _fit_steps(self, ckpt_root: str, bar, schedule: SaveSchedule, stop: Callable[[], bool]) -> None:
@@ -389,6 +393,7 @@ class Trainer:
 
     def close(self) -> None:
         try:
+            self.stop_rollouts_ahead()
             self.logger.close()
             self.loop.run_until_complete(self.client.aclose())
             self.loop.close()

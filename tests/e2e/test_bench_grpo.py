@@ -40,3 +40,16 @@ def test_grpo_benchmark_rejects_a_bad_override(tmp_path):
     p = subprocess.run([sys.executable, SCRIPT, "grpo", "rollout.group_size=one"], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 2 and "rollout.group_size" in p.stdout + p.stderr
+
+
+def test_grpo_benchmark_runs_rollouts_ahead_with_max_staleness(tmp_path):
+    out = tmp_path / "grpo.json"
+    p = subprocess.run([sys.executable, SCRIPT, "grpo", "--steps", "3", "--warmup", "0", "--out", str(out),
+                        f"run.output_dir={tmp_path / 'run'}", *TINY, "rollout.max_staleness=1", "loss.tis_cap=2.0"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["config"]["max_staleness"] == 1
+    steps = report["steps"]
+    assert max(m["rollout/staleness_max"] for m in steps) == 1  # later steps' rollouts ran during training
+    assert all(m["rollout/stale_dropped"] == 0 for m in steps)

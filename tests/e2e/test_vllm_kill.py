@@ -34,6 +34,7 @@ def test_sigkill_of_a_vllm_run_leaves_no_process_and_no_folder(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     _assert_nothing_left(tmp, children)
-    if os.path.isdir("/dev/shm"):  # the run's folder there (the engine's weight files) is gone too
-        ours = [n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith(f"nor-{proc.pid}-")]
+    if os.path.isdir("/dev/shm"):  # the run's folder there and the weight-sync segments (psm_*) are gone too
+        ours = [n for n in set(os.listdir("/dev/shm")) - shm_before
+                if n.startswith(f"nor-{proc.pid}-") or n.startswith("psm_")]
         assert not ours, f"left in /dev/shm: {ours}"
