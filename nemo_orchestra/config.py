@@ -176,6 +176,8 @@ class AdvantageConfig:
     eps: float = MISSING
     clip: Optional[float] = MISSING
     min_group_std: float = MISSING
+    drop_format_errors: bool = MISSING  # rollouts with a malformed tool call: out of the loss (ToolOrchestra's filter)
+    drop_unanswered: bool = MISSING  # rollouts that never called answer: out of the loss
 
     def validate(self) -> None:
         _check(self.mode in ("std", "mean", "loo"), "advantage.mode", "must be std, mean or loo")

@@ -9,7 +9,7 @@ import torch
 
 import kernels
 from nemo_orchestra.config import AdvantageConfig
-from nemo_orchestra.types import Trajectory
+from nemo_orchestra.types import StopReason, Trajectory
 
 STD_TOLERANCE = 1e-8  # a group's reward std must exceed min_group_std by this to count as informative
 
@@ -38,10 +38,17 @@ def assign_advantages(trajectories: Sequence[Trajectory], cfg: AdvantageConfig,
     keep = (std > cfg.min_group_std + STD_TOLERANCE).tolist()
     keep_groups = {g for g, k in zip(groups.tolist(), keep) if k}
     kept = [t for t in trajectories if t.group in keep_groups]
-    return kept, {
+    # ToolOrchestra's rollout filters: such rollouts count in their group's statistics (as reward 0)
+    # but are not trained on
+    malformed = [t for t in kept if cfg.drop_format_errors and t.format_errors > 0]
+    unanswered = [t for t in kept if cfg.drop_unanswered and t.stop_reason != StopReason.ANSWER]
+    dropped = {id(t) for t in malformed + unanswered}
+    return [t for t in kept if id(t) not in dropped], {
         "advantage/groups_kept": len(keep_groups),
         "advantage/groups_dropped": len(groups) - len(keep_groups),
         "advantage/abs_mean": float(adv.abs().mean()),
+        "advantage/dropped_format_errors": len(malformed),
+        "advantage/dropped_unanswered": len(unanswered),
     }
 
 

@@ -11,7 +11,7 @@ from tests.unit.helpers import loss_cfg, task, traj
 
 
 def _adv_cfg(**kw):
-    base = dict(mode="std", eps=1e-6, clip=3.0, min_group_std=0.0)
+    base = dict(mode="std", eps=1e-6, clip=3.0, min_group_std=0.0, drop_format_errors=False, drop_unanswered=False)
     base.update(kw)
     return AdvantageConfig(**base)
 
@@ -112,3 +112,20 @@ def test_rollout_metrics_report_expert_choice_per_preference_profile():
     assert m["rollout/expert_share/cost_sensitive/expert-medium"] == 0.0
     assert m["rollout/expert_share/accuracy_first/expert-large"] == 1.0
     assert not any(k.startswith("rollout/expert_share/") and "medium" in k and m[k] for k in m)
+
+
+def test_rollout_filters_mask_malformed_and_unanswered_rollouts_but_keep_them_in_the_baseline():
+    trajs = [traj(group=0) for _ in range(4)]
+    for t, r in zip(trajs, [1.0, 0.0, 0.0, 1.0]):
+        t.reward, t.stop_reason = r, "answer"
+    trajs[1].format_errors = 2  # a malformed call, then an answer
+    trajs[2].stop_reason = "max_turns"  # never answered
+    kept, m = assign_advantages(trajs, _adv_cfg())
+    assert kept == trajs and m["advantage/dropped_format_errors"] == m["advantage/dropped_unanswered"] == 0
+    baseline = [t.advantage for t in trajs]
+    kept, m = assign_advantages(trajs, _adv_cfg(drop_format_errors=True, drop_unanswered=True))
+    assert kept == [trajs[0], trajs[3]]
+    assert m["advantage/dropped_format_errors"] == 1 and m["advantage/dropped_unanswered"] == 1
+    assert [t.advantage for t in trajs] == baseline  # the group's mean and std still include them
+    kept, _ = assign_advantages(trajs, _adv_cfg(drop_unanswered=True))
+    assert kept == [trajs[0], trajs[1], trajs[3]]
