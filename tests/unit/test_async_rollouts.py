@@ -112,6 +112,9 @@ def test_async_rollouts_start_within_k_versions_and_drop_nothing_on_close():
         taken[0] += 1
         assert waited >= 0
     assert results == [f"rollouts of step {j}" for j in range(4)]
+    deadline = time.monotonic() + 10
+    while len(started) < 5 and time.monotonic() < deadline:  # step 4 was submitted; its coroutine starts soon
+        time.sleep(0.01)
     assert all(j - k <= 2 for j, k in started), started  # step j started when at least j - 2 steps were taken
     assert sorted(j for j, _ in started) == [0, 1, 2, 3, 4]  # never past last_step
     ahead.close()

@@ -54,6 +54,7 @@ def test_a_resumed_run_replaces_the_steps_logged_past_its_checkpoint(tmp_path):
     for i in (1, 2, 3):  # killed after step 3, its checkpoint was at step 1
         first.log(i, {"reward/mean": float(i)})
     first._tb.flush()  # a SIGKILL leaves what was flushed: what log() flushes
+    time.sleep(1.1)  # event files sort by their name's timestamp (seconds), as a relaunch's later file does
     resumed = MetricLogger(str(tmp_path), cfg=_cfg())
     resumed.log(2, {"reward/mean": 20.0})
     resumed.log(3, {"reward/mean": 30.0})

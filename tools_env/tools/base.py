@@ -62,17 +62,24 @@ class Tool:
     async def call(self, arguments: dict[str, Any], ctx: EpisodeContext) -> ToolResult:
         raise NotImplementedError
 
-    def check_arguments(self, arguments: Any) -> dict[str, Any]:
-        """Validate required keys and JSON types against ``parameters``; raise ToolArgumentError."""
+    def check_argument_names(self, arguments: Any) -> dict[str, Any]:
+        """An object with every required key and no unknown one; its property schemas. Raises
+        ToolArgumentError."""
         if not isinstance(arguments, dict):
             raise ToolArgumentError(f"{self.name}: arguments must be a JSON object")
         props = self.parameters.get("properties", {})
         for key in self.parameters.get("required", []):
             if key not in arguments:
                 raise ToolArgumentError(f"{self.name}: missing argument '{key}'")
-        for key, value in arguments.items():
+        for key in arguments:
             if key not in props:
                 raise ToolArgumentError(f"{self.name}: unknown argument '{key}'")
+        return props
+
+    def check_arguments(self, arguments: Any) -> dict[str, Any]:
+        """Validate required keys and JSON types against ``parameters``; raise ToolArgumentError."""
+        props = self.check_argument_names(arguments)
+        for key, value in arguments.items():
             want = props[key].get("type")
             if want and not _json_type_ok(value, want):
                 raise ToolArgumentError(f"{self.name}: argument '{key}' must be of type {want}")
