@@ -41,11 +41,20 @@ from typing import Any
 
 # on the trainer's critical path; generation and environment are the rollouts' own (they overlap
 # training when rollouts run ahead)
-PHASES = (("rollout_wait_s", "time/rollout_wait_s"), ("reference_logprobs_s", "time/ref_logprobs_s"),
-          ("training_s", "time/update_s"), ("weight_sync_s", "time/weight_sync_s"))
+PHASES = (
+    ("rollout_wait_s", "time/rollout_wait_s"),
+    ("reference_logprobs_s", "time/ref_logprobs_s"),
+    ("training_s", "time/update_s"),
+    ("weight_sync_s", "time/weight_sync_s"),
+)
 ROLLOUT_PHASES = (("generation_s", "time/generate_s"), ("environment_s", None))
-BENCH_DEFAULTS = ("sft.steps=0", "evaluation.enabled=false", "export.enabled=false", "checkpoint.save_every=0",
-                  "advantage.min_group_std=-1.0")
+BENCH_DEFAULTS = (
+    "sft.steps=0",
+    "evaluation.enabled=false",
+    "export.enabled=false",
+    "checkpoint.save_every=0",
+    "advantage.min_group_std=-1.0",
+)
 
 
 def add_args(parser: Any) -> None:
@@ -63,8 +72,9 @@ def summarize(steps: list[dict]) -> dict[str, float]:
         if key is not None:
             out[name] = mean(m.get(key, 0.0) for m in steps)
     # the rollouts' own wall time (generation, and waiting on tools) minus generation
-    out["environment_s"] = mean(m.get("time/rollouts_wall_s", m["time/rollout_s"]) - m.get("time/generate_s", 0.0)
-                                for m in steps)
+    out["environment_s"] = mean(
+        m.get("time/rollouts_wall_s", m["time/rollout_s"]) - m.get("time/generate_s", 0.0) for m in steps
+    )
     out["step_s"] = mean(m["time/step_s"] for m in steps)
     out["other_s"] = out["step_s"] - sum(out[name] for name, _ in PHASES)
     out["rollout_wait_share"] = out["rollout_wait_s"] / out["step_s"]
@@ -88,16 +98,23 @@ def table(summary: dict[str, float]) -> str:
     for name in [p for p, _ in PHASES] + ["other_s"]:
         rows.append(f"{name.removesuffix('_s'):<22}{summary[name]:>10.3f}{summary[name] / step:>9.1%}")
     rows.append(f"{'step':<22}{step:>10.3f}")
-    rows.append("rollouts (" + ", ".join(f"{name.removesuffix('_s')} {summary[name]:.3f} s" for name, _ in ROLLOUT_PHASES)
-                + "): overlap training when rollout.max_staleness > 0")
-    rows.append(f"tokens/s {summary['tokens_per_s']:.0f} ({summary['tokens_per_step']:.0f} tokens/step); "
-                f"generated tokens/s {summary['generated_tokens_per_s']:.0f} "
-                f"({summary['generated_tokens_per_step']:.0f}/step in {summary['generate_calls_per_step']:.1f} "
-                "engine calls)")
+    rows.append(
+        "rollouts ("
+        + ", ".join(f"{name.removesuffix('_s')} {summary[name]:.3f} s" for name, _ in ROLLOUT_PHASES)
+        + "): overlap training when rollout.max_staleness > 0"
+    )
+    rows.append(
+        f"tokens/s {summary['tokens_per_s']:.0f} ({summary['tokens_per_step']:.0f} tokens/step); "
+        f"generated tokens/s {summary['generated_tokens_per_s']:.0f} "
+        f"({summary['generated_tokens_per_step']:.0f}/step in {summary['generate_calls_per_step']:.1f} "
+        "engine calls)"
+    )
     if "mfu" in summary:
-        rows.append(f"MFU {summary['mfu']:.1%} in the logprob and training passes, {summary['step_mfu']:.1%} over "
-                    f"the step ({summary['tflops_per_gpu'] * 1e3:.1f} GFLOP/s of a {summary['peak_tflops'] * 1e3:.0f} "
-                    "GFLOP/s peak)")
+        rows.append(
+            f"MFU {summary['mfu']:.1%} in the logprob and training passes, {summary['step_mfu']:.1%} over "
+            f"the step ({summary['tflops_per_gpu'] * 1e3:.1f} GFLOP/s of a {summary['peak_tflops'] * 1e3:.0f} "
+            "GFLOP/s peak)"
+        )
     return "\n".join(rows)
 
 
@@ -105,8 +122,7 @@ def main(args: Any) -> int:
     from nemo_orchestra.config import ConfigError, load_config
 
     if args.steps < 1 or args.warmup < 0:
-        print(f"error: --steps must be >= 1 and --warmup >= 0 (got {args.steps} and {args.warmup})",
-              file=sys.stderr)
+        print(f"error: --steps must be >= 1 and --warmup >= 0 (got {args.steps} and {args.warmup})", file=sys.stderr)
         return 2
     overrides = list(args.overrides)
     if not any(o.startswith("run.output_dir=") for o in overrides):
@@ -126,6 +142,7 @@ def main(args: Any) -> int:
         cfg.perf.peak_tflops = matmul_peak_tflops(cfg.model.params_dtype)
     from nemo_orchestra.megatron.parallel import destroy_distributed, init_distributed
     from nemo_orchestra.train.build import build_trainer
+
     info = init_distributed(cfg.parallel, cfg.run.seed)
     measured: list[dict] = []
     with ExitStack() as stack:
@@ -139,8 +156,11 @@ def main(args: Any) -> int:
             trainer.step += 1
             tag = "warmup" if i < args.warmup else "measured"
             if info.is_main:
-                print(f"step {i + 1}/{args.warmup + args.steps} ({tag}): {m['time/step_s']:.2f} s, "
-                      f"{m['perf/tokens_per_s']:.0f} tokens/s", flush=True)
+                print(
+                    f"step {i + 1}/{args.warmup + args.steps} ({tag}): {m['time/step_s']:.2f} s, "
+                    f"{m['perf/tokens_per_s']:.0f} tokens/s",
+                    flush=True,
+                )
             if i >= args.warmup:
                 measured.append(m)
     destroy_distributed()
@@ -152,15 +172,30 @@ def main(args: Any) -> int:
     summary["peak_tflops"] = peak_tflops(cfg.perf.peak_tflops) or float("nan")
     report = {
         "benchmark": "grpo",
-        "config": {"model": cfg.model.name, "engine": cfg.rollout.engine, "parallel": vars(cfg.parallel),
-                   "params_dtype": cfg.model.params_dtype, "max_staleness": cfg.rollout.max_staleness,
-                   "prompts_per_step": cfg.data.prompts_per_step, "group_size": cfg.rollout.group_size,
-                   "max_turns": cfg.rollout.max_turns, "max_new_tokens_per_turn": cfg.rollout.max_new_tokens_per_turn,
-                   "sft_steps": cfg.sft.steps, "overrides": list(args.overrides)},
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                    "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"},
-        "setup_s": setup_s, "warmup_steps": args.warmup, "measured_steps": args.steps,
-        "per_step": summary, "steps": [{k: v for k, v in m.items() if not isinstance(v, list)} for m in measured],
+        "config": {
+            "model": cfg.model.name,
+            "engine": cfg.rollout.engine,
+            "parallel": vars(cfg.parallel),
+            "params_dtype": cfg.model.params_dtype,
+            "max_staleness": cfg.rollout.max_staleness,
+            "prompts_per_step": cfg.data.prompts_per_step,
+            "group_size": cfg.rollout.group_size,
+            "max_turns": cfg.rollout.max_turns,
+            "max_new_tokens_per_turn": cfg.rollout.max_new_tokens_per_turn,
+            "sft_steps": cfg.sft.steps,
+            "overrides": list(args.overrides),
+        },
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        },
+        "setup_s": setup_s,
+        "warmup_steps": args.warmup,
+        "measured_steps": args.steps,
+        "per_step": summary,
+        "steps": [{k: v for k, v in m.items() if not isinstance(v, list)} for m in measured],
     }
     out = args.out or os.path.join(cfg.run.output_dir, "bench_grpo.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

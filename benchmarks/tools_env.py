@@ -72,12 +72,12 @@ class _Conn(asyncio.Protocol):
         length, i = 0, head.find(b"content-length:")
         if i >= 0:
             j = head.find(b"\r\n", i)
-            length = int(head[i + 15:j if j > 0 else None])
+            length = int(head[i + 15 : j if j > 0 else None])
         if len(self.buf) < end + 4 + length:
             return
         status = int(head[9:12])
-        body = bytes(self.buf[end + 4:end + 4 + length])
-        del self.buf[:end + 4 + length]
+        body = bytes(self.buf[end + 4 : end + 4 + length])
+        del self.buf[: end + 4 + length]
         waiter, self.waiter = self.waiter, None
         waiter.set_result((status, body))
 
@@ -94,8 +94,10 @@ class _Conn(asyncio.Protocol):
 def _step_request(url: str, episode_id: str, body: bytes, token: str | None) -> bytes:
     host = urlsplit(url).netloc
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
-    return (f"POST /v1/episodes/{episode_id}/step HTTP/1.1\r\nHost: {host}\r\n{auth}"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"POST /v1/episodes/{episode_id}/step HTTP/1.1\r\nHost: {host}\r\n{auth}"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 async def _open(url: str) -> _Conn:
@@ -116,8 +118,9 @@ async def _episodes(client: ToolsEnvClient, tool: str, n: int) -> list[str]:
     return [c["episode_id"] for c in created]
 
 
-async def run_case(client: ToolsEnvClient, tool: str, episodes: int, seconds: float, warmup_s: float,
-                   rate: float | None = None) -> Row:
+async def run_case(
+    client: ToolsEnvClient, tool: str, episodes: int, seconds: float, warmup_s: float, rate: float | None = None
+) -> Row:
     """Closed loop (``rate=None``) or paced at ``rate`` total calls/s over ``episodes`` connections."""
     ids = await _episodes(client, tool, episodes)
     body = json.dumps({"name": tool, "arguments": TOOL_CALLS[tool]}).encode()
@@ -154,8 +157,17 @@ async def run_case(client: ToolsEnvClient, tool: str, episodes: int, seconds: fl
         c.transport.close()
     await asyncio.gather(*(client.delete_episode(i) for i in ids))
     latencies.sort()
-    return Row(tool, "paced" if rate else "saturate", episodes, len(latencies), seconds, len(latencies) / seconds,
-               1e3 * _percentile(latencies, 0.50), 1e3 * _percentile(latencies, 0.99), errors)
+    return Row(
+        tool,
+        "paced" if rate else "saturate",
+        episodes,
+        len(latencies),
+        seconds,
+        len(latencies) / seconds,
+        1e3 * _percentile(latencies, 0.50),
+        1e3 * _percentile(latencies, 0.99),
+        errors,
+    )
 
 
 async def run_client_case(client: ToolsEnvClient, tool: str, episodes: int, seconds: float, warmup_s: float) -> Row:
@@ -178,12 +190,29 @@ async def run_client_case(client: ToolsEnvClient, tool: str, episodes: int, seco
     await asyncio.gather(*(drive(i) for i in ids))
     await asyncio.gather(*(client.delete_episode(i) for i in ids))
     latencies.sort()
-    return Row(tool, "client", episodes, len(latencies), seconds, len(latencies) / seconds,
-               1e3 * _percentile(latencies, 0.50), 1e3 * _percentile(latencies, 0.99), errors)
+    return Row(
+        tool,
+        "client",
+        episodes,
+        len(latencies),
+        seconds,
+        len(latencies) / seconds,
+        1e3 * _percentile(latencies, 0.50),
+        1e3 * _percentile(latencies, 0.99),
+        errors,
+    )
 
 
-async def _bench(urls: list[str], tools: list[str], concurrency: list[int], seconds: float,
-                 paced_rate: float, warmup_s: float, workers: int, sandbox: str = "") -> list[Row]:
+async def _bench(
+    urls: list[str],
+    tools: list[str],
+    concurrency: list[int],
+    seconds: float,
+    paced_rate: float,
+    warmup_s: float,
+    workers: int,
+    sandbox: str = "",
+) -> list[Row]:
     rows = []
     client = ToolsEnvClient(urls)
 
@@ -206,20 +235,32 @@ async def _bench(urls: list[str], tools: list[str], concurrency: list[int], seco
     return rows
 
 
-_HEADER = (f"{'tool':<16} {'mode':<9} {'workers':>7} {'episodes':>8} {'calls':>8} {'calls/s':>9} {'p50 ms':>8} "
-           f"{'p99 ms':>8} {'errors':>6}")
+_HEADER = (
+    f"{'tool':<16} {'mode':<9} {'workers':>7} {'episodes':>8} {'calls':>8} {'calls/s':>9} {'p50 ms':>8} "
+    f"{'p99 ms':>8} {'errors':>6}"
+)
 
 
 def _print_row(r: Row) -> None:
     tool = f"{r.tool} ({r.sandbox})" if r.sandbox else r.tool
-    print(f"{tool:<16} {r.mode:<9} {r.workers:>7} {r.episodes:>8} {r.calls:>8} {r.calls_per_s:>9.0f} "
-          f"{r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.errors:>6}", flush=True)
+    print(
+        f"{tool:<16} {r.mode:<9} {r.workers:>7} {r.episodes:>8} {r.calls:>8} {r.calls_per_s:>9.0f} "
+        f"{r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.errors:>6}",
+        flush=True,
+    )
 
 
-def run(out: str | None = None, *, workers: tuple[int, ...] = (1, 2), seconds: float = 4.0,
-        concurrency: tuple[int, ...] = (1, 64, 512), paced_rate: float = 2000.0,
-        tools: tuple[str, ...] = ("calculator", "python"), warmup_s: float = 1.0,
-        python_paths: tuple[str, ...] = ("warm",)) -> dict[str, Any]:
+def run(
+    out: str | None = None,
+    *,
+    workers: tuple[int, ...] = (1, 2),
+    seconds: float = 4.0,
+    concurrency: tuple[int, ...] = (1, 64, 512),
+    paced_rate: float = 2000.0,
+    tools: tuple[str, ...] = ("calculator", "python"),
+    warmup_s: float = 1.0,
+    python_paths: tuple[str, ...] = ("warm",),
+) -> dict[str, Any]:
     """Start the service for each worker count, run every case, print the table and write the JSON
     report to ``out``. ``python`` runs only with the first worker count (the sandbox, not the
     service, bounds it), once per sandbox path in ``python_paths`` (warm, cold)."""
@@ -249,16 +290,23 @@ def run(out: str | None = None, *, workers: tuple[int, ...] = (1, 2), seconds: f
                 rows += runner(_bench(svc.urls, these, list(concurrency), seconds, paced_rate, warmup_s, n_workers))
         for path in python_paths if k == 0 and "python" in tools else ():
             with start_service({**config, "python": {"warm": path == "warm"}}, workers=n_workers) as svc:
-                rows += runner(_bench(svc.urls, ["python"], list(concurrency), seconds, paced_rate, warmup_s,
-                                      n_workers, path))
-    notes.append(f"1-minute load average before: {load_before:.2f}, after: {os.getloadavg()[0]:.2f} "
-                 "(other processes on the machine skew the figures)")
+                rows += runner(
+                    _bench(svc.urls, ["python"], list(concurrency), seconds, paced_rate, warmup_s, n_workers, path)
+                )
+    notes.append(
+        f"1-minute load average before: {load_before:.2f}, after: {os.getloadavg()[0]:.2f} "
+        "(other processes on the machine skew the figures)"
+    )
     for n in notes:
         print(f"note: {n}")
     report = {
         "benchmark": "tools_env",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                    "generator_loop": loop_name},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "generator_loop": loop_name,
+        },
         "seconds_per_case": seconds,
         "paced_rate": paced_rate,
         "notes": notes,
@@ -281,7 +329,12 @@ def add_args(parser: Any) -> None:
 
 
 def main(args: Any) -> int:
-    run(args.out, workers=tuple(int(w) for w in args.workers.split(",")), seconds=args.seconds,
-        paced_rate=args.paced_rate, tools=tuple(t for t in args.tools.split(",") if t),
-        python_paths=tuple(p for p in args.python_paths.split(",") if p))
+    run(
+        args.out,
+        workers=tuple(int(w) for w in args.workers.split(",")),
+        seconds=args.seconds,
+        paced_rate=args.paced_rate,
+        tools=tuple(t for t in args.tools.split(",") if t),
+        python_paths=tuple(p for p in args.python_paths.split(",") if p),
+    )
     return 0

@@ -32,15 +32,25 @@ def main() -> None:
     from nemo_orchestra.config import load_config
     from nemo_orchestra.rollout.engines.vllm import DTYPES, VLLMEngine
 
-    cfg = load_config([f"model.num_layers={a.layers}", f"model.hidden_size={a.hidden}",
-                       f"model.num_attention_heads={a.heads}", f"model.num_query_groups={a.kv_heads}",
-                       "model.head_dim=128", f"model.ffn_hidden_size={a.ffn}", f"model.params_dtype={a.dtype}",
-                       "model.tie_embeddings=true", "model.max_position_embeddings=2048"])
+    cfg = load_config(
+        [
+            f"model.num_layers={a.layers}",
+            f"model.hidden_size={a.hidden}",
+            f"model.num_attention_heads={a.heads}",
+            f"model.num_query_groups={a.kv_heads}",
+            "model.head_dim=128",
+            f"model.ffn_hidden_size={a.ffn}",
+            f"model.params_dtype={a.dtype}",
+            "model.tie_embeddings=true",
+            "model.max_position_embeddings=2048",
+        ]
+    )
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     state = random_state(cfg.model, a.vocab, DTYPES[a.dtype], device)
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
-    engine = VLLMEngine(cfg.model, a.vocab, None, device, state, sync_timeout_s=600, max_model_len=512,
-                        kv_cache_bytes=256 * 1024**2)
+    engine = VLLMEngine(
+        cfg.model, a.vocab, None, device, state, sync_timeout_s=600, max_model_len=512, kv_cache_bytes=256 * 1024**2
+    )
     results = {"device": str(device), "params": sum(t.numel() for t in state.values()), "gb": nbytes / 1e9}
     try:
         for transfer in ("file", "memory"):
@@ -63,11 +73,19 @@ def random_state(model, vocab: int, dtype: torch.dtype, device: torch.device) ->
     g = torch.Generator(device="cpu").manual_seed(0)
     h, d = model.hidden_size, model.head_dim
     qkv = (model.num_attention_heads + 2 * model.num_query_groups) * d
-    shapes = {"embedding.word_embeddings.weight": (vocab, h), "decoder.final_layernorm.weight": (h,),
-              "output_layer.weight": (vocab, h), "input_layernorm.weight": (h,), "linear_qkv.weight": (qkv, h),
-              "linear_proj.weight": (h, model.num_attention_heads * d), "pre_mlp_layernorm.weight": (h,),
-              "linear_fc1.weight": (2 * model.ffn_hidden_size, h), "linear_fc2.weight": (h, model.ffn_hidden_size),
-              "q_layernorm.weight": (d,), "k_layernorm.weight": (d,)}
+    shapes = {
+        "embedding.word_embeddings.weight": (vocab, h),
+        "decoder.final_layernorm.weight": (h,),
+        "output_layer.weight": (vocab, h),
+        "input_layernorm.weight": (h,),
+        "linear_qkv.weight": (qkv, h),
+        "linear_proj.weight": (h, model.num_attention_heads * d),
+        "pre_mlp_layernorm.weight": (h,),
+        "linear_fc1.weight": (2 * model.ffn_hidden_size, h),
+        "linear_fc2.weight": (h, model.ffn_hidden_size),
+        "q_layernorm.weight": (d,),
+        "k_layernorm.weight": (d,),
+    }
     state = {}
     for name in megatron_names(model):
         shape = shapes.get(name) or shapes[name.rsplit(".", 2)[-2] + ".weight"]

@@ -34,7 +34,8 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, causal=True, softmax_sc
     if not use_triton(q):
         return varlen_attention_ref(q, k, v, cu_seqlens, max_seqlen, causal=causal, softmax_scale=softmax_scale)
     return _kernel_module("varlen_attention").varlen_attention(
-        q, k, v, cu_seqlens, max_seqlen, causal=causal, softmax_scale=softmax_scale)
+        q, k, v, cu_seqlens, max_seqlen, causal=causal, softmax_scale=softmax_scale
+    )
 
 
 def grouped_advantage(rewards, *, group_ids=None, offsets=None, mode="std", eps=1e-6, clip=None):
@@ -42,7 +43,8 @@ def grouped_advantage(rewards, *, group_ids=None, offsets=None, mode="std", eps=
     if not use_triton(rewards):
         return grouped_advantage_ref(rewards, group_ids=group_ids, offsets=offsets, mode=mode, eps=eps, clip=clip)
     return _kernel_module("grouped_advantage").grouped_advantage(
-        rewards, group_ids=group_ids, offsets=offsets, mode=mode, eps=eps, clip=clip)
+        rewards, group_ids=group_ids, offsets=offsets, mode=mode, eps=eps, clip=clip
+    )
 
 
 _OPS = {"varlen_attention": varlen_attention, "grouped_advantage": grouped_advantage}
@@ -62,6 +64,7 @@ def make_op_module_callable(module_name, op):
     its package when it is first imported, over the op. A module imported some other way than
     through the op (a test, the benchmark) then still answers ``kernels.<op>(...)`` correctly.
     """
+
     class OpModule(types.ModuleType):
         def __call__(self, *args, **kwargs):
             return op(*args, **kwargs)

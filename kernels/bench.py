@@ -44,8 +44,13 @@ def packed_mix(seed, total=16384, lo=200, hi=8192):
     g = torch.Generator().manual_seed(seed)
     lengths = []
     while sum(lengths) < total:
-        n = int(torch.exp(torch.empty(1).uniform_(float(torch.log(torch.tensor(lo))),
-                                                  float(torch.log(torch.tensor(hi))), generator=g)))
+        n = int(
+            torch.exp(
+                torch.empty(1).uniform_(
+                    float(torch.log(torch.tensor(lo))), float(torch.log(torch.tensor(hi))), generator=g
+                )
+            )
+        )
         lengths.append(min(n, total - sum(lengths)))
     if len(lengths) > 1 and lengths[-1] < lo:  # fold a short remainder into the previous trajectory
         lengths[-2] += lengths.pop()
@@ -97,6 +102,7 @@ def bench_attention(device, mixes, n_heads, n_kv_heads, head_dim, dtype):
         dout = torch.randn(T, n_heads, head_dim, device=device, dtype=dtype)
         flops = causal_flops_fwd(lengths, n_heads, head_dim)
         for name, fn in attention_impls(device).items():
+
             def fwd():
                 with torch.no_grad():
                     fn(q, k, v, cu, max_len)
@@ -105,9 +111,19 @@ def bench_attention(device, mixes, n_heads, n_kv_heads, head_dim, dtype):
                 torch.autograd.grad(fn(q, k, v, cu, max_len), (q, k, v), dout)
 
             fwd_ms, fwd_bwd_ms = time_ms(fwd, device), time_ms(fwd_bwd, device)
-            rows.append({"mix": seed, "tokens": T, "n_seqs": len(lengths), "max_seqlen": max_len, "impl": name,
-                         "fwd_ms": fwd_ms, "fwd_tflops": flops / fwd_ms / 1e9,
-                         "fwd_bwd_ms": fwd_bwd_ms, "fwd_bwd_tflops": 3.5 * flops / fwd_bwd_ms / 1e9})
+            rows.append(
+                {
+                    "mix": seed,
+                    "tokens": T,
+                    "n_seqs": len(lengths),
+                    "max_seqlen": max_len,
+                    "impl": name,
+                    "fwd_ms": fwd_ms,
+                    "fwd_tflops": flops / fwd_ms / 1e9,
+                    "fwd_bwd_ms": fwd_bwd_ms,
+                    "fwd_bwd_tflops": 3.5 * flops / fwd_bwd_ms / 1e9,
+                }
+            )
     return rows
 
 
@@ -123,8 +139,10 @@ def bench_advantage(device, n=2**20, group=16):
     offsets = torch.arange(0, n + 1, group, device=device)
     ids = torch.arange(G, device=device).repeat_interleave(group)[torch.randperm(n, device=device)]
     bytes_moved = 2 * rewards.numel() * rewards.element_size() + offsets.numel() * offsets.element_size()
-    cases = {"reference_offsets": lambda: grouped_advantage_ref(rewards, offsets=offsets, clip=3.0),
-             "reference_ids": lambda: grouped_advantage_ref(rewards, group_ids=ids, clip=3.0)}
+    cases = {
+        "reference_offsets": lambda: grouped_advantage_ref(rewards, offsets=offsets, clip=3.0),
+        "reference_ids": lambda: grouped_advantage_ref(rewards, group_ids=ids, clip=3.0),
+    }
     if device == "cuda":
         from kernels.grouped_advantage import grouped_advantage_launch
 
@@ -159,9 +177,11 @@ def main(argv=None):
     adv = bench_advantage(device, n=2**20 if device == "cuda" else 2**16)
     result = {
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
-        "torch": torch.__version__, "attention_shape": shape,
+        "torch": torch.__version__,
+        "attention_shape": shape,
         "flops": "causal fwd = 4*Hq*D*sum_b L_b(L_b+1)/2; fwd+bwd = 3.5 * fwd",
-        "attention": attn, "advantage": adv,
+        "attention": attn,
+        "advantage": adv,
     }
     if device == "cuda":
         import triton
@@ -172,8 +192,11 @@ def main(argv=None):
             r["pct_of_hbm"] = 100 * r["gbs"] / result["hbm_copy_gbs"]
         print(f"HBM bandwidth (1 GiB device-to-device copy): {result['hbm_copy_gbs']:.0f} GB/s")
     print(f"device: {result['device']}  shape: {shape}")
-    print_table("varlen attention (causal)", attn,
-                ["mix", "tokens", "n_seqs", "impl", "fwd_ms", "fwd_tflops", "fwd_bwd_ms", "fwd_bwd_tflops"])
+    print_table(
+        "varlen attention (causal)",
+        attn,
+        ["mix", "tokens", "n_seqs", "impl", "fwd_ms", "fwd_tflops", "fwd_bwd_ms", "fwd_bwd_tflops"],
+    )
     print_table("grouped advantage", adv, [c for c in ("impl", "n", "group", "ms", "gbs", "pct_of_hbm") if c in adv[0]])
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

@@ -52,9 +52,23 @@ def _finish(dev, n, ss, eps, clip, MODE: tl.constexpr, HAS_CLIP: tl.constexpr):
 
 
 @triton.jit
-def _grouped_advantage_kernel(R, PERM, OFF, A, G, n_chunks, eps, clip, MODE: tl.constexpr, HAS_CLIP: tl.constexpr,
-                              HAS_PERM: tl.constexpr, ACC: tl.constexpr, GROUPS: tl.constexpr,
-                              BLOCK_N: tl.constexpr, ONE_CHUNK: tl.constexpr):
+def _grouped_advantage_kernel(
+    R,
+    PERM,
+    OFF,
+    A,
+    G,
+    n_chunks,
+    eps,
+    clip,
+    MODE: tl.constexpr,
+    HAS_CLIP: tl.constexpr,
+    HAS_PERM: tl.constexpr,
+    ACC: tl.constexpr,
+    GROUPS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ONE_CHUNK: tl.constexpr,
+):
     gs = tl.program_id(0) * GROUPS + tl.arange(0, GROUPS)
     mask_g = gs < G
     lo = tl.load(OFF + gs, mask=mask_g, other=0).to(tl.int64)
@@ -108,9 +122,23 @@ def grouped_advantage_launch(rewards_N, offsets_G1, max_group, mode, eps, clip, 
         groups = min(groups, 16)  # keep interpreter tiles small
     acc = tl.float64 if rewards_N.dtype == torch.float64 else tl.float32
     _grouped_advantage_kernel[(triton.cdiv(G, groups),)](
-        rewards_N, offsets_G1 if perm_N is None else perm_N, offsets_G1, out, G, n_chunks, float(eps),
-        float(clip or 0.0), MODE=MODES[mode], HAS_CLIP=clip is not None, HAS_PERM=perm_N is not None, ACC=acc,
-        GROUPS=groups, BLOCK_N=block_n, ONE_CHUNK=n_chunks == 1, num_warps=4 if block_n * groups <= 2048 else 8)
+        rewards_N,
+        offsets_G1 if perm_N is None else perm_N,
+        offsets_G1,
+        out,
+        G,
+        n_chunks,
+        float(eps),
+        float(clip or 0.0),
+        MODE=MODES[mode],
+        HAS_CLIP=clip is not None,
+        HAS_PERM=perm_N is not None,
+        ACC=acc,
+        GROUPS=groups,
+        BLOCK_N=block_n,
+        ONE_CHUNK=n_chunks == 1,
+        num_warps=4 if block_n * groups <= 2048 else 8,
+    )
     return out
 
 

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from kernels.checks import check_advantage_inputs, check_varlen_inputs
 
 
-def varlen_attention_ref(q_THD, k_THD, v_THD, cu_seqlens_B1, max_seqlen, *, causal=True, softmax_scale=None,
-                         return_lse=True):
+def varlen_attention_ref(
+    q_THD, k_THD, v_THD, cu_seqlens_B1, max_seqlen, *, causal=True, softmax_scale=None, return_lse=True
+):
     """Attention over packed sequences: one SDPA call per sequence (the fastest CPU path measured).
 
     q_THD is [T, Hq, D], k_THD and v_THD are [T, Hkv, D] with Hq a multiple of Hkv (query head h
@@ -31,16 +32,16 @@ def varlen_attention_ref(q_THD, k_THD, v_THD, cu_seqlens_B1, max_seqlen, *, caus
         lse = torch.empty(Hq, 0, dtype=torch.float32, device=q_THD.device) if return_lse else None
         return q_THD.clone(), lse
     q_HTD = q_THD.transpose(0, 1)
-    k_HTD, v_HTD = (x.transpose(0, 1).repeat_interleave(rep, dim=0) if rep > 1 else x.transpose(0, 1)
-                    for x in (k_THD, v_THD))
+    k_HTD, v_HTD = (
+        x.transpose(0, 1).repeat_interleave(rep, dim=0) if rep > 1 else x.transpose(0, 1) for x in (k_THD, v_THD)
+    )
     outs, lses = [], []
     for s, e in zip(cu[:-1], cu[1:]):
         if e == s:
             continue
         q_HLD, k_HLD, v_HLD = q_HTD[:, s:e], k_HTD[:, s:e], v_HTD[:, s:e]
         # a batch dimension of 1: 3-D inputs fall back to SDPA's math path (8x slower on CPU)
-        o_HLD = F.scaled_dot_product_attention(q_HLD[None], k_HLD[None], v_HLD[None], is_causal=causal,
-                                               scale=scale)[0]
+        o_HLD = F.scaled_dot_product_attention(q_HLD[None], k_HLD[None], v_HLD[None], is_causal=causal, scale=scale)[0]
         outs.append(o_HLD.transpose(0, 1))
         if return_lse:
             lses.append(_lse(q_HLD, k_HLD, scale, causal))

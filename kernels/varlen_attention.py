@@ -38,12 +38,17 @@ SHARED_MEMORY_BUDGET = 160 * 1024  # bytes; H100 has 228 KiB per SM
 # owns one block (outer) and steps along the diagonal by the other, so outer must be a multiple of it.
 # ---------------------------------------------------------------------------------------------
 
+
 def _configs(blocks, warps, stages, interpret_blocks):
     if kernels.triton_interpret():  # one small config: the interpreter proves correctness, not speed
         bm, bn = interpret_blocks
         return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn in blocks for w in warps for s in stages]
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+        for bm, bn in blocks
+        for w in warps
+        for s in stages
+    ]
 
 
 def keep(conf, outer):
@@ -51,20 +56,32 @@ def keep(conf, outer):
     return conf.kwargs[outer] % conf.kwargs[inner] == 0
 
 
-FWD_CONFIGS = [c for c in _configs([(128, 64), (128, 128), (64, 64), (128, 32)], [4, 8], [2, 3, 4], (16, 16))
-               if keep(c, outer="BLOCK_M")]  # a q block, stepped by key blocks
-DKDV_CONFIGS = [c for c in _configs([(32, 128), (64, 128), (32, 64), (64, 64)], [4, 8], [2, 3], (16, 32))
-                if keep(c, outer="BLOCK_N")]  # a key block, stepped by q blocks
-DQ_CONFIGS = [c for c in _configs([(128, 32), (128, 64), (64, 64), (64, 32)], [4, 8], [2, 3], (32, 16))
-              if keep(c, outer="BLOCK_M")]
+FWD_CONFIGS = [
+    c
+    for c in _configs([(128, 64), (128, 128), (64, 64), (128, 32)], [4, 8], [2, 3, 4], (16, 16))
+    if keep(c, outer="BLOCK_M")
+]  # a q block, stepped by key blocks
+DKDV_CONFIGS = [
+    c
+    for c in _configs([(32, 128), (64, 128), (32, 64), (64, 64)], [4, 8], [2, 3], (16, 32))
+    if keep(c, outer="BLOCK_N")
+]  # a key block, stepped by q blocks
+DQ_CONFIGS = [
+    c
+    for c in _configs([(128, 32), (128, 64), (64, 64), (64, 32)], [4, 8], [2, 3], (32, 16))
+    if keep(c, outer="BLOCK_M")
+]
 
 
 def prune_by_shared_memory(configs, named_args, **kwargs):
     """Drop tiles whose pipelined loads would overflow shared memory (a rough estimate: both tiles'
     rows times the stages); configs that still do not fit fail to launch and the autotuner skips them."""
     row_bytes = kwargs["BLOCK_D"] * named_args["Q"].element_size()
-    fits = [c for c in configs
-            if row_bytes * (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) * c.num_stages <= SHARED_MEMORY_BUDGET]
+    fits = [
+        c
+        for c in configs
+        if row_bytes * (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) * c.num_stages <= SHARED_MEMORY_BUDGET
+    ]
     return fits or [min(configs, key=lambda c: (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) * c.num_stages)]
 
 
@@ -91,9 +108,29 @@ def _to_output(x, OUT_DTYPE: tl.constexpr, UPCAST: tl.constexpr):
 # Forward
 # ---------------------------------------------------------------------------------------------
 
+
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, offs_m, offs_n, mask_d, L, lo, hi, qk_scale,
-               BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASK: tl.constexpr, UPCAST: tl.constexpr):
+def _fwd_inner(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_ptrs,
+    v_ptrs,
+    stride_kt,
+    stride_vt,
+    offs_m,
+    offs_n,
+    mask_d,
+    L,
+    lo,
+    hi,
+    qk_scale,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASK: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if MASK:
@@ -122,10 +159,32 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, offs_m, o
 
 @triton.autotune(configs=FWD_CONFIGS, key=AUTOTUNE_KEY, prune_configs_by=PRUNE)
 @triton.jit
-def _fwd_kernel(Q, K, V, O, LSE, CU, qk_scale, seqlen_bucket,
-                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lh,
-                GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-                UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _fwd_kernel(
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    CU,
+    qk_scale,
+    seqlen_bucket,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_lh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     # Longest-running (last) q blocks first: better tail balance under causal masking.
     m_block = tl.num_programs(0) - 1 - tl.program_id(0)
     seq, h = tl.program_id(1), tl.program_id(2)
@@ -140,8 +199,11 @@ def _fwd_kernel(Q, K, V, O, LSE, CU, qk_scale, seqlen_bucket,
     mask_d = offs_d < HEAD_DIM
     mask_m = offs_m < L
     hk = h // GROUP
-    q = tl.load(Q + (start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-                mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+    q = tl.load(
+        Q + (start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+        mask=mask_m[:, None] & mask_d[None, :],
+        other=0.0,
+    )
     if UPCAST:
         q = q.to(tl.float32)
     k_ptrs = K + (start + offs_n)[None, :] * stride_kt + hk * stride_kh + offs_d[:, None]  # K^T tile
@@ -152,13 +214,54 @@ def _fwd_kernel(Q, K, V, O, LSE, CU, qk_scale, seqlen_bucket,
     # Key blocks left of this q block (causal) or all whole key blocks (not causal) need no mask.
     full_hi = start_m if CAUSAL else (L // BLOCK_N) * BLOCK_N
     hi = tl.minimum(start_m + BLOCK_M, L) if CAUSAL else L
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, offs_m, offs_n, mask_d, L,
-                               0, full_hi, qk_scale, BLOCK_N, CAUSAL, False, UPCAST)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, offs_m, offs_n, mask_d, L,
-                               full_hi, hi, qk_scale, BLOCK_N, CAUSAL, True, UPCAST)
+    acc, l_i, m_i = _fwd_inner(
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_ptrs,
+        v_ptrs,
+        stride_kt,
+        stride_vt,
+        offs_m,
+        offs_n,
+        mask_d,
+        L,
+        0,
+        full_hi,
+        qk_scale,
+        BLOCK_N,
+        CAUSAL,
+        False,
+        UPCAST,
+    )
+    acc, l_i, m_i = _fwd_inner(
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_ptrs,
+        v_ptrs,
+        stride_kt,
+        stride_vt,
+        offs_m,
+        offs_n,
+        mask_d,
+        L,
+        full_hi,
+        hi,
+        qk_scale,
+        BLOCK_N,
+        CAUSAL,
+        True,
+        UPCAST,
+    )
     acc = acc / l_i[:, None]
-    tl.store(O + (start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
-             _to_output(acc, O.dtype.element_ty, UPCAST), mask=mask_m[:, None] & mask_d[None, :])
+    tl.store(
+        O + (start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+        _to_output(acc, O.dtype.element_ty, UPCAST),
+        mask=mask_m[:, None] & mask_d[None, :],
+    )
     tl.store(LSE + h * stride_lh + start + offs_m, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, mask=mask_m)
 
 
@@ -176,10 +279,25 @@ def _fwd_kernel(Q, K, V, O, LSE, CU, qk_scale, seqlen_bucket,
 # dK and dV of a kv head sum over the Hq/Hkv query heads that read it.
 # ---------------------------------------------------------------------------------------------
 
+
 @triton.jit
-def _bwd_preprocess_kernel(O, DO, DLSE, DELTA, T, stride_ot, stride_oh, stride_dot, stride_doh, stride_dlh,
-                           stride_deltah, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_DLSE: tl.constexpr,
-                           BLOCK_T: tl.constexpr):
+def _bwd_preprocess_kernel(
+    O,
+    DO,
+    DLSE,
+    DELTA,
+    T,
+    stride_ot,
+    stride_oh,
+    stride_dot,
+    stride_doh,
+    stride_dlh,
+    stride_deltah,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_DLSE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
     h = tl.program_id(1)
     offs_t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
@@ -194,9 +312,29 @@ def _bwd_preprocess_kernel(O, DO, DLSE, DELTA, T, stride_ot, stride_oh, stride_d
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, qT_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qt, stride_dot, offs_m, offs_n, mask_d,
-                L, lo, hi, qk_scale, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr, MASK: tl.constexpr,
-                UPCAST: tl.constexpr):
+def _dkdv_inner(
+    dk,
+    dv,
+    k,
+    v,
+    qT_ptrs,
+    do_ptrs,
+    lse_ptrs,
+    delta_ptrs,
+    stride_qt,
+    stride_dot,
+    offs_m,
+    offs_n,
+    mask_d,
+    L,
+    lo,
+    hi,
+    qk_scale,
+    BLOCK_M: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASK: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
         if MASK:
@@ -227,11 +365,41 @@ def _dkdv_inner(dk, dv, k, v, qT_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qt,
 
 @triton.autotune(configs=DKDV_CONFIGS, key=AUTOTUNE_KEY, prune_configs_by=PRUNE)
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, qk_scale, sm_scale, seqlen_bucket,
-                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-                     stride_lh, stride_deltah, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-                     UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _bwd_dkdv_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DK,
+    DV,
+    CU,
+    qk_scale,
+    sm_scale,
+    seqlen_bucket,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_dot,
+    stride_doh,
+    stride_lh,
+    stride_deltah,
+    stride_dkt,
+    stride_dkh,
+    stride_dvt,
+    stride_dvh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     seq, hk = tl.program_id(1), tl.program_id(2)
     start = tl.load(CU + seq).to(tl.int64)
     L = tl.load(CU + seq + 1) - start.to(tl.int32)
@@ -261,21 +429,110 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, qk_scale, sm_scale, se
         do_ptrs = DO + (start + offs_m)[:, None] * stride_dot + h * stride_doh + offs_d[None, :]
         lse_ptrs = LSE + h * stride_lh + start + offs_m
         delta_ptrs = DELTA + h * stride_deltah + start + offs_m
-        dk, dv = _dkdv_inner(dk, dv, k, v, qT_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qt, stride_dot, offs_m,
-                             offs_n, mask_d, L, lo, mid, qk_scale, BLOCK_M, CAUSAL, True, UPCAST)
-        dk, dv = _dkdv_inner(dk, dv, k, v, qT_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qt, stride_dot, offs_m,
-                             offs_n, mask_d, L, mid, full, qk_scale, BLOCK_M, CAUSAL, False, UPCAST)
-        dk, dv = _dkdv_inner(dk, dv, k, v, qT_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qt, stride_dot, offs_m,
-                             offs_n, mask_d, L, full, L, qk_scale, BLOCK_M, CAUSAL, True, UPCAST)
-    tl.store(DK + (start + offs_n)[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :],
-             _to_output(dk * sm_scale, DK.dtype.element_ty, UPCAST), mask=mask_nd)
-    tl.store(DV + (start + offs_n)[:, None] * stride_dvt + hk * stride_dvh + offs_d[None, :],
-             _to_output(dv, DV.dtype.element_ty, UPCAST), mask=mask_nd)
+        dk, dv = _dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            qT_ptrs,
+            do_ptrs,
+            lse_ptrs,
+            delta_ptrs,
+            stride_qt,
+            stride_dot,
+            offs_m,
+            offs_n,
+            mask_d,
+            L,
+            lo,
+            mid,
+            qk_scale,
+            BLOCK_M,
+            CAUSAL,
+            True,
+            UPCAST,
+        )
+        dk, dv = _dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            qT_ptrs,
+            do_ptrs,
+            lse_ptrs,
+            delta_ptrs,
+            stride_qt,
+            stride_dot,
+            offs_m,
+            offs_n,
+            mask_d,
+            L,
+            mid,
+            full,
+            qk_scale,
+            BLOCK_M,
+            CAUSAL,
+            False,
+            UPCAST,
+        )
+        dk, dv = _dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            qT_ptrs,
+            do_ptrs,
+            lse_ptrs,
+            delta_ptrs,
+            stride_qt,
+            stride_dot,
+            offs_m,
+            offs_n,
+            mask_d,
+            L,
+            full,
+            L,
+            qk_scale,
+            BLOCK_M,
+            CAUSAL,
+            True,
+            UPCAST,
+        )
+    tl.store(
+        DK + (start + offs_n)[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :],
+        _to_output(dk * sm_scale, DK.dtype.element_ty, UPCAST),
+        mask=mask_nd,
+    )
+    tl.store(
+        DV + (start + offs_n)[:, None] * stride_dvt + hk * stride_dvh + offs_d[None, :],
+        _to_output(dv, DV.dtype.element_ty, UPCAST),
+        mask=mask_nd,
+    )
 
 
 @triton.jit
-def _dq_inner(dq, q, do, lse2, delta, kT_ptrs, vT_ptrs, stride_kt, stride_vt, offs_m, offs_n, mask_d, L, lo, hi,
-              qk_scale, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASK: tl.constexpr, UPCAST: tl.constexpr):
+def _dq_inner(
+    dq,
+    q,
+    do,
+    lse2,
+    delta,
+    kT_ptrs,
+    vT_ptrs,
+    stride_kt,
+    stride_vt,
+    offs_m,
+    offs_n,
+    mask_d,
+    L,
+    lo,
+    hi,
+    qk_scale,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASK: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if MASK:
@@ -301,11 +558,38 @@ def _dq_inner(dq, q, do, lse2, delta, kT_ptrs, vT_ptrs, stride_kt, stride_vt, of
 
 @triton.autotune(configs=DQ_CONFIGS, key=AUTOTUNE_KEY, prune_configs_by=PRUNE)
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, qk_scale, sm_scale, seqlen_bucket,
-                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-                   stride_lh, stride_deltah, stride_dqt, stride_dqh,
-                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-                   UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _bwd_dq_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    CU,
+    qk_scale,
+    sm_scale,
+    seqlen_bucket,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_dot,
+    stride_doh,
+    stride_lh,
+    stride_deltah,
+    stride_dqt,
+    stride_dqh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     m_block = tl.num_programs(0) - 1 - tl.program_id(0)
     seq, h = tl.program_id(1), tl.program_id(2)
     start = tl.load(CU + seq).to(tl.int64)
@@ -321,8 +605,9 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, qk_scale, sm_scale, seqlen_b
     mask_md = mask_m[:, None] & mask_d[None, :]
     hk = h // GROUP
     q = tl.load(Q + (start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :], mask=mask_md, other=0.0)
-    do = tl.load(DO + (start + offs_m)[:, None] * stride_dot + h * stride_doh + offs_d[None, :], mask=mask_md,
-                 other=0.0)
+    do = tl.load(
+        DO + (start + offs_m)[:, None] * stride_dot + h * stride_doh + offs_d[None, :], mask=mask_md, other=0.0
+    )
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
@@ -333,12 +618,55 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, qk_scale, sm_scale, seqlen_b
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     full_hi = start_m if CAUSAL else (L // BLOCK_N) * BLOCK_N
     hi = tl.minimum(start_m + BLOCK_M, L) if CAUSAL else L
-    dq = _dq_inner(dq, q, do, lse2, delta, kT_ptrs, vT_ptrs, stride_kt, stride_vt, offs_m, offs_n, mask_d, L,
-                   0, full_hi, qk_scale, BLOCK_N, CAUSAL, False, UPCAST)
-    dq = _dq_inner(dq, q, do, lse2, delta, kT_ptrs, vT_ptrs, stride_kt, stride_vt, offs_m, offs_n, mask_d, L,
-                   full_hi, hi, qk_scale, BLOCK_N, CAUSAL, True, UPCAST)
-    tl.store(DQ + (start + offs_m)[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :],
-             _to_output(dq * sm_scale, DQ.dtype.element_ty, UPCAST), mask=mask_md)
+    dq = _dq_inner(
+        dq,
+        q,
+        do,
+        lse2,
+        delta,
+        kT_ptrs,
+        vT_ptrs,
+        stride_kt,
+        stride_vt,
+        offs_m,
+        offs_n,
+        mask_d,
+        L,
+        0,
+        full_hi,
+        qk_scale,
+        BLOCK_N,
+        CAUSAL,
+        False,
+        UPCAST,
+    )
+    dq = _dq_inner(
+        dq,
+        q,
+        do,
+        lse2,
+        delta,
+        kT_ptrs,
+        vT_ptrs,
+        stride_kt,
+        stride_vt,
+        offs_m,
+        offs_n,
+        mask_d,
+        L,
+        full_hi,
+        hi,
+        qk_scale,
+        BLOCK_N,
+        CAUSAL,
+        True,
+        UPCAST,
+    )
+    tl.store(
+        DQ + (start + offs_m)[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :],
+        _to_output(dq * sm_scale, DQ.dtype.element_ty, UPCAST),
+        mask=mask_md,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,10 +674,16 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, qk_scale, sm_scale, seqlen_b
 # the autograd Function and the public op.
 # ---------------------------------------------------------------------------------------------
 
+
 def _meta(q, k, causal):
     D = q.shape[2]
-    return dict(GROUP=q.shape[1] // k.shape[1], HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
-                CAUSAL=bool(causal), UPCAST=kernels.triton_interpret() and q.dtype == torch.bfloat16)
+    return dict(
+        GROUP=q.shape[1] // k.shape[1],
+        HEAD_DIM=D,
+        BLOCK_D=max(16, triton.next_power_of_2(D)),
+        CAUSAL=bool(causal),
+        UPCAST=kernels.triton_interpret() and q.dtype == torch.bfloat16,
+    )
 
 
 def varlen_fwd(q, k, v, cu_seqlens, max_seqlen, causal, scale, out=None, lse=None):
@@ -361,9 +695,26 @@ def varlen_fwd(q, k, v, cu_seqlens, max_seqlen, causal, scale, out=None, lse=Non
     if T == 0:
         return out, lse
     grid = lambda META: (triton.cdiv(max_seqlen, META["BLOCK_M"]), B, Hq)  # noqa: E731
-    _fwd_kernel[grid](q, k, v, out, lse, cu_seqlens, scale * LOG2E, seqlen_bucket(max_seqlen),
-                      q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                      out.stride(0), out.stride(1), lse.stride(0), **_meta(q, k, causal))
+    _fwd_kernel[grid](
+        q,
+        k,
+        v,
+        out,
+        lse,
+        cu_seqlens,
+        scale * LOG2E,
+        seqlen_bucket(max_seqlen),
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0),
+        **_meta(q, k, causal),
+    )
     return out, lse
 
 
@@ -380,14 +731,55 @@ def varlen_bwd(do, q, k, v, out, lse, cu_seqlens, max_seqlen, causal, scale, dls
     delta = torch.empty((Hq, T), dtype=torch.float32, device=q.device)
     block_t = 16 if kernels.triton_interpret() else 64
     _bwd_preprocess_kernel[(triton.cdiv(T, block_t), Hq)](
-        out, do, lse if dlse is None else dlse, delta, T, out.stride(0), out.stride(1), do.stride(0), do.stride(1),
-        0 if dlse is None else dlse.stride(0), delta.stride(0), HEAD_DIM=D, BLOCK_D=meta["BLOCK_D"],
-        HAS_DLSE=dlse is not None, BLOCK_T=block_t)
-    common = (scale * LOG2E, scale, seqlen_bucket(max_seqlen), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-              v.stride(0), v.stride(1), do.stride(0), do.stride(1), lse.stride(0), delta.stride(0))
+        out,
+        do,
+        lse if dlse is None else dlse,
+        delta,
+        T,
+        out.stride(0),
+        out.stride(1),
+        do.stride(0),
+        do.stride(1),
+        0 if dlse is None else dlse.stride(0),
+        delta.stride(0),
+        HEAD_DIM=D,
+        BLOCK_D=meta["BLOCK_D"],
+        HAS_DLSE=dlse is not None,
+        BLOCK_T=block_t,
+    )
+    common = (
+        scale * LOG2E,
+        scale,
+        seqlen_bucket(max_seqlen),
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        do.stride(0),
+        do.stride(1),
+        lse.stride(0),
+        delta.stride(0),
+    )
     grid_kv = lambda META: (triton.cdiv(max_seqlen, META["BLOCK_N"]), B, Hkv)  # noqa: E731
-    _bwd_dkdv_kernel[grid_kv](q, k, v, do, lse, delta, dk, dv, cu_seqlens, *common,
-                              dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), **meta)
+    _bwd_dkdv_kernel[grid_kv](
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dk,
+        dv,
+        cu_seqlens,
+        *common,
+        dk.stride(0),
+        dk.stride(1),
+        dv.stride(0),
+        dv.stride(1),
+        **meta,
+    )
     grid_q = lambda META: (triton.cdiv(max_seqlen, META["BLOCK_M"]), B, Hq)  # noqa: E731
     _bwd_dq_kernel[grid_q](q, k, v, do, lse, delta, dq, cu_seqlens, *common, dq.stride(0), dq.stride(1), **meta)
     return dq, dk, dv

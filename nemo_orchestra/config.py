@@ -46,11 +46,18 @@ class RunConfig:
     preempt_signal: Optional[str] = MISSING  # checkpoint, stop and ask to be requeued; null: none
 
     def validate(self) -> None:
-        _check(self.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"), "run.log_level",
-               "must be DEBUG, INFO, WARNING or ERROR")
+        _check(
+            self.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"),
+            "run.log_level",
+            "must be DEBUG, INFO, WARNING or ERROR",
+        )
         _check(self.max_restarts >= 0, "run.max_restarts", "must be >= 0")
-        _check(self.preempt_signal is None or self.preempt_signal.upper().removeprefix("SIG")
-               in ("USR1", "USR2", "HUP", "URG"), "run.preempt_signal", "must be null, USR1, USR2, HUP or URG")
+        _check(
+            self.preempt_signal is None
+            or self.preempt_signal.upper().removeprefix("SIG") in ("USR1", "USR2", "HUP", "URG"),
+            "run.preempt_signal",
+            "must be null, USR1, USR2, HUP or URG",
+        )
 
 
 @dataclass
@@ -77,18 +84,34 @@ class ModelConfig:
     tokenizer: Optional[str] = MISSING  # null: build the embedded tokenizer
 
     def validate(self) -> None:
-        for k in ("hidden_size", "num_layers", "num_attention_heads", "num_query_groups", "head_dim",
-                  "ffn_hidden_size", "max_position_embeddings"):
+        for k in (
+            "hidden_size",
+            "num_layers",
+            "num_attention_heads",
+            "num_query_groups",
+            "head_dim",
+            "ffn_hidden_size",
+            "max_position_embeddings",
+        ):
             _check(getattr(self, k) > 0, f"model.{k}", "must be > 0")
-        _check(self.num_attention_heads % self.num_query_groups == 0, "model.num_query_groups",
-               "must divide model.num_attention_heads")
-        _check(self.attention_backend in ATTENTION_BACKENDS, "model.attention_backend",
-               f"must be one of {ATTENTION_BACKENDS}")
+        _check(
+            self.num_attention_heads % self.num_query_groups == 0,
+            "model.num_query_groups",
+            "must divide model.num_attention_heads",
+        )
+        _check(
+            self.attention_backend in ATTENTION_BACKENDS,
+            "model.attention_backend",
+            f"must be one of {ATTENTION_BACKENDS}",
+        )
         _check(self.params_dtype in PARAMS_DTYPES, "model.params_dtype", "must be fp32, bf16 or fp16")
         _check(self.fp8 in (None, "hybrid", "e4m3"), "model.fp8", "must be null, hybrid or e4m3")
         _check(self.fp8_recipe in ("delayed", "tensorwise"), "model.fp8_recipe", "must be delayed or tensorwise")
-        _check(self.fp8 is None or self.params_dtype == "bf16", "model.fp8",
-               "needs model.params_dtype=bf16 (bf16 weights, fp32 master copies in the optimizer)")
+        _check(
+            self.fp8 is None or self.params_dtype == "bf16",
+            "model.fp8",
+            "needs model.params_dtype=bf16 (bf16 weights, fp32 master copies in the optimizer)",
+        )
 
 
 @dataclass
@@ -135,7 +158,9 @@ class RolloutConfig:
     sync_timeout_s: float = MISSING  # a weight sync into the engine that takes longer raises (vllm engine)
     batch_window_s: float = MISSING  # once a tool call returns, wait this long for others before generating
     max_staleness: int = MISSING  # K: rollouts run up to K policy versions ahead of training (0: synchronous)
-    fill_informative_groups: bool = MISSING  # sample more prompts until the step has prompts_per_step informative groups
+    fill_informative_groups: bool = (
+        MISSING  # sample more prompts until the step has prompts_per_step informative groups
+    )
     max_extra_prompts: int = MISSING  # at most this many extra prompts a step when filling informative groups
     gpu_memory_utilization: float = MISSING  # vllm on CUDA: the share of a GPU that training and engine may fill
     kv_cache_gb: Optional[float] = MISSING  # vllm: the engine's KV cache, GiB; null: from the memory plan
@@ -340,15 +365,24 @@ class Config:
                 section.validate()
         m, p = self.model, self.parallel
         _check(m.num_layers % p.pp == 0, "parallel.pp", f"must divide model.num_layers ({m.num_layers})")
-        _check(m.num_query_groups % p.tp == 0 and m.ffn_hidden_size % p.tp == 0, "parallel.tp",
-               f"must divide model.num_query_groups ({m.num_query_groups}) and model.ffn_hidden_size")
+        _check(
+            m.num_query_groups % p.tp == 0 and m.ffn_hidden_size % p.tp == 0,
+            "parallel.tp",
+            f"must divide model.num_query_groups ({m.num_query_groups}) and model.ffn_hidden_size",
+        )
         r = self.rollout
-        _check(r.max_staleness == 0 or self.loss.tis_cap is not None, "loss.tis_cap",
-               f"must be set with rollout.max_staleness={r.max_staleness}: rollouts of older policy versions "
-               "are corrected by truncated importance sampling (e.g. loss.tis_cap=2.0)")
-        _check(r.max_staleness == 0 or r.engine != "megatron", "rollout.max_staleness",
-               "needs an engine that holds its own copy of the weights (vllm or hf): the megatron engine "
-               "generates with the weights being trained")
+        _check(
+            r.max_staleness == 0 or self.loss.tis_cap is not None,
+            "loss.tis_cap",
+            f"must be set with rollout.max_staleness={r.max_staleness}: rollouts of older policy versions "
+            "are corrected by truncated importance sampling (e.g. loss.tis_cap=2.0)",
+        )
+        _check(
+            r.max_staleness == 0 or r.engine != "megatron",
+            "rollout.max_staleness",
+            "needs an engine that holds its own copy of the weights (vllm or hf): the megatron engine "
+            "generates with the weights being trained",
+        )
         return self
 
 

@@ -47,11 +47,16 @@ def main_keys_help(overrides: list[str] = ()) -> str:
     """The main job's groups and keys with their values after ``overrides`` (a recipe, a group, keys)."""
     defaults = to_dict(load_config(overrides))
     comments = {**_dataclass_comments(Config), **_yaml_comments(overrides)}
-    groups = "\n".join(f"  {g}=NAME  one of {', '.join(sorted(p.stem for p in (CONF_DIR / g).glob('*.yaml')))}"
-                       f" (now: {_group_choice(g, overrides)})" for g in GROUPS)
+    groups = "\n".join(
+        f"  {g}=NAME  one of {', '.join(sorted(p.stem for p in (CONF_DIR / g).glob('*.yaml')))}"
+        f" (now: {_group_choice(g, overrides)})"
+        for g in GROUPS
+    )
     recipes = ", ".join(sorted(p.stem for p in (CONF_DIR / "recipes").glob("*.yaml")))
-    return (f"Groups (conf/<group>/NAME.yaml):\n{groups}\n  recipe=NAME  one of {recipes} (conf/recipes/)\n\n"
-            f"Main job keys (key=value; default, type):\n{_key_table(Config, defaults, comments)}")
+    return (
+        f"Groups (conf/<group>/NAME.yaml):\n{groups}\n  recipe=NAME  one of {recipes} (conf/recipes/)\n\n"
+        f"Main job keys (key=value; default, type):\n{_key_table(Config, defaults, comments)}"
+    )
 
 
 def _group_choice(group: str, overrides: list[str]) -> str:
@@ -61,7 +66,9 @@ def _group_choice(group: str, overrides: list[str]) -> str:
     if chosen:
         return chosen[-1]
     recipe = [v for k, v in pairs if k == "recipe"]
-    for path in ([CONF_DIR / "recipes" / f"{recipe[-1]}.yaml"] if recipe else []) + [CONF_DIR / "grpo_orchestrator.yaml"]:
+    for path in ([CONF_DIR / "recipes" / f"{recipe[-1]}.yaml"] if recipe else []) + [
+        CONF_DIR / "grpo_orchestrator.yaml"
+    ]:
         defaults = OmegaConf.load(path).get("defaults") or {}
         if group in defaults:
             return str(defaults[group])
@@ -71,7 +78,7 @@ def _group_choice(group: str, overrides: list[str]) -> str:
 def _key_table(cls: type, values: dict, comments: dict[str, str], prefix: str = "") -> str:
     rows = []
     for key, typ in _leaf_keys(cls, prefix):
-        value = _select(values, key[len(prefix):] if prefix else key)
+        value = _select(values, key[len(prefix) :] if prefix else key)
         note = comments.get(key, "")
         rows.append((key, _show(value), typ, note))
     width = min(max((len(k) + len(v) for k, v, _, _ in rows), default=0) + 3, 48)

@@ -20,8 +20,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "tools_env": ("benchmarks.tools_env", "tool service: calls/s and p50/p99 at 1/64/512 episodes"),
-    "grpo": ("benchmarks.grpo", "GRPO step: tokens/s and time per phase (generation, environment, "
-             "logprobs, training, weight sync)"),
+    "grpo": (
+        "benchmarks.grpo",
+        "GRPO step: tokens/s and time per phase (generation, environment, logprobs, training, weight sync)",
+    ),
 }
 
 TAKES_MAIN_CONFIG = ("grpo",)  # its key=value arguments are the main job's config
@@ -39,8 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown benchmark '{name}'; valid: {valid}", file=sys.stderr)
         return 2
     module = importlib.import_module(BENCHMARKS[name][0])
-    parser = argparse.ArgumentParser(prog=f"benchmark.py {name}", description=BENCHMARKS[name][1],
-                                     formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=f"benchmark.py {name}", description=BENCHMARKS[name][1], formatter_class=HelpFormatter
+    )
     if hasattr(module, "add_args"):
         module.add_args(parser)
     if name in TAKES_MAIN_CONFIG and any(a in ("-h", "--help") for a in rest):

@@ -44,9 +44,11 @@ from nemo_orchestra.rollout.loop import LoopLimits
 from nemo_orchestra.train.console import setup_logging
 from tools_env.task import load_jsonl
 
-PRESETS = {"accuracy": {"accuracy": 1.0, "cost": 0.0, "latency": 0.0},
-           "balanced": {"accuracy": 1.0, "cost": 1.0, "latency": 0.5},
-           "cost": {"accuracy": 0.5, "cost": 1.0, "latency": 0.0}}
+PRESETS = {
+    "accuracy": {"accuracy": 1.0, "cost": 0.0, "latency": 0.0},
+    "balanced": {"accuracy": 1.0, "cost": 1.0, "latency": 0.5},
+    "cost": {"accuracy": 0.5, "cost": 1.0, "latency": 0.0},
+}
 
 
 @dataclass
@@ -89,7 +91,8 @@ class EvalConfig:
     concurrency: int = 16
     seed: int = 0
     default_preference: Dict[str, float] = field(  # for records without one: the training reward's default
-        default_factory=lambda: dict(load_config().reward.default_preference))
+        default_factory=lambda: dict(load_config().reward.default_preference)
+    )
     orchestrator: OrchestratorPrices = field(default_factory=OrchestratorPrices)
     tools_env: ToolsEnvOptions = field(default_factory=ToolsEnvOptions)
     openai: OpenAIOptions = field(default_factory=OpenAIOptions)
@@ -144,10 +147,15 @@ def policy_runs(cfg: EvalConfig, records: list) -> list:
     """Each policy of ``cfg.policies`` with its loop settings: a run folder's own for its checkpoint."""
     from nemo_orchestra.evaluation.checkpoint_policy import run_settings
 
-    options = {"tasks": [r.to_dict() for r in records], "seed": cfg.seed, "openai": asdict(cfg.openai),
-               "checkpoint": asdict(cfg.checkpoint)}
-    limits = LoopLimits(max_turns=cfg.max_turns, price_in=cfg.orchestrator.price_in,
-                        price_out=cfg.orchestrator.price_out)
+    options = {
+        "tasks": [r.to_dict() for r in records],
+        "seed": cfg.seed,
+        "openai": asdict(cfg.openai),
+        "checkpoint": asdict(cfg.checkpoint),
+    }
+    limits = LoopLimits(
+        max_turns=cfg.max_turns, price_in=cfg.orchestrator.price_in, price_out=cfg.orchestrator.price_out
+    )
     runs = []
     for spec in (s.strip() for s in cfg.policies.split(",") if s.strip()):
         policy = build_policy(spec, options)
@@ -167,8 +175,16 @@ async def evaluate(cfg: EvalConfig, urls: list, token: Optional[str]) -> list:
     runs = policy_runs(cfg, records)
     client = ToolsEnvClient(urls, token=token)
     try:
-        return await run_all(client, runs, records, parse_preferences(cfg.preferences), samples=cfg.samples,
-                             alpha=cfg.alpha, concurrency=cfg.concurrency, progress=cfg.progress)
+        return await run_all(
+            client,
+            runs,
+            records,
+            parse_preferences(cfg.preferences),
+            samples=cfg.samples,
+            alpha=cfg.alpha,
+            concurrency=cfg.concurrency,
+            progress=cfg.progress,
+        )
     finally:
         await client.aclose()
         for run in runs:
@@ -206,13 +222,20 @@ def main(argv: list) -> int:
         with start_service(service_config(cfg)) as svc:
             results = asyncio.run(evaluate(cfg, svc.urls, svc.token))
     rows = summarize(results)
-    meta = {"tasks": cfg.tasks, "n_tasks": len({r.task_id for r in results}), "wall_s": time.perf_counter() - t0,
-            "title": f"{os.path.basename(cfg.tasks)}: accuracy vs cost", "config": asdict(cfg)}
+    meta = {
+        "tasks": cfg.tasks,
+        "n_tasks": len({r.task_id for r in results}),
+        "wall_s": time.perf_counter() - t0,
+        "title": f"{os.path.basename(cfg.tasks)}: accuracy vs cost",
+        "config": asdict(cfg),
+    }
     paths = write_report(cfg.output, rows, results, meta)
     print(f"{'policy':<24}{'pref':<12}{'n':>5}{'acc':>8}{'cost $':>11}{'lat s':>8}{'utility':>10}  pareto")
     for r in rows:
-        print(f"{r.policy:<24}{r.preference:<12}{r.n:>5}{r.accuracy:>8.3f}{r.mean_cost:>11.6f}"
-              f"{r.mean_latency_s:>8.2f}{r.mean_utility:>10.4f}  {'*' if r.pareto else ''}")
+        print(
+            f"{r.policy:<24}{r.preference:<12}{r.n:>5}{r.accuracy:>8.3f}{r.mean_cost:>11.6f}"
+            f"{r.mean_latency_s:>8.2f}{r.mean_utility:>10.4f}  {'*' if r.pareto else ''}"
+        )
     print(f"wrote {', '.join(paths.values())} in {meta['wall_s']:.1f}s")
     return 0
 

@@ -40,8 +40,10 @@ class ExportArgs:
 
     def validate(self) -> None:
         if not self.checkpoint or not self.output:
-            raise ValueError("usage: export_checkpoint.py checkpoint=DIR output=DIR [tokenizer=DIR] [dtype=bf16] "
-                             "[format=hf|trtllm] [tp=N]")
+            raise ValueError(
+                "usage: export_checkpoint.py checkpoint=DIR output=DIR [tokenizer=DIR] [dtype=bf16] "
+                "[format=hf|trtllm] [tp=N]"
+            )
         if self.dtype is not None and self.dtype not in PARAMS_DTYPES:
             raise ValueError(f"dtype: must be one of {', '.join(PARAMS_DTYPES)}, got {self.dtype!r}")
         if self.format not in ("hf", "trtllm"):
@@ -66,8 +68,16 @@ def main(argv: list[str]) -> int:
 
     info = init_distributed(cfg.parallel, cfg.run.seed)
     try:
-        out = export_checkpoint(args.checkpoint, args.output, cfg.parallel, info.device, args.tokenizer, args.dtype,
-                                fmt=args.format, tp_out=args.tp)
+        out = export_checkpoint(
+            args.checkpoint,
+            args.output,
+            cfg.parallel,
+            info.device,
+            args.tokenizer,
+            args.dtype,
+            fmt=args.format,
+            tp_out=args.tp,
+        )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -58,9 +58,24 @@ def main(argv: list[str]) -> int:
     model = import_hf(args.hf, args.output, cfg.model, cfg.parallel, info.device, args.dtype)
     if info.is_main:
         logging.getLogger("import_checkpoint").info(
-            "wrote %s: %s", args.output, json.dumps({k: getattr(model, k) for k in (
-                "vocab_size", "hidden_size", "num_layers", "num_attention_heads", "num_query_groups", "qk_norm",
-                "tie_embeddings", "params_dtype")}))
+            "wrote %s: %s",
+            args.output,
+            json.dumps(
+                {
+                    k: getattr(model, k)
+                    for k in (
+                        "vocab_size",
+                        "hidden_size",
+                        "num_layers",
+                        "num_attention_heads",
+                        "num_query_groups",
+                        "qk_norm",
+                        "tie_embeddings",
+                        "params_dtype",
+                    )
+                }
+            ),
+        )
     destroy_distributed()
     return 0
 

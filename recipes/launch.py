@@ -91,19 +91,35 @@ def executor(args: LaunchArgs):
         path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
         return run.LocalExecutor(ntasks_per_node=args.gpus_per_node, launcher="torchrun", env_vars={"PATH": path})
     if args.executor == "slurm":
-        venv = os.path.dirname(os.path.dirname(args.python)) if args.python else \
-            os.path.join(args.workdir or str(ROOT), ".venv")
+        venv = (
+            os.path.dirname(os.path.dirname(args.python))
+            if args.python
+            else os.path.join(args.workdir or str(ROOT), ".venv")
+        )
         return run.SlurmExecutor(
-            account=args.account, partition=args.partition, nodes=args.nodes, ntasks_per_node=args.gpus_per_node,
-            gpus_per_node=args.gpus_per_node, time=args.time, container_image=args.container_image,
-            exclusive=True, launcher="torchrun", packager=run.Packager(), job_name_prefix="nemo-orchestra-",
+            account=args.account,
+            partition=args.partition,
+            nodes=args.nodes,
+            ntasks_per_node=args.gpus_per_node,
+            gpus_per_node=args.gpus_per_node,
+            time=args.time,
+            container_image=args.container_image,
+            exclusive=True,
+            launcher="torchrun",
+            packager=run.Packager(),
+            job_name_prefix="nemo-orchestra-",
             setup_lines=None if args.container_image else f"source {shlex.quote(venv)}/bin/activate",
             tunnel=run.LocalTunnel(job_dir=os.path.abspath(args.job_dir)),
         )
     try:
         return run.SkypilotExecutor(
-            num_nodes=args.nodes, gpus=args.gpu_type, gpus_per_node=args.gpus_per_node, cloud=args.cloud,
-            container_image=args.container_image, launcher="torchrun", packager=run.Packager(),
+            num_nodes=args.nodes,
+            gpus=args.gpu_type,
+            gpus_per_node=args.gpus_per_node,
+            cloud=args.cloud,
+            container_image=args.container_image,
+            launcher="torchrun",
+            packager=run.Packager(),
         )
     except AssertionError as e:  # NeMo-Run asserts that SkyPilot is importable
         raise ImportError(f"executor=skypilot needs SkyPilot: pip install 'nemo-run[skypilot]' ({e})") from None
@@ -116,8 +132,13 @@ def launch(args: LaunchArgs, job_argv: list[str]) -> bool:
 
     job, ex = script(args, job_argv), executor(args)
     os.makedirs(args.job_dir, exist_ok=True)
-    with run.Experiment(args.name, executor=ex, base_dir=os.path.abspath(args.job_dir), log_level="WARNING",
-                        enable_goodbye_message=False) as exp:
+    with run.Experiment(
+        args.name,
+        executor=ex,
+        base_dir=os.path.abspath(args.job_dir),
+        log_level="WARNING",
+        enable_goodbye_message=False,
+    ) as exp:
         exp.add(job, name=args.name, tail_logs=args.executor == "local")
         if args.dryrun:
             exp.dryrun(log=args.executor != "slurm", delete_exp_dir=False)
@@ -134,13 +155,16 @@ def launch(args: LaunchArgs, job_argv: list[str]) -> bool:
 
 def print_sbatch(job_dir: str, name: str) -> None:
     """Print the newest sbatch script NeMo-Run wrote for experiment ``name``, and where it is."""
-    scripts = sorted(glob.glob(os.path.join(job_dir, "experiments", name, "*", f"{name}_sbatch.sh")),
-                     key=os.path.getmtime)
+    scripts = sorted(
+        glob.glob(os.path.join(job_dir, "experiments", name, "*", f"{name}_sbatch.sh")), key=os.path.getmtime
+    )
     assert scripts, f"NeMo-Run wrote no sbatch script under {job_dir}/experiments/{name}"
     with open(scripts[-1]) as f:
         print(f.read())
-    print(f"# written to {scripts[-1]}; launch.py without dryrun=true copies the job folder to the paths "
-          "above and submits it")
+    print(
+        f"# written to {scripts[-1]}; launch.py without dryrun=true copies the job folder to the paths "
+        "above and submits it"
+    )
 
 
 def main(argv: list[str]) -> int:

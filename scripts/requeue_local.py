@@ -47,9 +47,15 @@ def launch(args: argparse.Namespace, restarts: int) -> int:
     for sig in FORWARDED:  # as Slurm's B: signal reaches the batch shell, whose trap forwards it
         signal.signal(sig, lambda signum, _: child.poll() is None and child.send_signal(signum))
     start = time.monotonic()
-    plan = [] if not args.time_limit else [
-        (args.time_limit - args.signal_before, signal.SIGUSR1), (args.time_limit, signal.SIGTERM),
-        (args.time_limit + args.kill_wait, signal.SIGKILL)]
+    plan = (
+        []
+        if not args.time_limit
+        else [
+            (args.time_limit - args.signal_before, signal.SIGUSR1),
+            (args.time_limit, signal.SIGTERM),
+            (args.time_limit + args.kill_wait, signal.SIGKILL),
+        ]
+    )
     while child.poll() is None:
         if plan and time.monotonic() - start >= plan[0][0]:
             child.send_signal(plan.pop(0)[1])

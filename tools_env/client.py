@@ -49,8 +49,14 @@ class ToolsEnvError(RuntimeError):
 
 
 class ToolsEnvClient:
-    def __init__(self, urls: list[str] | str, token: str | None = None, timeout_s: float = 60.0,
-                 max_connections: int = 1024, service: Any = None) -> None:
+    def __init__(
+        self,
+        urls: list[str] | str,
+        token: str | None = None,
+        timeout_s: float = 60.0,
+        max_connections: int = 1024,
+        service: Any = None,
+    ) -> None:
         self.urls: list[str] = []
         self.retarget(urls)
         self.service = service  # the ServiceHandle this process started and may restart (tools_env.recovery)

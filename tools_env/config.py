@@ -175,12 +175,24 @@ def _default_simulated() -> dict[str, SimulatedExpertConfig]:
 
     cats = ("arithmetic", "lookup", "reasoning", "default")
     return {  # priced like Qwen2.5-Math-7B, Qwen3-32B and gpt-5 respectively
-        "expert-small": sim((0.2, 0.2), dict(zip(cats, (0.5, 0.8, 0.2, 0.5))),
-                            {"default": [1.0, 2.0]}, dict(zip(cats, (120, 40, 200, 120)))),
-        "expert-medium": sim((0.8, 0.8), dict(zip(cats, (0.7, 0.9, 0.6, 0.7))),
-                             {"default": [3.0, 4.0]}, dict(zip(cats, (250, 80, 400, 250)))),
-        "expert-large": sim((1.25, 10.0), dict(zip(cats, (0.95, 0.98, 0.9, 0.9))),
-                            {"default": [8.0, 10.0]}, dict(zip(cats, (500, 200, 900, 500)))),
+        "expert-small": sim(
+            (0.2, 0.2),
+            dict(zip(cats, (0.5, 0.8, 0.2, 0.5))),
+            {"default": [1.0, 2.0]},
+            dict(zip(cats, (120, 40, 200, 120))),
+        ),
+        "expert-medium": sim(
+            (0.8, 0.8),
+            dict(zip(cats, (0.7, 0.9, 0.6, 0.7))),
+            {"default": [3.0, 4.0]},
+            dict(zip(cats, (250, 80, 400, 250))),
+        ),
+        "expert-large": sim(
+            (1.25, 10.0),
+            dict(zip(cats, (0.95, 0.98, 0.9, 0.9))),
+            {"default": [8.0, 10.0]},
+            dict(zip(cats, (500, 200, 900, 500))),
+        ),
     }
 
 
@@ -196,11 +208,15 @@ class ExpertsConfig:
     def from_dict(cls, d: Any, path: str = "experts") -> "ExpertsConfig":
         d = _check_keys(cls, d, path)
         kw = _fill(cls, {k: v for k, v in d.items() if k not in ("endpoints", "simulated")}, path)
-        kw["endpoints"] = {a: EndpointExpertConfig.from_dict(v, f"{path}.endpoints.{a}")
-                           for a, v in _check_map(d.get("endpoints", {}), f"{path}.endpoints").items()}
+        kw["endpoints"] = {
+            a: EndpointExpertConfig.from_dict(v, f"{path}.endpoints.{a}")
+            for a, v in _check_map(d.get("endpoints", {}), f"{path}.endpoints").items()
+        }
         if "simulated" in d:  # a section that is given replaces the default table; one left out keeps it
-            kw["simulated"] = {a: SimulatedExpertConfig.from_dict(v, f"{path}.simulated.{a}")
-                               for a, v in _check_map(d["simulated"], f"{path}.simulated").items()}
+            kw["simulated"] = {
+                a: SimulatedExpertConfig.from_dict(v, f"{path}.simulated.{a}")
+                for a, v in _check_map(d["simulated"], f"{path}.simulated").items()
+            }
         elif kw["endpoints"]:  # endpoints alone: the run uses real experts only
             kw["simulated"] = {}
         clash = sorted(set(kw["endpoints"]) & set(kw.get("simulated", {})))

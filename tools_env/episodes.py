@@ -109,8 +109,11 @@ class EpisodeStore:
 
     def create(self, record: Any, episode_id: str | None = None) -> tuple[Episode, list[dict[str, Any]]]:
         if len(self.episodes) >= self.guards.max_episodes:
-            raise ServiceError(503, "too_many_episodes",
-                               f"this process already holds {len(self.episodes)} live episodes (guards.max_episodes)")
+            raise ServiceError(
+                503,
+                "too_many_episodes",
+                f"this process already holds {len(self.episodes)} live episodes (guards.max_episodes)",
+            )
         try:
             task = TaskRecord.from_dict(record)
         except (TaskRecordError, TypeError) as e:
@@ -121,13 +124,17 @@ class EpisodeStore:
             raise ServiceError(400, "unknown_verifier", str(e)) from None
         for name in task.tools:
             if name not in self.tools:
-                raise ServiceError(400, "unknown_tool", f"unknown tool '{name}' in the task record; "
-                                   f"tools of this service: {', '.join(self.tools)}")
+                raise ServiceError(
+                    400,
+                    "unknown_tool",
+                    f"unknown tool '{name}' in the task record; tools of this service: {', '.join(self.tools)}",
+                )
         if episode_id is None:
             episode_id = f"w{self.worker_index}-{secrets.token_hex(8)}"
         elif not EPISODE_ID_RE.fullmatch(episode_id):
-            raise ServiceError(400, "bad_episode_id", "episode_id must be 1-64 characters of [A-Za-z0-9_.-], "
-                               "not starting with '.'")
+            raise ServiceError(
+                400, "bad_episode_id", "episode_id must be 1-64 characters of [A-Za-z0-9_.-], not starting with '.'"
+            )
         if episode_id in self.episodes or episode_id in self.tombstones:
             raise ServiceError(409, "episode_exists", f"episode '{episode_id}' already exists")
         workdir = os.path.join(self.root, episode_id)  # created by the first tool that needs it
@@ -204,8 +211,14 @@ class EpisodeStore:
             if remaining <= 0:
                 outcome = self._guard_outcome(ep, "max_wall_s")
                 self._finish(ep, "max_wall_s", outcome)
-                return {"observation": f"Episode ended: {outcome.reason}.", "cost": 0.0, "latency_s": 0.0,
-                        "done": True, "error": "guard: max_wall_s", "outcome": outcome.to_dict()}
+                return {
+                    "observation": f"Episode ended: {outcome.reason}.",
+                    "cost": 0.0,
+                    "latency_s": 0.0,
+                    "done": True,
+                    "error": "guard: max_wall_s",
+                    "outcome": outcome.to_dict(),
+                }
             ep.turns += 1
             ep.ctx.turn = ep.turns
             result, label = await self._run_tool(ep, name, arguments, remaining)
@@ -217,8 +230,9 @@ class EpisodeStore:
         tool = ep.tools.get(name)
         if tool is None:
             label = name if name in self.tools else UNKNOWN_TOOL
-            return _error_result(f"no tool named {name[:80]!r} in this task; available tools: "
-                                 f"{', '.join(ep.tools) or 'none'}"), label
+            return _error_result(
+                f"no tool named {name[:80]!r} in this task; available tools: {', '.join(ep.tools) or 'none'}"
+            ), label
         if isinstance(arguments, str):  # OpenAI-style tool calls carry arguments as a JSON string
             arguments = _parse_arguments(arguments)
         try:
@@ -227,8 +241,9 @@ class EpisodeStore:
         except ToolArgumentError as e:
             return _error_result(str(e)), name
         except _WallTimeout:
-            return _error_result(f"{name}: cut off by the episode's max_wall_s guard "
-                                 f"({self.guards.max_wall_s:g}s)"), name
+            return _error_result(
+                f"{name}: cut off by the episode's max_wall_s guard ({self.guards.max_wall_s:g}s)"
+            ), name
         except Exception as e:  # a tool bug is the policy's observation, never a lost episode
             log.exception("tool %s raised", name)
             return _error_result(f"{name}: internal tool error: {type(e).__name__}: {e}"), name
@@ -252,8 +267,13 @@ class EpisodeStore:
                 ep.model_counts[model] = ep.model_counts.get(model, 0) + 1
         if result.error is not None:
             ep.error_count += 1
-        response = {"observation": result.observation, "cost": result.cost, "latency_s": result.latency_s,
-                    "done": False, "error": result.error}
+        response = {
+            "observation": result.observation,
+            "cost": result.cost,
+            "latency_s": result.latency_s,
+            "done": False,
+            "error": result.error,
+        }
         if result.done:
             outcome = result.meta.get("outcome")
             if not isinstance(outcome, Outcome):
@@ -267,8 +287,9 @@ class EpisodeStore:
         if ep.status == "done":
             response["done"] = True
             response["outcome"] = ep.outcome.to_dict()
-        self.metrics.record_step(label, result.cost, result.latency_s, result.error is not None,
-                                 time.perf_counter() - t0)
+        self.metrics.record_step(
+            label, result.cost, result.latency_s, result.error is not None, time.perf_counter() - t0
+        )
         return response
 
     # ---- guards and endings ----------------------------------------------------------------
@@ -324,20 +345,24 @@ class EpisodeStore:
         msg = f"no episode '{episode_id[:80]}'"
         m = re.match(r"w(\d+)-", episode_id)
         if m and int(m.group(1)) != self.worker_index:
-            msg += (f"; its id says worker {m.group(1)} created it but this is worker {self.worker_index} "
-                    "(route requests by episode id, see tools_env/README.md)")
+            msg += (
+                f"; its id says worker {m.group(1)} created it but this is worker {self.worker_index} "
+                "(route requests by episode id, see tools_env/README.md)"
+            )
         return ServiceError(404, "episode_not_found", msg)
 
     def _gone_or_not_found(self, episode_id: str) -> ServiceError:
         if episode_id in self.tombstones:
-            return ServiceError(410, "episode_expired", f"episode '{episode_id}' expired after "
-                                f"{self.guards.ttl_s:g}s idle")
+            return ServiceError(
+                410, "episode_expired", f"episode '{episode_id}' expired after {self.guards.ttl_s:g}s idle"
+            )
         return self._not_found(episode_id)
 
     def _not_active(self, ep: Episode) -> ServiceError:
         if ep.status == "done":
-            return ServiceError(409, "episode_done", f"episode '{ep.id}' is done (ended by {ep.ended_by}); "
-                                "create a new episode")
+            return ServiceError(
+                409, "episode_done", f"episode '{ep.id}' is done (ended by {ep.ended_by}); create a new episode"
+            )
         if ep.status == "expired":
             return self._gone_or_not_found(ep.id)
         return self._not_found(ep.id)

@@ -94,8 +94,16 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def start_service(config: dict | None = None, *, host: str = "127.0.0.1", port: int | None = None, workers: int = 1,
-                  token: str | None = None, timeout_s: float = 30.0, log_level: str = "WARNING") -> ServiceHandle:
+def start_service(
+    config: dict | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    workers: int = 1,
+    token: str | None = None,
+    timeout_s: float = 30.0,
+    log_level: str = "WARNING",
+) -> ServiceHandle:
     """Start ``python -m tools_env.server`` in its own process group and wait until every worker
     answers ``/healthz``. ``port=None`` picks free ports. Raises ``ServiceStartError`` with the
     tail of the server's log if it does not come up within ``timeout_s``."""
@@ -112,15 +120,32 @@ def start_service(config: dict | None = None, *, host: str = "127.0.0.1", port: 
     if token:
         env["TOOLS_ENV_TOKEN"] = token  # not on the command line, where `ps` would show it
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "tools_env.server", "--host", host, "--port", str(port or 0),
-           "--workers", str(workers), "--config", config_path, "--ready-file", ready_path, "--log-level", log_level,
-           "--exit-with-parent"]  # a launcher killed by SIGKILL (no cleanup runs) does not leave the service behind
+    cmd = [
+        sys.executable,
+        "-m",
+        "tools_env.server",
+        "--host",
+        host,
+        "--port",
+        str(port or 0),
+        "--workers",
+        str(workers),
+        "--config",
+        config_path,
+        "--ready-file",
+        ready_path,
+        "--log-level",
+        log_level,
+        "--exit-with-parent",
+    ]  # a launcher killed by SIGKILL (no cleanup runs) does not leave the service behind
     with open(os.path.join(tmpdir, "server.log"), "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
     handle = ServiceHandle(proc, [], token, tmpdir)
-    handle.relaunch = lambda: start_service(config, host=host, port=port, workers=workers, token=token,
-                                            timeout_s=timeout_s, log_level=log_level)
+    handle.relaunch = lambda: start_service(
+        config, host=host, port=port, workers=workers, token=token, timeout_s=timeout_s, log_level=log_level
+    )
     try:
         handle.urls = _wait_ready(proc, ready_path, time.monotonic() + timeout_s)
     except ServiceStartError as e:
@@ -176,12 +201,23 @@ def supervise_workers(args: Any, token: str | None) -> int:
         env["TOOLS_ENV_TOKEN"] = token
     children = []
     for k in range(args.workers):
-        cmd = [sys.executable, "-m", "tools_env.server", "--host", args.host,
-               "--port", str(0 if args.port == 0 else args.port + k), "--worker-index", str(k),
-               "--log-level", args.log_level] + (["--config", args.config] if args.config else [])
+        cmd = [
+            sys.executable,
+            "-m",
+            "tools_env.server",
+            "--host",
+            args.host,
+            "--port",
+            str(0 if args.port == 0 else args.port + k),
+            "--worker-index",
+            str(k),
+            "--log-level",
+            args.log_level,
+        ] + (["--config", args.config] if args.config else [])
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
-        children.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
-                                         preexec_fn=preexec))
+        children.append(
+            subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, preexec_fn=preexec)
+        )
     stopping = threading.Event()
 
     def stop_all(*_: Any) -> None:

@@ -75,20 +75,45 @@ class Metrics:
             family(key, "gauge", key.replace("_", " "), [("", value)])
         family("episodes_created_total", "counter", "episodes created", [("", self.episodes_created)])
         family("episodes_deleted_total", "counter", "episodes deleted", [("", self.episodes_deleted)])
-        family("episodes_expired_total", "counter", "episodes expired after the idle TTL",
-               [("", self.episodes_expired)])
-        family("episodes_finished_total", "counter", "episodes ended, by answer or by a guard",
-               [(f'how="{k}"', v) for k, v in sorted(self.episodes_finished.items())])
-        family("outcomes_total", "counter", "verified answers",
-               [(f'correct="{str(k).lower()}"', v) for k, v in sorted(self.outcomes.items())])
-        family("tool_calls_total", "counter", "tool calls (turns), including erroneous ones",
-               [(f'tool="{k}"', v) for k, v in sorted(self.tool_calls.items())])
-        family("tool_errors_total", "counter", "tool calls that returned an error observation",
-               [(f'tool="{k}"', v) for k, v in sorted(self.tool_errors.items())])
-        family("tool_cost_dollars_total", "counter", "dollars charged by tool calls",
-               [(f'tool="{k}"', repr(v)) for k, v in sorted(self.tool_cost.items())])
-        family("http_errors_total", "counter", "structured 4xx/5xx responses, by error code",
-               [(f'code="{k}"', v) for k, v in sorted(self.http_errors.items())])
+        family(
+            "episodes_expired_total", "counter", "episodes expired after the idle TTL", [("", self.episodes_expired)]
+        )
+        family(
+            "episodes_finished_total",
+            "counter",
+            "episodes ended, by answer or by a guard",
+            [(f'how="{k}"', v) for k, v in sorted(self.episodes_finished.items())],
+        )
+        family(
+            "outcomes_total",
+            "counter",
+            "verified answers",
+            [(f'correct="{str(k).lower()}"', v) for k, v in sorted(self.outcomes.items())],
+        )
+        family(
+            "tool_calls_total",
+            "counter",
+            "tool calls (turns), including erroneous ones",
+            [(f'tool="{k}"', v) for k, v in sorted(self.tool_calls.items())],
+        )
+        family(
+            "tool_errors_total",
+            "counter",
+            "tool calls that returned an error observation",
+            [(f'tool="{k}"', v) for k, v in sorted(self.tool_errors.items())],
+        )
+        family(
+            "tool_cost_dollars_total",
+            "counter",
+            "dollars charged by tool calls",
+            [(f'tool="{k}"', repr(v)) for k, v in sorted(self.tool_cost.items())],
+        )
+        family(
+            "http_errors_total",
+            "counter",
+            "structured 4xx/5xx responses, by error code",
+            [(f'code="{k}"', v) for k, v in sorted(self.http_errors.items())],
+        )
         out.append("# HELP tools_env_tool_latency_seconds latency reported by tool calls")
         out.append("# TYPE tools_env_tool_latency_seconds histogram")
         for tool, hist in sorted(self.tool_latency.items()):

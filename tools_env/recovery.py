@@ -42,8 +42,7 @@ def answers(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def with_tool_service(fn: Callable[[], T], client: Any, *, what: str, resume_hint: str,
-                      max_restarts: int = 1) -> T:
+def with_tool_service(fn: Callable[[], T], client: Any, *, what: str, resume_hint: str, max_restarts: int = 1) -> T:
     """``fn()``, restarting the service ``client.service`` and retrying when it dies (see the module)."""
     for attempt in range(max_restarts + 1):
         try:
@@ -56,13 +55,19 @@ def with_tool_service(fn: Callable[[], T], client: Any, *, what: str, resume_hin
         service = getattr(client, "service", None)
         if service is None or attempt == max_restarts:
             raise ToolServiceDown(_stop_line(down, what, failure, resume_hint, service)) from None
-        log.warning("tool service %s stopped answering during %s (%s); restarting it and retrying",
-                    ", ".join(down), what, _short(failure))
+        log.warning(
+            "tool service %s stopped answering during %s (%s); restarting it and retrying",
+            ", ".join(down),
+            what,
+            _short(failure),
+        )
         try:
             urls = service.restart()
         except Exception as e:  # a service that cannot come back: stop, saying so
-            raise ToolServiceDown(f"error: tool service {', '.join(down)} stopped answering during {what} and did "
-                                  f"not restart ({_short(e)}); {resume_hint}") from None
+            raise ToolServiceDown(
+                f"error: tool service {', '.join(down)} stopped answering during {what} and did "
+                f"not restart ({_short(e)}); {resume_hint}"
+            ) from None
         client.retarget(urls)
         log.warning("tool service restarted at %s; redoing %s", ", ".join(urls), what)
     raise AssertionError("unreachable")
@@ -71,8 +76,10 @@ def with_tool_service(fn: Callable[[], T], client: Any, *, what: str, resume_hin
 def tool_service_context(output_dir: str, step: int, heldout: bool = False) -> dict[str, str]:
     """``what`` and ``resume_hint`` for a training run's episodes at ``step`` (steps done so far)."""
     what = f"the held-out evaluation at step {step}" if heldout else f"step {step + 1}'s rollouts"
-    hint = (f"once it answers again, run the same command: it resumes from the newest checkpoint in "
-            f"{output_dir}/checkpoints")
+    hint = (
+        f"once it answers again, run the same command: it resumes from the newest checkpoint in "
+        f"{output_dir}/checkpoints"
+    )
     return {"what": what, "resume_hint": hint}
 
 
@@ -83,5 +90,7 @@ def _short(e: BaseException, limit: int = 160) -> str:
 
 def _stop_line(down: list[str], what: str, failure: ToolsEnvError, resume_hint: str, service: Any) -> str:
     again = f" again after {service.restarts} restart(s)" if service is not None else ""
-    return (f"error: tool service {', '.join(down)} stopped answering{again} during {what} ({failure.code}: "
-            f"{_short(failure.message)}); {resume_hint}")
+    return (
+        f"error: tool service {', '.join(down)} stopped answering{again} during {what} ({failure.code}: "
+        f"{_short(failure.message)}); {resume_hint}"
+    )

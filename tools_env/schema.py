@@ -27,8 +27,9 @@ _N0 = {"type": "number", "minimum": 0}
 _COUNTS = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}
 
 
-def obj(props: dict[str, Any], required: list[str] | tuple[str, ...] = (), extra: Any = False,
-        **more: Any) -> dict[str, Any]:
+def obj(
+    props: dict[str, Any], required: list[str] | tuple[str, ...] = (), extra: Any = False, **more: Any
+) -> dict[str, Any]:
     """An object schema; ``extra`` is ``additionalProperties`` (False: only the listed fields)."""
     schema = {"type": "object", "properties": props, "additionalProperties": extra, **more}
     if required:
@@ -36,67 +37,127 @@ def obj(props: dict[str, Any], required: list[str] | tuple[str, ...] = (), extra
     return schema
 
 
-PRICES = obj({}, extra=obj({"input": _N0, "output": _N0}),
-             description="{alias: {input, output}} in $ per 1M tokens, overriding the configured prices")
-PREFERENCE = obj({"tools": {"type": "object", "additionalProperties": {"type": "number"}}}, extra=_N0,
-                 description="weights >= 0 of accuracy, cost, latency, ...; tools: {tool: weight}")
+PRICES = obj(
+    {},
+    extra=obj({"input": _N0, "output": _N0}),
+    description="{alias: {input, output}} in $ per 1M tokens, overriding the configured prices",
+)
+PREFERENCE = obj(
+    {"tools": {"type": "object", "additionalProperties": {"type": "number"}}},
+    extra=_N0,
+    description="weights >= 0 of accuracy, cost, latency, ...; tools: {tool: weight}",
+)
 
 
 def verifier_schema(types: list[str] | None = None) -> dict[str, Any]:
     """``types``: the verifier types a service has registered (``tools_env.verify.VERIFIERS``); None (a
     task file read outside a service): any name, checked when a service creates the episode."""
     kind = {"type": "string", "enum": sorted(types)} if types is not None else {"type": "string", "minLength": 1}
-    return obj({"type": kind, "aliases": {"type": "array", "items": _S}, "rel_tol": _N0, "abs_tol": _N0},
-               ["type"], extra=True)
+    return obj(
+        {"type": kind, "aliases": {"type": "array", "items": _S}, "rel_tol": _N0, "abs_tol": _N0}, ["type"], extra=True
+    )
 
 
-def task_record_schema(tool_names: list[str] | None = None, verifier_types: list[str] | None = None
-                       ) -> dict[str, Any]:
+def task_record_schema(tool_names: list[str] | None = None, verifier_types: list[str] | None = None) -> dict[str, Any]:
     tool = {"type": "string", "enum": sorted(tool_names)} if tool_names is not None else _S
-    return obj({
-        "problem": _S, "answer": _S, "category": _S,
-        "tools": {"type": "array", "items": tool, "minItems": 1, "uniqueItems": True},
-        "id": {**_S, "description": "stable identifier; empty: a hash of the problem"},
-        "prices": PRICES, "preference": PREFERENCE, "verifier": verifier_schema(verifier_types),
-        "domain": {**_S, "nullable": True}, "gold_actions": {"type": "array", "items": {"type": "object"}},
-        "meta": {"type": "object", "description": "free-form, carried through"},
-    }, ["problem", "answer", "category", "tools"])
+    return obj(
+        {
+            "problem": _S,
+            "answer": _S,
+            "category": _S,
+            "tools": {"type": "array", "items": tool, "minItems": 1, "uniqueItems": True},
+            "id": {**_S, "description": "stable identifier; empty: a hash of the problem"},
+            "prices": PRICES,
+            "preference": PREFERENCE,
+            "verifier": verifier_schema(verifier_types),
+            "domain": {**_S, "nullable": True},
+            "gold_actions": {"type": "array", "items": {"type": "object"}},
+            "meta": {"type": "object", "description": "free-form, carried through"},
+        },
+        ["problem", "answer", "category", "tools"],
+    )
 
 
-STEP_REQUEST = obj({
-    "name": {"description": "a tool of the episode; anything else is answered with an error observation"},
-    "arguments": {"description": "an object, or a string holding one (OpenAI style); anything else, or "
-                                 "arguments that do not fit the tool, is answered with an error observation"},
-})
-OUTCOME = obj({"correct": {"type": "boolean"}, "score": {"type": "number"}, "reason": _S},
-              ["correct", "score", "reason"])
-STEP_RESPONSE = obj({"observation": _S, "cost": _N0, "latency_s": _N0, "done": {"type": "boolean"},
-                     "error": {**_S, "nullable": True}, "outcome": OUTCOME},
-                    ["observation", "cost", "latency_s", "done", "error"])
+STEP_REQUEST = obj(
+    {
+        "name": {"description": "a tool of the episode; anything else is answered with an error observation"},
+        "arguments": {
+            "description": "an object, or a string holding one (OpenAI style); anything else, or "
+            "arguments that do not fit the tool, is answered with an error observation"
+        },
+    }
+)
+OUTCOME = obj(
+    {"correct": {"type": "boolean"}, "score": {"type": "number"}, "reason": _S}, ["correct", "score", "reason"]
+)
+STEP_RESPONSE = obj(
+    {
+        "observation": _S,
+        "cost": _N0,
+        "latency_s": _N0,
+        "done": {"type": "boolean"},
+        "error": {**_S, "nullable": True},
+        "outcome": OUTCOME,
+    },
+    ["observation", "cost", "latency_s", "done", "error"],
+)
 _SUMMARY_PROPS = {
-    "episode_id": _S, "task_id": _S, "status": {"type": "string", "enum": ["active", "done", "expired"]},
-    "turns": {"type": "integer", "minimum": 0}, "total_cost": _N0, "total_latency_s": _N0,
-    "tool_counts": _COUNTS, "model_counts": _COUNTS, "error_count": {"type": "integer", "minimum": 0},
+    "episode_id": _S,
+    "task_id": _S,
+    "status": {"type": "string", "enum": ["active", "done", "expired"]},
+    "turns": {"type": "integer", "minimum": 0},
+    "total_cost": _N0,
+    "total_latency_s": _N0,
+    "tool_counts": _COUNTS,
+    "model_counts": _COUNTS,
+    "error_count": {"type": "integer", "minimum": 0},
     "ended_by": {"type": "string", "enum": ["answer", "max_turns", "max_cost", "max_wall_s"], "nullable": True},
-    "outcome": {**OUTCOME, "nullable": True}, "age_s": _N0,
+    "outcome": {**OUTCOME, "nullable": True},
+    "age_s": _N0,
 }
 EPISODE_SUMMARY = obj(_SUMMARY_PROPS, list(_SUMMARY_PROPS))
-EPISODE_DELETED = obj({**_SUMMARY_PROPS, "deleted": {"type": "boolean", "enum": [True]}},
-                      [*_SUMMARY_PROPS, "deleted"])
-EPISODE_CREATED = obj({"episode_id": _S, "tools": {"type": "array", "items": {"type": "object"}}},
-                      ["episode_id", "tools"])
+EPISODE_DELETED = obj({**_SUMMARY_PROPS, "deleted": {"type": "boolean", "enum": [True]}}, [*_SUMMARY_PROPS, "deleted"])
+EPISODE_CREATED = obj(
+    {"episode_id": _S, "tools": {"type": "array", "items": {"type": "object"}}}, ["episode_id", "tools"]
+)
 TOOL_LIST = obj({"tools": {"type": "array", "items": {"type": "object"}}}, ["tools"])
-HEALTH = obj({"status": {"type": "string", "enum": ["ok"]}, "worker": {"type": "integer", "minimum": 0},
-              "episodes": {"type": "integer", "minimum": 0}}, ["status", "worker", "episodes"])
+HEALTH = obj(
+    {
+        "status": {"type": "string", "enum": ["ok"]},
+        "worker": {"type": "integer", "minimum": 0},
+        "episodes": {"type": "integer", "minimum": 0},
+    },
+    ["status", "worker", "episodes"],
+)
 ERROR = obj({"error": obj({"code": _S, "message": _S}, ["code", "message"])}, ["error"])
 
 
 # ---- the validator ---------------------------------------------------------------------------
 
-_TYPES = {"string": "a string", "number": "a number", "integer": "an integer", "boolean": "a boolean",
-          "object": "an object", "array": "an array"}
-_KNOWN = {"type", "nullable", "enum", "minimum", "minLength", "maxLength", "pattern", "properties", "required",
-          "additionalProperties", "items", "minItems", "uniqueItems", "description"}
+_TYPES = {
+    "string": "a string",
+    "number": "a number",
+    "integer": "an integer",
+    "boolean": "a boolean",
+    "object": "an object",
+    "array": "an array",
+}
+_KNOWN = {
+    "type",
+    "nullable",
+    "enum",
+    "minimum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "minItems",
+    "uniqueItems",
+    "description",
+}
 
 
 def _is(value: Any, typ: str) -> bool:
@@ -110,8 +171,14 @@ def _is(value: Any, typ: str) -> bool:
 def _json_type(value: Any) -> str:
     if value is None:
         return "null"
-    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
-            dict: "an object"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)
 
 
 def check(value: Any, schema: dict[str, Any], what: str, path: str = "") -> str | None:

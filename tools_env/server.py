@@ -40,6 +40,7 @@ try:
 
     dumps, loads = orjson.dumps, orjson.loads
 except ImportError:  # pragma: no cover - the plain-json fallback
+
     def dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode()
 
@@ -87,8 +88,9 @@ async def step(request: web.Request) -> web.Response:
     error = check(body, STEP_REQUEST, "step body")
     if error:
         raise ServiceError(400, "bad_request", error)
-    result = await request.app[STORE].step(request.match_info["episode_id"], body.get("name"),
-                                           body.get("arguments", {}))
+    result = await request.app[STORE].step(
+        request.match_info["episode_id"], body.get("name"), body.get("arguments", {})
+    )
     return json_response(result)
 
 
@@ -170,8 +172,11 @@ def check_tool_sections(cfg: ServiceConfig) -> None:
 
 def build_tools(cfg: ServiceConfig) -> dict[str, Tool]:
     """One instance of every registered tool; ours get typed config, others their `tools.<name>` section."""
-    typed = {"expert": {"experts": cfg.experts, "seed": cfg.seed}, "python": {"python": cfg.python},
-             "answer": {"judge": cfg.judge, "experts": cfg.experts, "seed": cfg.seed}}
+    typed = {
+        "expert": {"experts": cfg.experts, "seed": cfg.seed},
+        "python": {"python": cfg.python},
+        "answer": {"judge": cfg.judge, "experts": cfg.experts, "seed": cfg.seed},
+    }
     check_tool_sections(cfg)
     return {name: cls(typed.get(name, cfg.tools.get(name, {}))) for name, cls in TOOL_REGISTRY.items()}
 
@@ -179,8 +184,9 @@ def build_tools(cfg: ServiceConfig) -> dict[str, Tool]:
 def build_app(cfg: ServiceConfig, *, token: str | None = None, worker_index: int = 0) -> web.Application:
     metrics_ = Metrics()
     tools = build_tools(cfg)
-    app = web.Application(middlewares=[make_middleware(token, metrics_, cfg.max_request_bytes)],
-                          client_max_size=cfg.max_request_bytes)
+    app = web.Application(
+        middlewares=[make_middleware(token, metrics_, cfg.max_request_bytes)], client_max_size=cfg.max_request_bytes
+    )
     app[METRICS] = metrics_
     app[TOOLS] = tools
     app[STORE] = EpisodeStore(cfg, tools, metrics_, worker_index)
@@ -189,8 +195,12 @@ def build_app(cfg: ServiceConfig, *, token: str | None = None, worker_index: int
     app.router.add_post("/v1/episodes/{episode_id}/step", step)
     app.router.add_get("/v1/episodes/{episode_id}", get_episode, allow_head=False)
     app.router.add_delete("/v1/episodes/{episode_id}", delete_episode)
-    for path, handler in (("/v1/tools", list_tools), ("/healthz", healthz), ("/metrics", metrics),
-                          ("/openapi.json", openapi)):
+    for path, handler in (
+        ("/v1/tools", list_tools),
+        ("/healthz", healthz),
+        ("/metrics", metrics),
+        ("/openapi.json", openapi),
+    ):
         app.router.add_get(path, handler, allow_head=False)  # HEAD is not in the document: a 405 like any other
 
     async def lifecycle(app: web.Application):
@@ -206,8 +216,16 @@ def build_app(cfg: ServiceConfig, *, token: str | None = None, worker_index: int
     return app
 
 
-async def serve(cfg: ServiceConfig, host: str, port: int, *, token: str | None = None, worker_index: int = 0,
-                ready_file: str | None = None, parent_pid: int | None = None) -> None:
+async def serve(
+    cfg: ServiceConfig,
+    host: str,
+    port: int,
+    *,
+    token: str | None = None,
+    worker_index: int = 0,
+    ready_file: str | None = None,
+    parent_pid: int | None = None,
+) -> None:
     """Serve until SIGTERM/SIGINT, or until process ``parent_pid`` is gone when given; announces
     ``READY <url>`` on stdout once listening."""
     app = build_app(cfg, token=token, worker_index=worker_index)
@@ -272,8 +290,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=1, help="independent worker processes, one port each")
     p.add_argument("--token", default=None, help="bearer token (default: env TOOLS_ENV_TOKEN)")
     p.add_argument("--ready-file", default=None, help="write {'urls': [...]} here once listening")
-    p.add_argument("--exit-with-parent", action="store_true",
-                   help="stop when the process that started this one exits, even by SIGKILL (launchers pass it)")
+    p.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the process that started this one exits, even by SIGKILL (launchers pass it)",
+    )
     p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
@@ -285,8 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     token = args.token or os.environ.get("TOOLS_ENV_TOKEN") or None
     if not is_loopback(args.host) and not token:
-        print(f"error: refusing to bind {args.host} without a bearer token; pass --token or set TOOLS_ENV_TOKEN "
-              "(only loopback addresses may run without one)", file=sys.stderr)
+        print(
+            f"error: refusing to bind {args.host} without a bearer token; pass --token or set TOOLS_ENV_TOKEN "
+            "(only loopback addresses may run without one)",
+            file=sys.stderr,
+        )
         return 2
     if args.workers < 1:
         print("error: --workers must be >= 1", file=sys.stderr)
@@ -301,8 +325,17 @@ def main(argv: list[str] | None = None) -> int:
         from tools_env.launch import supervise_workers
 
         return supervise_workers(args, token)
-    _run(serve(cfg, args.host, args.port, token=token, worker_index=args.worker_index, ready_file=args.ready_file,
-               parent_pid=args.parent_pid))
+    _run(
+        serve(
+            cfg,
+            args.host,
+            args.port,
+            token=token,
+            worker_index=args.worker_index,
+            ready_file=args.ready_file,
+            parent_pid=args.parent_pid,
+        )
+    )
     return 0
 
 

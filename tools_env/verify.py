@@ -178,8 +178,9 @@ def get_verifier(kind: str) -> Verifier:
         raise UnknownVerifierError(f"verifier type {kind!r} is unavailable: {UNAVAILABLE[kind]}")
     if kind not in VERIFIERS:
         hint = " (it is registered by importing tools_env.domains)" if kind == "db_state" else ""
-        raise UnknownVerifierError(f"verifier type {kind!r} is not registered{hint}; "
-                                   f"registered types: {', '.join(sorted(VERIFIERS))}")
+        raise UnknownVerifierError(
+            f"verifier type {kind!r} is not registered{hint}; registered types: {', '.join(sorted(VERIFIERS))}"
+        )
     return VERIFIERS[kind]
 
 

@@ -34,6 +34,8 @@ EXPERT_PRICES = {  # $/1M tokens (input, output), after the paper's price table
     "expert-medium": (0.8, 0.8),
     "expert-large": (1.25, 10.0),
 }
+
+
 @dataclass(frozen=True)
 class Profile:
     weights: dict  # the reward's preference vector
@@ -42,10 +44,12 @@ class Profile:
 
 
 PREFERENCES = {
-    "accuracy_first": Profile({"accuracy": 1.0, "cost": 0.0, "latency": 0.0},
-                              "the most accurate answer, whatever it costs", "accurate"),
-    "cost_sensitive": Profile({"accuracy": 1.0, "cost": 1.0, "latency": 0.5},
-                              "a correct answer at low cost and latency", "cheap"),
+    "accuracy_first": Profile(
+        {"accuracy": 1.0, "cost": 0.0, "latency": 0.0}, "the most accurate answer, whatever it costs", "accurate"
+    ),
+    "cost_sensitive": Profile(
+        {"accuracy": 1.0, "cost": 1.0, "latency": 0.5}, "a correct answer at low cost and latency", "cheap"
+    ),
 }
 KINDS = {"arithmetic": "arithmetic", "lookup": "lookup", "reasoning": "puzzle"}  # category -> word in the plan
 _SYL = ["ka", "lo", "mi", "ra", "te", "vo", "zu", "ne", "sha", "dri", "pel", "tor", "vin", "qua", "bel"]
@@ -72,8 +76,11 @@ def _reasoning(rng: random.Random) -> tuple[str, str, dict]:
     n = rng.randint(3, 9)
     who = _name(rng, 2)
     answer = _name(rng, 1)
-    return (f"{who} hides a word after {n} riddles; each riddle names the next. Which word is it?",
-            answer, {"type": "exact"})
+    return (
+        f"{who} hides a word after {n} riddles; each riddle names the next. Which word is it?",
+        answer,
+        {"type": "exact"},
+    )
 
 
 _MAKERS = {"arithmetic": _arithmetic, "lookup": _lookup, "reasoning": _reasoning}
@@ -81,15 +88,23 @@ _MAKERS = {"arithmetic": _arithmetic, "lookup": _lookup, "reasoning": _reasoning
 
 def make_task(rng: random.Random, category: str) -> TaskRecord:
     problem, answer, verifier = _MAKERS[category](rng)
-    tools = ["calculator", "expert", "answer"] if category == "arithmetic" or rng.random() < 0.3 else ["expert", "answer"]
+    tools = (
+        ["calculator", "expert", "answer"] if category == "arithmetic" or rng.random() < 0.3 else ["expert", "answer"]
+    )
     prices = {
         alias: {"input": round(pin * rng.uniform(0.7, 1.3), 4), "output": round(pout * rng.uniform(0.7, 1.3), 4)}
         for alias, (pin, pout) in EXPERT_PRICES.items()
     }
     pref_name = rng.choice(sorted(PREFERENCES))
     return TaskRecord(
-        problem=problem, answer=answer, category=category, tools=tools, prices=prices,
-        preference=dict(PREFERENCES[pref_name].weights), verifier=verifier, meta={"preference_name": pref_name},
+        problem=problem,
+        answer=answer,
+        category=category,
+        tools=tools,
+        prices=prices,
+        preference=dict(PREFERENCES[pref_name].weights),
+        verifier=verifier,
+        meta={"preference_name": pref_name},
     )
 
 
@@ -111,10 +126,13 @@ def plan_phrases() -> list[str]:
     a single token ("tool tokens", as in ToolkenGPT, Hao et al. 2023): one token names the action
     for this kind of task under this preference, so a tool choice has an output row of its own per
     (kind, preference) that GRPO moves without moving the same choice elsewhere."""
-    calls = ([(tool, {"model": alias}) for tool in ("answer", "expert") for alias in EXPERT_PRICES]
-             + [("calculator", {}), ("answer", {})])
-    return [plan(category, name, tool, args) for category in KINDS for name in PREFERENCES
-            for tool, args in calls] + list(EXPERT_PRICES)
+    calls = [(tool, {"model": alias}) for tool in ("answer", "expert") for alias in EXPERT_PRICES] + [
+        ("calculator", {}),
+        ("answer", {}),
+    ]
+    return [
+        plan(category, name, tool, args) for category in KINDS for name in PREFERENCES for tool, args in calls
+    ] + list(EXPERT_PRICES)
 
 
 def plan(category: str, name: str | None, tool: str, arguments: dict) -> str:

@@ -53,11 +53,16 @@ def _choose(task: TaskRecord, tools: list[dict], rng: random.Random) -> tuple[st
     """The first action: the calculator, an expert, or the final answer written by an expert."""
     names, aliases = [t["function"]["name"] for t in tools], _aliases(tools)
     m = _EXPR_RE.match(task.problem)
-    kinds = ((["answer"] if aliases else []) + (["expert"] if "expert" in names and aliases else [])
-             + (["calculator"] if "calculator" in names and m else []))
+    kinds = (
+        (["answer"] if aliases else [])
+        + (["expert"] if "expert" in names and aliases else [])
+        + (["calculator"] if "calculator" in names and m else [])
+    )
     if not kinds:
-        raise ValueError(f"sft: task {task.id!r} offers none of what the scripted warm start uses (the calculator "
-                         f"on 'What is a op b?', an expert, or answer written by an expert); its tools: {names}")
+        raise ValueError(
+            f"sft: task {task.id!r} offers none of what the scripted warm start uses (the calculator "
+            f"on 'What is a op b?', an expert, or answer written by an expert); its tools: {names}"
+        )
     kind = rng.choice(kinds)
     if kind == "calculator":
         return kind, {"expression": m.group(1)}
@@ -117,8 +122,14 @@ def render_text(ep: ScriptedEpisode, template: str, reward_cfg: RewardConfig) ->
 def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfig) -> Trajectory:
     """Token ids built exactly as a rollout builds them: prompt, then (turn, observation)*."""
     ids = chat.prompt_ids(task_messages(with_default_preference(ep.task, reward_cfg.default_preference)), ep.tools)
-    traj = Trajectory(task=ep.task, group=0, token_ids=list(ids), loss_mask=[0] * len(ids),
-                      gen_logprobs=[0.0] * len(ids), prompt_len=len(ids))
+    traj = Trajectory(
+        task=ep.task,
+        group=0,
+        token_ids=list(ids),
+        loss_mask=[0] * len(ids),
+        gen_logprobs=[0.0] * len(ids),
+        prompt_len=len(ids),
+    )
     for i, (name, args, obs) in enumerate(ep.turns):
         turn = chat.encode(_plan(ep.task, name, args) + format_tool_call(name, args)) + [chat.end_of_turn_id]
         traj.token_ids += turn

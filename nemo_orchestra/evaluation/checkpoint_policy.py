@@ -46,17 +46,26 @@ def run_settings(path: str) -> RunSettings | None:
                 cfg = yaml.safe_load(f) or {}
             try:
                 r = cfg["rollout"]
-                limits = LoopLimits(r["max_turns"], r["max_context"], r["max_new_tokens_per_turn"],
-                                    r["batch_window_s"], r["orchestrator_price_in"], r["orchestrator_price_out"])
+                limits = LoopLimits(
+                    r["max_turns"],
+                    r["max_context"],
+                    r["max_new_tokens_per_turn"],
+                    r["batch_window_s"],
+                    r["orchestrator_price_in"],
+                    r["orchestrator_price_out"],
+                )
                 return RunSettings(limits, r["max_new_tokens_per_turn"], dict(cfg["reward"]["default_preference"]))
             except (KeyError, TypeError) as e:
-                raise ValueError(f"checkpoint:{path}: {file} lacks the run setting {e} "
-                                 "(not a config.yaml written by recipes/grpo_orchestrator.py)") from None
+                raise ValueError(
+                    f"checkpoint:{path}: {file} lacks the run setting {e} "
+                    "(not a config.yaml written by recipes/grpo_orchestrator.py)"
+                ) from None
     return None
 
 
-def checkpoint_policy(path: str, temperature: float = 0.0, max_new_tokens: int = 96, top_p: float = 1.0,
-                      seed: int = 0) -> EnginePolicy:
+def checkpoint_policy(
+    path: str, temperature: float = 0.0, max_new_tokens: int = 96, top_p: float = 1.0, seed: int = 0
+) -> EnginePolicy:
     from transformers import AutoTokenizer
 
     folder = resolve_export(path)

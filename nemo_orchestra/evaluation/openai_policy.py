@@ -52,9 +52,18 @@ class OpenAIChatPolicy:
 
     chat = None  # works on messages
 
-    def __init__(self, base_url: str, model: str, *, api_key_env: str | None = None, temperature: float = 0.0,
-                 max_tokens: int = 1024, timeout_s: float = 120.0, send_tools: bool = True,
-                 seed_per_sample: bool = True) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key_env: str | None = None,
+        temperature: float = 0.0,
+        max_tokens: int = 1024,
+        timeout_s: float = 120.0,
+        send_tools: bool = True,
+        seed_per_sample: bool = True,
+    ) -> None:
         self.name = f"openai:{model}"
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model, self.temperature, self.max_tokens = model, temperature, max_tokens
@@ -64,8 +73,12 @@ class OpenAIChatPolicy:
         self._session: aiohttp.ClientSession | None = None
 
     def request(self, ep: Episode) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.model, "messages": ep.messages, "temperature": self.temperature,
-                                "max_tokens": self.max_tokens}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": ep.messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
         if self.send_tools:
             body["tools"] = ep.tools
         if self.seed_per_sample:
@@ -90,8 +103,12 @@ class OpenAIChatPolicy:
             return self._failed(ep, f"{self.url}: {type(e).__name__}: {e}")
         usage = data.get("usage") or {}
         text, call = parse_reply(message)
-        return Turn(text, call=call, prompt_tokens=int(usage.get("prompt_tokens", 0)),
-                    completion_tokens=int(usage.get("completion_tokens", 0)))
+        return Turn(
+            text,
+            call=call,
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
+        )
 
     def _failed(self, ep: Episode, why: str) -> Turn:
         log.warning("policy %s failed on task %s: %s", self.name, ep.task.id, why)

@@ -58,17 +58,21 @@ def summarize(results: list[EpisodeResult]) -> list[Row]:
     rows = []
     for (policy, pref), rs in groups.items():
         n = len(rs)
-        rows.append(Row(
-            policy=policy, preference=pref, n=n,
-            accuracy=sum(r.correct for r in rs) / n,
-            mean_cost=sum(r.cost for r in rs) / n,
-            mean_latency_s=sum(r.latency_s for r in rs) / n,
-            mean_turns=sum(r.turns for r in rs) / n,
-            mean_utility=sum(r.utility for r in rs) / n,
-            format_errors=sum(r.format_errors for r in rs),
-            tool_share=_share([r.tool_counts for r in rs]),
-            model_share=_share([r.model_counts for r in rs]),
-        ))
+        rows.append(
+            Row(
+                policy=policy,
+                preference=pref,
+                n=n,
+                accuracy=sum(r.correct for r in rs) / n,
+                mean_cost=sum(r.cost for r in rs) / n,
+                mean_latency_s=sum(r.latency_s for r in rs) / n,
+                mean_turns=sum(r.turns for r in rs) / n,
+                mean_utility=sum(r.utility for r in rs) / n,
+                format_errors=sum(r.format_errors for r in rs),
+                tool_share=_share([r.tool_counts for r in rs]),
+                model_share=_share([r.model_counts for r in rs]),
+            )
+        )
     candidates = [i for i, r in enumerate(rows) if r.policy not in REFERENCE_POLICIES]
     for j in pareto_front([(rows[i].mean_cost, rows[i].accuracy) for i in candidates]):
         rows[candidates[j]].pareto = True
@@ -93,17 +97,40 @@ def by_category(results: list[EpisodeResult]) -> dict[str, dict[str, float]]:
     return {k: {c: sum(v) / len(v) for c, v in sorted(cats.items())} for k, cats in acc.items()}
 
 
-CSV_FIELDS = ["policy", "preference", "n", "accuracy", "mean_cost", "mean_latency_s", "mean_turns", "mean_utility",
-              "format_errors", "pareto", "tool_share", "model_share"]
+CSV_FIELDS = [
+    "policy",
+    "preference",
+    "n",
+    "accuracy",
+    "mean_cost",
+    "mean_latency_s",
+    "mean_turns",
+    "mean_utility",
+    "format_errors",
+    "pareto",
+    "tool_share",
+    "model_share",
+]
 
 
 def write_report(out_dir: str, rows: list[Row], results: list[EpisodeResult], meta: dict[str, Any]) -> dict[str, str]:
     os.makedirs(out_dir, exist_ok=True)
-    paths = {k: os.path.join(out_dir, v) for k, v in
-             (("json", "results.json"), ("csv", "results.csv"), ("episodes", "episodes.jsonl"), ("png", "pareto.png"))}
+    paths = {
+        k: os.path.join(out_dir, v)
+        for k, v in (
+            ("json", "results.json"),
+            ("csv", "results.csv"),
+            ("episodes", "episodes.jsonl"),
+            ("png", "pareto.png"),
+        )
+    }
     with open(paths["json"], "w") as f:
-        json.dump({"meta": meta, "rows": [r.__dict__ for r in rows], "accuracy_by_category": by_category(results)},
-                  f, indent=2, sort_keys=True)
+        json.dump(
+            {"meta": meta, "rows": [r.__dict__ for r in rows], "accuracy_by_category": by_category(results)},
+            f,
+            indent=2,
+            sort_keys=True,
+        )
     with open(paths["csv"], "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         w.writeheader()
@@ -155,16 +182,30 @@ def plot_pareto(rows: list[Row], path: str, title: str = "") -> bool:
     for (policy, _, _), rs in groups.items():
         r = rs[0]
         marker = markers[prefs.index(r.preference) % len(markers)] if len(rs) == 1 else "o"
-        ax.scatter(x_of(r), r.accuracy, s=70, color=colors(policies.index(policy) % 10), marker=marker,
-                   edgecolor="black", linewidth=0.6, zorder=3)
+        ax.scatter(
+            x_of(r),
+            r.accuracy,
+            s=70,
+            color=colors(policies.index(policy) % 10),
+            marker=marker,
+            edgecolor="black",
+            linewidth=0.6,
+            zorder=3,
+        )
         label = policy if len(prefs) == 1 else f"{policy} / {', '.join(x.preference for x in rs)}"
         if policy in REFERENCE_POLICIES:
             label += " (reads gold)"
         if log_x and r.mean_cost <= 0:
             label += ", $0"
         right = _x_fraction(x_of(r), [x_of(x) for x in rows], log_x) > 0.6  # label leftwards near the right edge
-        ax.annotate(label, (x_of(r), r.accuracy), textcoords="offset points", xytext=(-6 if right else 6, 5),
-                    ha="right" if right else "left", fontsize=8)
+        ax.annotate(
+            label,
+            (x_of(r), r.accuracy),
+            textcoords="offset points",
+            xytext=(-6 if right else 6, 5),
+            ha="right" if right else "left",
+            fontsize=8,
+        )
     front = [r for r in rows if r.pareto]
     front.sort(key=lambda r: r.mean_cost)
     if front:

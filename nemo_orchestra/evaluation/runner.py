@@ -74,13 +74,26 @@ def to_result(traj: Trajectory, policy: str, preference: str, alpha: float | Non
     else:
         reason = outcome.get("reason") or f"no answer ({traj.stop_reason} after {traj.turns} policy turns)"
     return EpisodeResult(
-        task_id=traj.task.id, category=traj.task.category, domain=traj.task.domain, policy=policy,
-        preference=preference, sample=int(traj.meta.get("sample", 0)), correct=bool(traj.correct), reason=reason,
-        cost=traj.cost, tool_cost=traj.tool_cost, policy_cost=traj.policy_cost, latency_s=traj.latency_s,
-        turns=traj.turns, tool_counts=dict(status.get("tool_counts", {})),
-        model_counts=dict(status.get("model_counts", {})), format_errors=traj.format_errors,
-        ended_by=status.get("ended_by"), alpha=alpha if alpha is not None else alpha_of(traj.task.preference),
-        messages=traj.messages)
+        task_id=traj.task.id,
+        category=traj.task.category,
+        domain=traj.task.domain,
+        policy=policy,
+        preference=preference,
+        sample=int(traj.meta.get("sample", 0)),
+        correct=bool(traj.correct),
+        reason=reason,
+        cost=traj.cost,
+        tool_cost=traj.tool_cost,
+        policy_cost=traj.policy_cost,
+        latency_s=traj.latency_s,
+        turns=traj.turns,
+        tool_counts=dict(status.get("tool_counts", {})),
+        model_counts=dict(status.get("model_counts", {})),
+        format_errors=traj.format_errors,
+        ended_by=status.get("ended_by"),
+        alpha=alpha if alpha is not None else alpha_of(traj.task.preference),
+        messages=traj.messages,
+    )
 
 
 @dataclass
@@ -92,9 +105,18 @@ class PolicyRun:
     default_preference: dict[str, float] = field(default_factory=dict)  # for records that state none
 
 
-async def run_all(client: Any, runs: list[PolicyRun], records: list[TaskRecord],
-                  preferences: dict[str, dict[str, Any] | None], *, samples: int = 1, alpha: float | None = None,
-                  concurrency: int = 16, progress: bool = True, seed: str = HELDOUT_SEED) -> list[EpisodeResult]:
+async def run_all(
+    client: Any,
+    runs: list[PolicyRun],
+    records: list[TaskRecord],
+    preferences: dict[str, dict[str, Any] | None],
+    *,
+    samples: int = 1,
+    alpha: float | None = None,
+    concurrency: int = 16,
+    progress: bool = True,
+    seed: str = HELDOUT_SEED,
+) -> list[EpisodeResult]:
     """Every (policy, preference, record, sample) episode, ``concurrency`` live at a time, in a stable
     order. The service's random draws depend on the seed and the episode's index only, so every
     policy meets the same simulated experts' luck."""
@@ -109,10 +131,17 @@ async def run_all(client: Any, runs: list[PolicyRun], records: list[TaskRecord],
                     bar.update(n - done[0])
                     done[0] = n
 
-                trajs = await run_episodes([with_preference(r, pref) for r in records], run.policy, client,
-                                           samples=samples, limits=run.limits,
-                                           default_preference=run.default_preference, seed=seed,
-                                           concurrency=concurrency, progress=tick)
+                trajs = await run_episodes(
+                    [with_preference(r, pref) for r in records],
+                    run.policy,
+                    client,
+                    samples=samples,
+                    limits=run.limits,
+                    default_preference=run.default_preference,
+                    seed=seed,
+                    concurrency=concurrency,
+                    progress=tick,
+                )
                 results += [to_result(t, run.policy.name, name, alpha) for t in trajs]
     finally:
         bar.close()

@@ -14,8 +14,9 @@ from nemo_orchestra.types import StopReason, Trajectory
 STD_TOLERANCE = 1e-8  # a group's reward std must exceed min_group_std by this to count as informative
 
 
-def assign_advantages(trajectories: Sequence[Trajectory], cfg: AdvantageConfig,
-                      device: torch.device | str = "cpu") -> tuple[list[Trajectory], dict]:
+def assign_advantages(
+    trajectories: Sequence[Trajectory], cfg: AdvantageConfig, device: torch.device | str = "cpu"
+) -> tuple[list[Trajectory], dict]:
     """Set ``advantage`` (A_i = clip((R_i - mean)/(std + eps), -c, c) for mode std) on every rollout.
 
     Rewards and advantages live on ``device``, the training device: on a GPU the Triton kernel
@@ -34,7 +35,9 @@ def assign_advantages(trajectories: Sequence[Trajectory], cfg: AdvantageConfig,
     groups, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
     mean = torch.zeros(len(groups), device=device).index_add_(0, inverse, rewards) / counts
     sq = torch.zeros(len(groups), device=device).index_add_(0, inverse, (rewards - mean[inverse]) ** 2)
-    std = torch.where(counts > 1, (sq / (counts - 1).clamp(min=1)).sqrt(), torch.zeros_like(sq))  # Bessel, as the kernel
+    std = torch.where(
+        counts > 1, (sq / (counts - 1).clamp(min=1)).sqrt(), torch.zeros_like(sq)
+    )  # Bessel, as the kernel
     keep = (std > cfg.min_group_std + STD_TOLERANCE).tolist()
     keep_groups = {g for g, k in zip(groups.tolist(), keep) if k}
     kept = [t for t in trajectories if t.group in keep_groups]

@@ -27,9 +27,15 @@ import torch
 from nemo_orchestra.config import LossConfig
 
 
-def policy_loss(logprobs_T: torch.Tensor, old_logprobs_T: torch.Tensor, ref_logprobs_T: torch.Tensor,
-                advantages_T: torch.Tensor, mask_T: torch.Tensor, cfg: LossConfig,
-                is_weights_T: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+def policy_loss(
+    logprobs_T: torch.Tensor,
+    old_logprobs_T: torch.Tensor,
+    ref_logprobs_T: torch.Tensor,
+    advantages_T: torch.Tensor,
+    mask_T: torch.Tensor,
+    cfg: LossConfig,
+    is_weights_T: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Returns (sum of per-token losses, number of loss tokens, metrics).
 
     ``is_weights_T``: per-token importance weights on the policy-gradient term (see ``tis_weights``).

@@ -52,8 +52,9 @@ def group_rewards(group: Sequence[Trajectory], cfg: RewardConfig) -> list[float]
         for tool, w in (prefs.get("tools") or {}).items():
             weights[f"tool:{tool}"] = float(w)
             utilities[f"tool:{tool}"] = _minmax([float(t.tool_counts.get(tool, 0)) for t in group])
-    return [o * scalarize({k: utilities[k][i] for k in weights}, weights, cfg.scalarization)
-            for i, o in enumerate(outcome)]
+    return [
+        o * scalarize({k: utilities[k][i] for k in weights}, weights, cfg.scalarization) for i, o in enumerate(outcome)
+    ]
 
 
 def scalarize(u: dict[str, float], w: dict[str, float], how: str) -> float:

@@ -22,13 +22,27 @@ import torch
 import torch.distributed as dist
 
 from nemo_orchestra.config import ModelConfig, ParallelConfig
-from nemo_orchestra.hf.qwen3 import (HFWeights, hf_to_megatron_tensor, megatron_names, model_config_from_hf,
-                                     read_hf_config)
+from nemo_orchestra.hf.qwen3 import (
+    HFWeights,
+    hf_to_megatron_tensor,
+    megatron_names,
+    model_config_from_hf,
+    read_hf_config,
+)
 
 log = logging.getLogger(__name__)
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "tokenizer.model", "added_tokens.json", "chat_template.jinja", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
@@ -41,8 +55,14 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def import_hf(hf_dir: str, out_dir: str, base: ModelConfig, parallel: ParallelConfig, device: torch.device,
-              dtype: str | None = None) -> ModelConfig:
+def import_hf(
+    hf_dir: str,
+    out_dir: str,
+    base: ModelConfig,
+    parallel: ParallelConfig,
+    device: torch.device,
+    dtype: str | None = None,
+) -> ModelConfig:
     """Write ``out_dir`` from the HF folder; returns the model config it holds. Collective."""
     from nemo_orchestra.megatron import dist_ckpt
     from nemo_orchestra.megatron.model import build_gpt_model
@@ -53,13 +73,16 @@ def import_hf(hf_dir: str, out_dir: str, base: ModelConfig, parallel: ParallelCo
     model = dataclasses.replace(model_config_from_hf(hf_cfg, base), params_dtype=dtype, init_from=None)
     vocab = model.vocab_size
     if vocab % parallel.tp or model.num_query_groups % parallel.tp or model.num_layers % parallel.pp:
-        raise ValueError(f"parallel.tp={parallel.tp} must divide the vocabulary ({vocab}) and the KV heads "
-                         f"({model.num_query_groups}); parallel.pp={parallel.pp} the layers ({model.num_layers})")
+        raise ValueError(
+            f"parallel.tp={parallel.tp} must divide the vocabulary ({vocab}) and the KV heads "
+            f"({model.num_query_groups}); parallel.pp={parallel.pp} the layers ({model.num_layers})"
+        )
     gpt = build_gpt_model(model, parallel, vocab, device, initialize=False)
     weights = HFWeights(hf_dir)
     torch_dtype = gpt.config.params_dtype
-    load_full_state(gpt, lambda n: hf_to_megatron_tensor(n, weights.__getitem__, model).to(torch_dtype),
-                    megatron_names(model))
+    load_full_state(
+        gpt, lambda n: hf_to_megatron_tensor(n, weights.__getitem__, model).to(torch_dtype), megatron_names(model)
+    )
     tmp = out_dir.rstrip("/") + ".tmp"
     if _rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -87,9 +110,16 @@ def find_tokenizer(ckpt_dir: str, explicit: str | None) -> str | None:
     return None
 
 
-def export_checkpoint(ckpt_dir: str, out_dir: str, parallel: ParallelConfig, device: torch.device,
-                      tokenizer_dir: str | None = None, dtype: str | None = None, fmt: str = "hf",
-                      tp_out: int = 1) -> str:
+def export_checkpoint(
+    ckpt_dir: str,
+    out_dir: str,
+    parallel: ParallelConfig,
+    device: torch.device,
+    tokenizer_dir: str | None = None,
+    dtype: str | None = None,
+    fmt: str = "hf",
+    tp_out: int = 1,
+) -> str:
     """Write a HF folder (``fmt="hf"``) or a TensorRT-LLM checkpoint sharded ``tp_out`` ways
     (``fmt="trtllm"``) from a checkpoint saved under any layout. Collective; rank 0 writes."""
     from transformers import AutoTokenizer
@@ -128,8 +158,7 @@ def export_checkpoint(ckpt_dir: str, out_dir: str, parallel: ParallelConfig, dev
             log.warning("no tokenizer found for %s (pass tokenizer=DIR): the export has no tokenizer files", ckpt_dir)
         tmp = out_dir.rstrip("/") + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        export_hf(weights, model, meta["vocab_size"], tokenizer, tmp,
-                  dtype=TORCH_DTYPES[dtype or model.params_dtype])
+        export_hf(weights, model, meta["vocab_size"], tokenizer, tmp, dtype=TORCH_DTYPES[dtype or model.params_dtype])
         shutil.rmtree(out_dir, ignore_errors=True)
         os.replace(tmp, out_dir)
     _barrier()

@@ -17,8 +17,14 @@ from nemo_orchestra.hf.qwen3 import architecture, hf_config, megatron_to_hf
 SHARD_BYTES = 2 * 1024**3
 
 
-def export_hf(megatron_state: dict[str, torch.Tensor], model: ModelConfig, vocab_size: int, tokenizer,
-              out_dir: str, dtype: torch.dtype = torch.float32) -> str:
+def export_hf(
+    megatron_state: dict[str, torch.Tensor],
+    model: ModelConfig,
+    vocab_size: int,
+    tokenizer,
+    out_dir: str,
+    dtype: torch.dtype = torch.float32,
+) -> str:
     from safetensors.torch import save_file
     from transformers import GenerationConfig
 
@@ -28,8 +34,9 @@ def export_hf(megatron_state: dict[str, torch.Tensor], model: ModelConfig, vocab
     config = hf_config(model, vocab_size, tokenizer, dtype=dtype_name)
     config.architectures = [architecture(model)]
     config.save_pretrained(out_dir)
-    GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
-                     temperature=1.0, top_p=1.0, do_sample=True).save_pretrained(out_dir)
+    GenerationConfig(
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, temperature=1.0, top_p=1.0, do_sample=True
+    ).save_pretrained(out_dir)
     shards, current, size = [], {}, 0
     for name in sorted(hf):
         nbytes = hf[name].numel() * hf[name].element_size()

@@ -95,8 +95,14 @@ def megatron_names(model: ModelConfig) -> list[str]:
     names = ["embedding.word_embeddings.weight", "decoder.final_layernorm.weight"]
     if not model.tie_embeddings:
         names.append("output_layer.weight")
-    per_layer = ["input_layernorm.weight", "self_attention.linear_qkv.weight", "self_attention.linear_proj.weight",
-                 "pre_mlp_layernorm.weight", "mlp.linear_fc1.weight", "mlp.linear_fc2.weight"]
+    per_layer = [
+        "input_layernorm.weight",
+        "self_attention.linear_qkv.weight",
+        "self_attention.linear_proj.weight",
+        "pre_mlp_layernorm.weight",
+        "mlp.linear_fc1.weight",
+        "mlp.linear_fc2.weight",
+    ]
     if model.qk_norm:
         per_layer += ["self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"]
     return names + [f"decoder.layers.{i}.{p}" for i in range(model.num_layers) for p in per_layer]
@@ -110,9 +116,11 @@ _DIRECT = {  # Megatron suffix -> HF suffix, within a layer
     "input_layernorm.weight": "input_layernorm.weight",
     "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
 }
-_TOP = {"embedding.word_embeddings.weight": "model.embed_tokens.weight",
-        "decoder.final_layernorm.weight": "model.norm.weight",
-        "output_layer.weight": "lm_head.weight"}
+_TOP = {
+    "embedding.word_embeddings.weight": "model.embed_tokens.weight",
+    "decoder.final_layernorm.weight": "model.norm.weight",
+    "output_layer.weight": "lm_head.weight",
+}
 
 
 def hf_to_megatron_tensor(name: str, hf_get: Callable[[str], torch.Tensor], model: ModelConfig) -> torch.Tensor:

@@ -40,8 +40,11 @@ DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float
 def check_tp(model: ModelConfig, tp: int) -> None:
     """ValueError naming ``tp`` when the model's heads or FFN cannot be split ``tp`` ways."""
     kv = model.num_query_groups
-    problems = [f"{what} ({n})" for what, n in (("query heads", model.num_attention_heads),
-                                               ("FFN width", model.ffn_hidden_size)) if n % tp]
+    problems = [
+        f"{what} ({n})"
+        for what, n in (("query heads", model.num_attention_heads), ("FFN width", model.ffn_hidden_size))
+        if n % tp
+    ]
     if kv % tp and tp % kv:
         problems.append(f"KV heads ({kv}; tp must divide them or be a multiple of them)")
     if tp < 1 or problems:
@@ -97,8 +100,9 @@ def _kv_rows(t: torch.Tensor, kv_heads: int, head_dim: int, tp: int, rank: int) 
     return _rows(t, tp, rank)
 
 
-def rank_weights(hf: dict[str, torch.Tensor], model: ModelConfig, vocab_size: int, tp: int,
-                 rank: int) -> dict[str, torch.Tensor]:
+def rank_weights(
+    hf: dict[str, torch.Tensor], model: ModelConfig, vocab_size: int, tp: int, rank: int
+) -> dict[str, torch.Tensor]:
     """Rank ``rank``'s TensorRT-LLM weights from Hugging Face-named Qwen3 (or Llama) weights."""
     kv, d = model.num_query_groups, model.head_dim
     embed = hf["model.embed_tokens.weight"]
@@ -110,10 +114,13 @@ def rank_weights(hf: dict[str, torch.Tensor], model: ModelConfig, vocab_size: in
     out["lm_head.weight"] = _rows(head, tp, rank)
     for i in range(model.num_layers):
         h, t = f"model.layers.{i}.", f"transformer.layers.{i}."
-        out[t + "attention.qkv.weight"] = torch.cat([
-            _rows(hf[h + "self_attn.q_proj.weight"], tp, rank),
-            _kv_rows(hf[h + "self_attn.k_proj.weight"], kv, d, tp, rank),
-            _kv_rows(hf[h + "self_attn.v_proj.weight"], kv, d, tp, rank)])
+        out[t + "attention.qkv.weight"] = torch.cat(
+            [
+                _rows(hf[h + "self_attn.q_proj.weight"], tp, rank),
+                _kv_rows(hf[h + "self_attn.k_proj.weight"], kv, d, tp, rank),
+                _kv_rows(hf[h + "self_attn.v_proj.weight"], kv, d, tp, rank),
+            ]
+        )
         out[t + "attention.dense.weight"] = _cols(hf[h + "self_attn.o_proj.weight"], tp, rank)
         if model.qk_norm:
             out[t + "attention.q_layernorm.weight"] = hf[h + "self_attn.q_norm.weight"]
@@ -126,8 +133,14 @@ def rank_weights(hf: dict[str, torch.Tensor], model: ModelConfig, vocab_size: in
     return out
 
 
-def export_trtllm(megatron_state: dict[str, torch.Tensor], model: ModelConfig, vocab_size: int, out_dir: str,
-                  tp: int = 1, dtype: torch.dtype = torch.bfloat16) -> str:
+def export_trtllm(
+    megatron_state: dict[str, torch.Tensor],
+    model: ModelConfig,
+    vocab_size: int,
+    out_dir: str,
+    tp: int = 1,
+    dtype: torch.dtype = torch.bfloat16,
+) -> str:
     """Write ``config.json`` and ``rank{0..tp-1}.safetensors`` into ``out_dir`` from full Megatron weights."""
     from safetensors.torch import save_file
 

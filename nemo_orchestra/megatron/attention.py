@@ -17,7 +17,6 @@ from megatron.core.transformer.module import MegatronModule
 from nemo_orchestra.config import ATTENTION_BACKENDS
 
 
-
 def resolve_attention_backend(name: str) -> str:
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"model.attention_backend must be one of {ATTENTION_BACKENDS}, got {name!r}")
@@ -31,14 +30,24 @@ class PackedCoreAttention(MegatronModule):
 
     backend: str = "torch"  # set per model class by ``make_core_attention``
 
-    def __init__(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None,
-                 softmax_scale=None, cp_comm_type=None, pg_collection=None):
+    def __init__(
+        self,
+        config,
+        layer_number,
+        attn_mask_type,
+        attention_type,
+        attention_dropout=None,
+        softmax_scale=None,
+        cp_comm_type=None,
+        pg_collection=None,
+    ):
         super().__init__(config=config)
         assert config.context_parallel_size == 1, "context parallelism needs the TE backend"
         self.softmax_scale = softmax_scale
 
-    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
-                packed_seq_params=None):
+    def forward(
+        self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None
+    ):
         assert attention_bias is None, "attention bias is not supported"
         if packed_seq_params is None:  # [S, B, H, D]: run each batch row as one sequence
             s, b = query.shape[:2]
@@ -54,13 +63,22 @@ class PackedCoreAttention(MegatronModule):
         if self.backend == "triton":
             import kernels
 
-            out, _ = kernels.varlen_attention(q_TND, k_TND, v_TND, cu_seqlens, int(max_seqlen),
-                                              causal=True, softmax_scale=self.softmax_scale)
+            out, _ = kernels.varlen_attention(
+                q_TND, k_TND, v_TND, cu_seqlens, int(max_seqlen), causal=True, softmax_scale=self.softmax_scale
+            )
             return out
         from kernels.reference import varlen_attention_ref
 
-        out, _ = varlen_attention_ref(q_TND, k_TND, v_TND, cu_seqlens, int(max_seqlen), causal=True,
-                                      softmax_scale=self.softmax_scale, return_lse=False)
+        out, _ = varlen_attention_ref(
+            q_TND,
+            k_TND,
+            v_TND,
+            cu_seqlens,
+            int(max_seqlen),
+            causal=True,
+            softmax_scale=self.softmax_scale,
+            return_lse=False,
+        )
         return out
 
 

@@ -32,8 +32,20 @@ import types
 import torch
 
 _FACTORIES = (
-    "zeros", "ones", "empty", "full", "tensor", "arange", "rand", "randn", "randint",
-    "zeros_like", "ones_like", "empty_like", "full_like", "as_tensor",
+    "zeros",
+    "ones",
+    "empty",
+    "full",
+    "tensor",
+    "arange",
+    "rand",
+    "randn",
+    "randint",
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+    "full_like",
+    "as_tensor",
 )
 
 # Megatron-Core modules that reach for CUDA directly.
@@ -155,6 +167,7 @@ class _CpuTorch(types.ModuleType):
     def __getattr__(self, name):
         attr = getattr(torch, name)
         if name in _FACTORIES:
+
             @functools.wraps(attr)
             def factory(*args, **kwargs):
                 if "device" in kwargs:

@@ -51,8 +51,13 @@ def check_model_config(folder: str, model_cfg) -> None:
     from nemo_orchestra.config import ModelConfig
     from nemo_orchestra.megatron.model import check_same_architecture
 
-    found = ModelConfig(**{k: v for k, v in read_meta(folder)["model"].items()
-                           if k in {f.name for f in dataclasses.fields(ModelConfig)}})
+    found = ModelConfig(
+        **{
+            k: v
+            for k, v in read_meta(folder)["model"].items()
+            if k in {f.name for f in dataclasses.fields(ModelConfig)}
+        }
+    )
     check_same_architecture(found, model_cfg, folder)
 
 
@@ -125,8 +130,9 @@ def load(folder: str, policy) -> dict:
     with on_cpu():
         ensure_optimizer_state(policy.optimizer)
         state = {"model": model_sharded(policy.module), "reference": model_sharded(policy.reference, "reference.")}
-        state["optimizer"] = policy.optimizer.sharded_state_dict(state["model"], is_loading=True,
-                                                                 metadata=OPTIM_METADATA)
+        state["optimizer"] = policy.optimizer.sharded_state_dict(
+            state["model"], is_loading=True, metadata=OPTIM_METADATA
+        )
         loaded = dist_checkpointing.load(state, folder)
         _load_module(policy.module, loaded["model"], "model.")
         _load_module(policy.reference, loaded["reference"], "reference.")
@@ -136,7 +142,7 @@ def load(folder: str, policy) -> dict:
 
 
 def _load_module(module, loaded: dict, prefix: str) -> None:
-    state = {k[len(prefix):]: v for k, v in loaded.items()}
+    state = {k[len(prefix) :]: v for k, v in loaded.items()}
     module.load_state_dict(state, strict=True)
 
 
@@ -163,7 +169,7 @@ def unshare_adam_steps(optimizer) -> None:
     correction of all but the first. Give each parameter its own copy."""
     for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = getattr(opt, "optimizer", None)
-        for state in (inner.state.values() if inner is not None else []):
+        for state in inner.state.values() if inner is not None else []:
             if torch.is_tensor(state.get("step")):
                 state["step"] = state["step"].clone()
 
@@ -200,4 +206,3 @@ def _torch_adam_fixes() -> None:
         dopt.DistributedOptimizer._set_main_param_and_optimizer_states = patched
         dopt.DistributedOptimizer._nemo_orchestra_fixed = True
     _fixed = True
-

@@ -20,13 +20,22 @@ def packed_params(batch: PackedBatch, device):
     from megatron.core.packed_seq_params import PackedSeqParams
 
     cu = batch.cu_seqlens_B1.to(device)
-    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
-                           max_seqlen_q=batch.max_seqlen, max_seqlen_kv=batch.max_seqlen)
+    return PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu,
+        cu_seqlens_kv=cu,
+        max_seqlen_q=batch.max_seqlen,
+        max_seqlen_kv=batch.max_seqlen,
+    )
 
 
 def packed_forward(m, batch: PackedBatch, device):
-    return m(batch.input_ids_T[None].to(device), batch.position_ids_T[None].to(device), None,
-             packed_seq_params=packed_params(batch, device))
+    return m(
+        batch.input_ids_T[None].to(device),
+        batch.position_ids_T[None].to(device),
+        None,
+        packed_seq_params=packed_params(batch, device),
+    )
 
 
 def token_logprobs(logits_1TV: torch.Tensor, target_T: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -39,17 +48,25 @@ def run_schedule(model, forward_step, batches: list[PackedBatch], forward_only: 
 
     lengths = {b.num_tokens for b in batches}
     if len(lengths) > 1 and pp_size() > 1:
-        raise ValueError(f"pipeline parallelism needs packs of one length, got {sorted(lengths)} "
-                         "(pack with pad_to_length)")
+        raise ValueError(
+            f"pipeline parallelism needs packs of one length, got {sorted(lengths)} (pack with pad_to_length)"
+        )
     return get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=iter(batches), model=model, num_microbatches=len(batches),
-        seq_length=max(lengths), micro_batch_size=1, forward_only=forward_only, collect_non_loss_data=collect,
+        forward_step_func=forward_step,
+        data_iterator=iter(batches),
+        model=model,
+        num_microbatches=len(batches),
+        seq_length=max(lengths),
+        micro_batch_size=1,
+        forward_only=forward_only,
+        collect_non_loss_data=collect,
     )
 
 
 @torch.no_grad()
-def forward_logprobs(model: torch.nn.Module, batches: PackedBatch | list[PackedBatch], device,
-                     temperature: float = 1.0) -> torch.Tensor | list[torch.Tensor]:
+def forward_logprobs(
+    model: torch.nn.Module, batches: PackedBatch | list[PackedBatch], device, temperature: float = 1.0
+) -> torch.Tensor | list[torch.Tensor]:
     """Token logprobs of each pack (forward only, through the pipeline), on every stage, on the CPU."""
     single = isinstance(batches, PackedBatch)
     batches = [batches] if single else list(batches)

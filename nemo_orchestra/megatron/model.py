@@ -71,8 +71,11 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, initialize:
         persist_layer_norm=False,
         calculate_per_token_loss=True,  # DDP sums gradients; the loss divides by the global token count
         cuda_graph_scope=[],  # Megatron's default "full" means this and warns that it is deprecated
-        **(dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-           if parallel.activation_recompute else {}),
+        **(
+            dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+            if parallel.activation_recompute
+            else {}
+        ),
         **fp8,
     )
 
@@ -97,8 +100,9 @@ def layer_spec(model: ModelConfig):
     return spec
 
 
-def build_gpt_model(model: ModelConfig, parallel: ParallelConfig, vocab_size: int, device: torch.device,
-                    initialize: bool = True):
+def build_gpt_model(
+    model: ModelConfig, parallel: ParallelConfig, vocab_size: int, device: torch.device, initialize: bool = True
+):
     """One pipeline stage of the policy (pre/post-process flags from the PP rank)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
@@ -148,21 +152,33 @@ def _require_te(what: str) -> None:
         ) from e
 
 
-ARCH_KEYS = ("hidden_size", "num_layers", "num_attention_heads", "num_query_groups", "head_dim", "ffn_hidden_size",
-             "tie_embeddings", "qk_norm", "rope_theta", "norm_eps")
-
+ARCH_KEYS = (
+    "hidden_size",
+    "num_layers",
+    "num_attention_heads",
+    "num_query_groups",
+    "head_dim",
+    "ffn_hidden_size",
+    "tie_embeddings",
+    "qk_norm",
+    "rope_theta",
+    "norm_eps",
+)
 
 
 def check_vocab(found: int, ours: int, where: str) -> None:
     if found != ours:
-        raise ValueError(f"model.init_from={where}: the checkpoint's vocabulary has {found} entries, the model "
-                         f"{ours} (set model.vocab_size={found})")
-
+        raise ValueError(
+            f"model.init_from={where}: the checkpoint's vocabulary has {found} entries, the model "
+            f"{ours} (set model.vocab_size={found})"
+        )
 
 
 def check_same_architecture(found, model_cfg, where: str) -> None:
-    diff = [f"model.{k}={getattr(model_cfg, k)} (checkpoint: {getattr(found, k)})"
-            for k in ARCH_KEYS if getattr(found, k) != getattr(model_cfg, k)]
+    diff = [
+        f"model.{k}={getattr(model_cfg, k)} (checkpoint: {getattr(found, k)})"
+        for k in ARCH_KEYS
+        if getattr(found, k) != getattr(model_cfg, k)
+    ]
     if diff:
         raise ValueError(f"model.init_from={where}: the checkpoint's architecture differs: " + ", ".join(diff))
-

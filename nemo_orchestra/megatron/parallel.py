@@ -60,11 +60,13 @@ def init_distributed(cfg: ParallelConfig, seed: int) -> DistInfo:
             init_method = f"tcp://127.0.0.1:{_free_port()}"  # (child processes would inherit it)
         else:
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                                timeout=timedelta(minutes=30))
+        dist.init_process_group(
+            backend, init_method=init_method, rank=rank, world_size=world, timeout=timedelta(minutes=30)
+        )
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp,
+            tensor_model_parallel_size=cfg.tp,
+            pipeline_model_parallel_size=cfg.pp,
         )
     model_parallel_cuda_manual_seed(seed)
     torch.manual_seed(seed)

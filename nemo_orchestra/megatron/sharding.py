@@ -96,11 +96,14 @@ def full_names_of_stage(full_names, num_layers: int, pp: int, pp_rank: int, tied
     return out
 
 
-def local_state_dict(full_get, full_names, num_layers: int, tp_rank: int, tp: int, pp_rank: int, pp: int,
-                     tied: bool) -> dict[str, torch.Tensor]:
+def local_state_dict(
+    full_get, full_names, num_layers: int, tp_rank: int, tp: int, pp_rank: int, pp: int, tied: bool
+) -> dict[str, torch.Tensor]:
     """This rank's shard of a full state dict. ``full_get(name)`` returns a full tensor (lazily)."""
-    return {local: shard_tensor(full, full_get(full), tp_rank, tp)
-            for local, full in full_names_of_stage(full_names, num_layers, pp, pp_rank, tied).items()}
+    return {
+        local: shard_tensor(full, full_get(full), tp_rank, tp)
+        for local, full in full_names_of_stage(full_names, num_layers, pp, pp_rank, tied).items()
+    }
 
 
 def canonical_name(name: str) -> str:
@@ -118,8 +121,9 @@ def model_state(gpt) -> dict[str, torch.Tensor]:
 
 def load_local_state(gpt, local: dict[str, torch.Tensor]) -> None:
     """Copy local-spec-named tensors into the module (TE names translated), in place, strictly."""
-    targets = {canonical_name(k): v for k, v in gpt.state_dict(keep_vars=True).items()
-               if not k.endswith("_extra_state")}
+    targets = {
+        canonical_name(k): v for k, v in gpt.state_dict(keep_vars=True).items() if not k.endswith("_extra_state")
+    }
     missing, unexpected = sorted(set(targets) - set(local)), sorted(set(local) - set(targets))
     if missing or unexpected:
         raise ValueError(f"weights do not fit the model: missing {missing[:4]}, unexpected {unexpected[:4]}")
@@ -135,9 +139,16 @@ def load_full_state(gpt, full_get, full_names) -> None:
     from megatron.core import parallel_state as ps
 
     cfg = gpt.config
-    local = local_state_dict(full_get, full_names, cfg.num_layers, ps.get_tensor_model_parallel_rank(),
-                             ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank(),
-                             ps.get_pipeline_model_parallel_world_size(), gpt.share_embeddings_and_output_weights)
+    local = local_state_dict(
+        full_get,
+        full_names,
+        cfg.num_layers,
+        ps.get_tensor_model_parallel_rank(),
+        ps.get_tensor_model_parallel_world_size(),
+        ps.get_pipeline_model_parallel_rank(),
+        ps.get_pipeline_model_parallel_world_size(),
+        gpt.share_embeddings_and_output_weights,
+    )
     load_local_state(gpt, local)
 
 
@@ -147,13 +158,13 @@ def gather_full_state(gpt) -> dict[str, torch.Tensor]:
     Collective over the tensor- and pipeline-parallel groups (each rank of them must call it).
     Tensors that needed no communication are the live weights themselves (clone to keep them).
     """
-    return gather_full(model_state(gpt), gpt.config.num_layers, gpt.share_embeddings_and_output_weights,
-                       _device(gpt))
+    return gather_full(model_state(gpt), gpt.config.num_layers, gpt.share_embeddings_and_output_weights, _device(gpt))
 
 
 @torch.no_grad()
-def gather_full(local: dict[str, torch.Tensor], num_layers: int, tied: bool,
-                device: torch.device) -> dict[str, torch.Tensor]:
+def gather_full(
+    local: dict[str, torch.Tensor], num_layers: int, tied: bool, device: torch.device
+) -> dict[str, torch.Tensor]:
     """Full tensors from this rank's local-spec-named shards (weights, or gradients laid out alike)."""
     from megatron.core import parallel_state as ps
 

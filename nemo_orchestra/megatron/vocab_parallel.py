@@ -104,8 +104,9 @@ class _VocabParallelLogprob(torch.autograd.Function):
         return grad, None, None, None
 
 
-def logprobs_and_entropy(logits_TV: torch.Tensor, target_T: torch.Tensor, temperature: float = 1.0,
-                         with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def logprobs_and_entropy(
+    logits_TV: torch.Tensor, target_T: torch.Tensor, temperature: float = 1.0, with_entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(log p(target), entropy) per token from this rank's vocabulary slice; both fp32 [T].
     ``with_entropy=False`` skips the entropy's pass (it is then zeros)."""
     assert logits_TV.dim() == 2 and target_T.shape == logits_TV.shape[:1], (logits_TV.shape, target_T.shape)

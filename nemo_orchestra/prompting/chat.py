@@ -22,8 +22,8 @@ QWEN3_CHAT_TEMPLATE = (
     "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
     "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, "
-    "\"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, '
+    '"arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' }}'
     "{%- elif messages[0].role == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
     "{%- endif %}"
@@ -35,7 +35,7 @@ QWEN3_CHAT_TEMPLATE = (
     "{%- for tc in message.tool_calls or [] %}"
     "{%- if (loop.first and message.content and not message.content.endswith('\\n')) or not loop.first %}"
     "{{- '\\n' }}{%- endif %}"
-    "{{- '<tool_call>\\n{\"name\": \"' + tc.function.name + '\", \"arguments\": ' }}"
+    '{{- \'<tool_call>\\n{"name": "\' + tc.function.name + \'", "arguments": \' }}'
     "{%- if tc.function.arguments is string %}{{- tc.function.arguments }}"
     "{%- else %}{{- tc.function.arguments | tojson }}{%- endif %}"
     "{{- '}\\n</tool_call>' }}"
@@ -51,8 +51,15 @@ QWEN3_CHAT_TEMPLATE = (
 )
 
 SPECIAL_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>",
-    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
 ]
 END_OF_TURN = "<|im_end|>"
 
@@ -96,8 +103,9 @@ def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
 
 
-def tool_call_message(name: str, arguments: dict[str, Any], content: str = "", call_id: str | None = None
-                      ) -> dict[str, Any]:
+def tool_call_message(
+    name: str, arguments: dict[str, Any], content: str = "", call_id: str | None = None
+) -> dict[str, Any]:
     """An assistant message with one call, as the OpenAI API has it (arguments as a JSON string).
     The template renders it as ``content`` followed by the ``<tool_call>`` block, on a new line
     unless ``content`` already ends one: exactly ``content + format_tool_call(name, arguments)``

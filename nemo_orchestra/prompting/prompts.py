@@ -18,8 +18,10 @@ import dataclasses
 from nemo_orchestra.data.default_tasks import PREFERENCES
 from tools_env.task import TaskRecord
 
-SYSTEM_PROMPT = ("You are an orchestrator. Solve the task by calling tools, then call answer. "
-                 "Weigh accuracy, cost and latency as the user's preference says.")
+SYSTEM_PROMPT = (
+    "You are an orchestrator. Solve the task by calling tools, then call answer. "
+    "Weigh accuracy, cost and latency as the user's preference says."
+)
 
 
 def preference_line(pref: dict, name: str | None = None) -> str:
@@ -33,8 +35,10 @@ def preference_line(pref: dict, name: str | None = None) -> str:
 def orchestrator_messages(problem: str, pref: dict, name: str | None = None) -> list[dict]:
     """The system prompt, then the problem followed by the preference. The preference closes the
     prompt, right before the policy's first turn, so even a tiny policy reads it where it decides."""
-    return [{"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"{problem}\n\n{preference_line(pref, name)}"}]
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": f"{problem}\n\n{preference_line(pref, name)}"},
+    ]
 
 
 def with_default_preference(task: TaskRecord, default_preference: dict) -> TaskRecord:

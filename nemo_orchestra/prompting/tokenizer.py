@@ -23,8 +23,9 @@ from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, SPECIAL_TOKENS
 log = logging.getLogger(__name__)
 
 
-def build_embedded_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, max_token_length: int = 24,
-                             phrases: Iterable[str] = ()):
+def build_embedded_tokenizer(
+    corpus: Iterable[str], vocab_size: int = 2048, max_token_length: int = 24, phrases: Iterable[str] = ()
+):
     """``phrases``: strings that are always one token each (matched before BPE), e.g. the plans
     of ``default_tasks.plan_phrases``."""
     from tokenizers import (
@@ -41,10 +42,12 @@ def build_embedded_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, max_
     # no split at spaces or punctuation (as SentencePiece without whitespace splitting), digits one
     # by one (as Qwen's and Llama's tokenizers): merges may span the JSON and prose the corpus
     # repeats, up to max_token_length characters
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

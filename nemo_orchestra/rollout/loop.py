@@ -33,8 +33,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nemo_orchestra.config import RolloutConfig
-from nemo_orchestra.prompting.chat import (ChatFormat, ToolCall, ToolCallParseError, assistant_message,
-                                           parse_tool_call, tool_call_message, tool_message)
+from nemo_orchestra.prompting.chat import (
+    ChatFormat,
+    ToolCall,
+    ToolCallParseError,
+    assistant_message,
+    parse_tool_call,
+    tool_call_message,
+    tool_message,
+)
 from nemo_orchestra.prompting.prompts import task_messages, with_default_preference
 from nemo_orchestra.rollout.engines.base import GenerationEngine
 from nemo_orchestra.types import StopReason, TaskRecord, Trajectory
@@ -49,7 +56,7 @@ HELDOUT_SEED = "heldout"
 
 def malformed_call_observation(error: str) -> str:
     """What the policy reads after a turn without a valid tool call, on every path."""
-    return f"Error: {error}. Call a tool as <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>."
+    return f'Error: {error}. Call a tool as <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call>.'
 
 
 @dataclass
@@ -63,8 +70,14 @@ class LoopLimits:
 
     @classmethod
     def from_rollout(cls, cfg: RolloutConfig) -> "LoopLimits":
-        return cls(cfg.max_turns, cfg.max_context, cfg.max_new_tokens_per_turn, cfg.batch_window_s,
-                   cfg.orchestrator_price_in, cfg.orchestrator_price_out)
+        return cls(
+            cfg.max_turns,
+            cfg.max_context,
+            cfg.max_new_tokens_per_turn,
+            cfg.batch_window_s,
+            cfg.orchestrator_price_in,
+            cfg.orchestrator_price_out,
+        )
 
 
 @dataclass
@@ -124,8 +137,7 @@ class TurnPolicy(Protocol):
         """The next turn of each episode (one call for all: an engine batches them)."""
         ...
 
-    async def aclose(self) -> None:
-        ...
+    async def aclose(self) -> None: ...
 
 
 class EngineWeights:
@@ -138,6 +150,7 @@ class EngineWeights:
 
     def load(self, engine: GenerationEngine, state: dict, version: int) -> None:
         """``engine.load_weights(state)`` between two generate calls; the version then becomes ``version``."""
+
         def load():
             engine.load_weights(state)
             self.version = version
@@ -161,25 +174,48 @@ class EnginePolicy:
     async def act(self, episodes: list[Episode]) -> list[Turn]:
         def generate():  # on the engine thread, so no weight load can come between the version and the call
             version = self.weights.version if self.weights is not None else 0
-            return version, self.engine.generate([e.traj.token_ids for e in episodes], self.max_new_tokens,
-                                                 self.temperature, self.top_p, [self.chat.end_of_turn_id])
+            return version, self.engine.generate(
+                [e.traj.token_ids for e in episodes],
+                self.max_new_tokens,
+                self.temperature,
+                self.top_p,
+                [self.chat.end_of_turn_id],
+            )
 
         version, gens = await asyncio.get_running_loop().run_in_executor(_ENGINE_THREAD, generate)
         turns = []
         for e, g in zip(episodes, gens):
             ids = g.token_ids[:-1] if g.finished and g.token_ids[-1:] == [self.chat.end_of_turn_id] else g.token_ids
-            turns.append(Turn(self.chat.decode(ids), g.token_ids, g.logprobs, g.finished,
-                              prompt_tokens=len(e.traj.token_ids), completion_tokens=len(g.token_ids),
-                              version=version))
+            turns.append(
+                Turn(
+                    self.chat.decode(ids),
+                    g.token_ids,
+                    g.logprobs,
+                    g.finished,
+                    prompt_tokens=len(e.traj.token_ids),
+                    completion_tokens=len(g.token_ids),
+                    version=version,
+                )
+            )
         return turns
 
     async def aclose(self) -> None:
         pass
 
 
-async def run_episodes(tasks: list[TaskRecord], policy: TurnPolicy, client, *, samples: int = 1,
-                       limits: LoopLimits, default_preference: dict, seed: str = "",
-                       concurrency: int | None = None, progress=None, stats: dict | None = None) -> list[Trajectory]:
+async def run_episodes(
+    tasks: list[TaskRecord],
+    policy: TurnPolicy,
+    client,
+    *,
+    samples: int = 1,
+    limits: LoopLimits,
+    default_preference: dict,
+    seed: str = "",
+    concurrency: int | None = None,
+    progress=None,
+    stats: dict | None = None,
+) -> list[Trajectory]:
     """``samples`` episodes of each task with ``policy``; trajectory.group = index of its task.
 
     At most ``concurrency`` episodes are live at once (None: all). Each episode gets its own
@@ -189,8 +225,16 @@ async def run_episodes(tasks: list[TaskRecord], policy: TurnPolicy, client, *, s
     policy sat idle waiting for tools (``env_wait_s``) and the policy calls made (``generate_calls``).
     ``progress(done, total)`` is called as episodes end.
     """
-    run = _Run([with_default_preference(t, default_preference) for t in tasks], samples, policy, client, limits,
-               seed, progress, {} if stats is None else stats)
+    run = _Run(
+        [with_default_preference(t, default_preference) for t in tasks],
+        samples,
+        policy,
+        client,
+        limits,
+        seed,
+        progress,
+        {} if stats is None else stats,
+    )
     return await run.all(concurrency)
 
 
@@ -219,8 +263,10 @@ class _Run:
         finally:
             for d in self.in_flight:
                 d.cancel()
-            await asyncio.gather(*[self.client.delete_episode(ep.episode_id) for ep in self.episodes
-                                   if ep and ep.episode_id], return_exceptions=True)
+            await asyncio.gather(
+                *[self.client.delete_episode(ep.episode_id) for ep in self.episodes if ep and ep.episode_id],
+                return_exceptions=True,
+            )
             _first_error(self.in_flight)
         return [ep.traj for ep in self.episodes]
 
@@ -231,8 +277,15 @@ class _Run:
         created = await self.client.create_episode(record)
         messages, chat = task_messages(task), self.policy.chat
         ids = chat.prompt_ids(messages, created["tools"]) if chat is not None else []
-        traj = Trajectory(task=task, group=k // self.samples, token_ids=list(ids), loss_mask=[0] * len(ids),
-                          gen_logprobs=[0.0] * len(ids), prompt_len=len(ids), messages=messages)
+        traj = Trajectory(
+            task=task,
+            group=k // self.samples,
+            token_ids=list(ids),
+            loss_mask=[0] * len(ids),
+            gen_logprobs=[0.0] * len(ids),
+            prompt_len=len(ids),
+            messages=messages,
+        )
         ep = Episode(task, k // self.samples, k % self.samples, created["episode_id"], created["tools"], messages, traj)
         self.episodes[k] = ep
         self.ready.append(ep)

@@ -64,9 +64,14 @@ def _expr(rng: random.Random, depth: int) -> tuple[str, int]:
 def arithmetic(rng: random.Random) -> Candidate:
     text, value = _expr(rng, rng.randint(2, 3))
     text = text[1:-1]
-    return Candidate(problem=f"Compute {text}. Answer with the exact integer.", answer=str(value),
-                     category="arithmetic", needed_tools=[rng.choice(["calculator", "python"]), "answer"],
-                     verifier={"type": "numeric"}, meta={"expression": text})
+    return Candidate(
+        problem=f"Compute {text}. Answer with the exact integer.",
+        answer=str(value),
+        category="arithmetic",
+        needed_tools=[rng.choice(["calculator", "python"]), "answer"],
+        verifier={"type": "numeric"},
+        meta={"expression": text},
+    )
 
 
 # ---- multi-hop lookup over the corpus ------------------------------------------------------
@@ -94,8 +99,14 @@ def lookup(rng: random.Random, world: World) -> Candidate:
         q = f"What is the capital of the country where {person} is from?"
         a, hops = world.countries[country]["capital"], [person, p["city"], country]
     verifier = {"type": "numeric"} if kind == "founder_born" else {"type": "exact"}
-    return Candidate(problem=q, answer=a, category="lookup", needed_tools=["search", "answer"], verifier=verifier,
-                     meta={"hops": [hop(h) for h in hops], "kind": kind, "corpus_seed": world.seed})
+    return Candidate(
+        problem=q,
+        answer=a,
+        category="lookup",
+        needed_tools=["search", "answer"],
+        verifier=verifier,
+        meta={"hops": [hop(h) for h in hops], "kind": kind, "corpus_seed": world.seed},
+    )
 
 
 # ---- hard computational questions ----------------------------------------------------------
@@ -151,7 +162,10 @@ def reasoning(rng: random.Random) -> Candidate:
     kind = rng.choice(["digit_sum", "prime_sum", "modpow", "fib_mod", "stairs", "divisors"])
     if kind == "digit_sum":
         limit, s = rng.randint(10**4, 10**6), rng.randint(10, 30)
-        q, a = f"How many integers n with 1 <= n <= {limit} have a decimal digit sum of exactly {s}?", _digit_sum_count(limit, s)
+        q, a = (
+            f"How many integers n with 1 <= n <= {limit} have a decimal digit sum of exactly {s}?",
+            _digit_sum_count(limit, s),
+        )
     elif kind == "prime_sum":
         n = rng.randint(2000, 30000)
         q, a = f"What is the sum of all prime numbers less than {n}?", _prime_sum(n)
@@ -168,8 +182,14 @@ def reasoning(rng: random.Random) -> Candidate:
         primes = sorted(rng.sample([2, 3, 5, 7, 11, 13, 17, 19, 23], rng.randint(3, 5)))
         n, a = _divisors([(p, rng.randint(1, 4)) for p in primes])
         q = f"How many positive divisors does {n} have?"
-    return Candidate(problem=q + " Answer with the exact integer.", answer=str(a), category="reasoning",
-                     needed_tools=["python", "answer"], verifier={"type": "numeric"}, meta={"kind": kind})
+    return Candidate(
+        problem=q + " Answer with the exact integer.",
+        answer=str(a),
+        category="reasoning",
+        needed_tools=["python", "answer"],
+        verifier={"type": "numeric"},
+        meta={"kind": kind},
+    )
 
 
 # ---- domain tasks ------------------------------------------------------------------------
@@ -196,16 +216,30 @@ def domain_task(rng: random.Random, domain_name: str, db_seed: int) -> Candidate
     if any(isinstance(r, dict) and set(r) == {"error"} for r in results):
         return None  # a gold action the data refuses: the template is wrong for this database
     answer = task.answer(results) if task.answer else ""
-    ending = ("with the information the customer asked for (just the value)." if answer
-              else "with a one-line summary of what you did.")
-    problem = DOMAIN_PROMPT.format(domain=domain.name, description=domain.description, policy=domain.policy,
-                                   scenario=task.scenario, ending=ending)
+    ending = (
+        "with the information the customer asked for (just the value)."
+        if answer
+        else "with a one-line summary of what you did."
+    )
+    problem = DOMAIN_PROMPT.format(
+        domain=domain.name, description=domain.description, policy=domain.policy, scenario=task.scenario, ending=ending
+    )
     needed = [domain.tool_name(f) for f in domain.functions] + ["answer"]
-    return Candidate(problem=problem, answer=answer, category=DOMAIN_CATEGORY, needed_tools=needed,
-                     verifier={"type": "db_state", "db_seed": db_seed}, domain=domain.name, gold_actions=actions,
-                     meta={"kind": task.kind, "template": template.__name__, "scenario": task.scenario})
+    return Candidate(
+        problem=problem,
+        answer=answer,
+        category=DOMAIN_CATEGORY,
+        needed_tools=needed,
+        verifier={"type": "db_state", "db_seed": db_seed},
+        domain=domain.name,
+        gold_actions=actions,
+        meta={"kind": task.kind, "template": template.__name__, "scenario": task.scenario},
+    )
 
 
 GENERATORS: dict[str, Callable[..., Candidate | None]] = {
-    "arithmetic": arithmetic, "lookup": lookup, "reasoning": reasoning, DOMAIN_CATEGORY: domain_task,
+    "arithmetic": arithmetic,
+    "lookup": lookup,
+    "reasoning": reasoning,
+    DOMAIN_CATEGORY: domain_task,
 }

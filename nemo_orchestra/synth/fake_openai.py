@@ -68,11 +68,15 @@ def make_app(model: FakeModel) -> web.Application:
         body = await request.json()
         message = model.reply(body)
         prompt_tokens = len(json.dumps(body.get("messages", []))) // 4
-        return web.json_response({
-            "id": "fake", "object": "chat.completion", "model": body.get("model", "fake"),
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 20, "total_tokens": prompt_tokens + 20},
-        })
+        return web.json_response(
+            {
+                "id": "fake",
+                "object": "chat.completion",
+                "model": body.get("model", "fake"),
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 20, "total_tokens": prompt_tokens + 20},
+            }
+        )
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})

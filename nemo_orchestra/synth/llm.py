@@ -34,7 +34,9 @@ PARAPHRASE_SYSTEM = (
     "Keep every name, number, id, date, amount and quoted title exactly as written. "
     "Reply with the rewritten text only."
 )
-_PROTECTED = re.compile(r"(?<![A-Za-z])'[^']+'(?![A-Za-z])|[A-Z]{1,4}-\d+[A-Z]?|\d[\d.,:/-]*\d|\d|\b[A-Z][a-z]+(?:\s[A-Z][a-z]+)*")
+_PROTECTED = re.compile(
+    r"(?<![A-Za-z])'[^']+'(?![A-Za-z])|[A-Z]{1,4}-\d+[A-Z]?|\d[\d.,:/-]*\d|\d|\b[A-Z][a-z]+(?:\s[A-Z][a-z]+)*"
+)
 
 
 def protected_tokens(text: str) -> set[str]:
@@ -46,8 +48,11 @@ def protected_tokens(text: str) -> set[str]:
 
 def accept_rewording(original: str, rewritten: str) -> bool:
     rewritten = rewritten.strip()
-    return bool(rewritten) and len(rewritten) < 4 * len(original) + 200 and all(
-        t in rewritten for t in protected_tokens(original))
+    return (
+        bool(rewritten)
+        and len(rewritten) < 4 * len(original) + 200
+        and all(t in rewritten for t in protected_tokens(original))
+    )
 
 
 async def _chat(session: aiohttp.ClientSession, opts: Any, messages: list[dict[str, str]]) -> str:
@@ -80,8 +85,11 @@ async def paraphrase_all(opts: Any, candidates: list[Candidate], progress: bool)
         original = c.meta["scenario"] if c.category == DOMAIN_CATEGORY else c.problem
         async with sem:
             try:
-                new = await _chat(session, opts, [{"role": "system", "content": PARAPHRASE_SYSTEM},
-                                                  {"role": "user", "content": original}])
+                new = await _chat(
+                    session,
+                    opts,
+                    [{"role": "system", "content": PARAPHRASE_SYSTEM}, {"role": "user", "content": original}],
+                )
             except (RuntimeError, aiohttp.ClientError, asyncio.TimeoutError, KeyError, ValueError) as e:
                 log.debug("paraphrase failed: %s", e)
                 stats["paraphrase_failed"] += 1
@@ -117,15 +125,28 @@ async def pass_at_k(cfg: Any, candidates: list[Candidate]) -> list[int]:
         r.tools = [t for t in c.needed_tools if t != "expert"]
         r.preference = {"accuracy": 1.0, "cost": 0.0, "latency": 0.0}
         records.append(r)
-    policy = OpenAIChatPolicy(opts.base_url, opts.model, api_key_env=opts.api_key_env, temperature=opts.temperature,
-                              max_tokens=opts.max_tokens, timeout_s=opts.timeout_s)
+    policy = OpenAIChatPolicy(
+        opts.base_url,
+        opts.model,
+        api_key_env=opts.api_key_env,
+        temperature=opts.temperature,
+        max_tokens=opts.max_tokens,
+        timeout_s=opts.timeout_s,
+    )
     service = {"tools": {"search": {"corpus_seed": cfg.corpus_seed}}}
     with start_service(service) as svc:
         client = ToolsEnvClient(svc.urls, token=svc.token)
         try:
             run = PolicyRun(policy, LoopLimits(max_turns=opts.max_turns))
-            results = await run_all(client, [run], records, {"teacher": None}, samples=opts.k,
-                                    concurrency=opts.concurrency, progress=cfg.progress)
+            results = await run_all(
+                client,
+                [run],
+                records,
+                {"teacher": None},
+                samples=opts.k,
+                concurrency=opts.concurrency,
+                progress=cfg.progress,
+            )
         finally:
             await client.aclose()
             await policy.aclose()
@@ -150,6 +171,11 @@ def filter_with_llm(cfg: Any, candidates: list[Candidate]) -> tuple[list[Candida
         if 1 <= s <= opts.k - 1:
             kept.append(dataclasses.replace(c, meta={**c.meta, "pass_at_k": {"k": opts.k, "solved": s}}))
     stats.update({"solved_histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))), "kept": len(kept)})
-    log.info("pass@%d filter kept %d of %d candidates (solved histogram %s)", opts.k, len(kept), len(candidates),
-             stats["solved_histogram"])
+    log.info(
+        "pass@%d filter kept %d of %d candidates (solved histogram %s)",
+        opts.k,
+        len(kept),
+        len(candidates),
+        stats["solved_histogram"],
+    )
     return kept, stats

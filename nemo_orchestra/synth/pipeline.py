@@ -196,10 +196,14 @@ def write_output(cfg: SynthConfig, train: list[TaskRecord], eval_: list[TaskReco
     manifest = {
         "format": "nemo-orchestra tasks v1",
         "content_hash": content_hash(every),
-        "counts": {"train": len(train), "eval": len(eval_), "total": len(every),
-                   "by_category": _count(every, lambda r: r.category),
-                   "by_domain": _count([r for r in every if r.domain], lambda r: r.domain),
-                   "eval_by_category": _count(eval_, lambda r: r.category)},
+        "counts": {
+            "train": len(train),
+            "eval": len(eval_),
+            "total": len(every),
+            "by_category": _count(every, lambda r: r.category),
+            "by_domain": _count([r for r in every if r.domain], lambda r: r.domain),
+            "eval_by_category": _count(eval_, lambda r: r.category),
+        },
         "corpus": {"path": "corpus", "seed": cfg.corpus_seed, "num_docs": sum(1 for _ in open(corpus_path))},
         "domains": {"names": sorted({r.domain for r in every if r.domain}), "db_seeds": db_seeds},
         "service_tools": {"search": {"corpus": "corpus"}},  # relative to this folder

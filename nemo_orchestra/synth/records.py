@@ -75,19 +75,32 @@ def draw_prices(rng: random.Random, opts: RecordOptions) -> dict[str, dict[str, 
 
 
 def draw_preference(rng: random.Random, tools: list[str]) -> dict:
-    pref = {"accuracy": round(rng.uniform(0.5, 1.0), 3), "cost": round(rng.uniform(0.0, 1.0), 3),
-            "latency": round(rng.uniform(0.0, 1.0), 3)}
+    pref = {
+        "accuracy": round(rng.uniform(0.5, 1.0), 3),
+        "cost": round(rng.uniform(0.0, 1.0), 3),
+        "latency": round(rng.uniform(0.0, 1.0), 3),
+    }
     offered = sorted(t for t in tools if t != "answer")
-    pref["tools"] = {t: round(rng.uniform(0.0, 1.0), 3) for t in rng.sample(offered, min(len(offered), rng.randint(0, 2)))}
+    pref["tools"] = {
+        t: round(rng.uniform(0.0, 1.0), 3) for t in rng.sample(offered, min(len(offered), rng.randint(0, 2)))
+    }
     return pref
 
 
 def make_record(c: Candidate, rng: random.Random, opts: RecordOptions, pool: list[str]) -> TaskRecord:
     tools = draw_tools(c, rng, opts, pool)
     record = TaskRecord(
-        problem=c.problem, answer=c.answer, category=c.category, tools=tools,
-        id=f"{c.domain or c.category}-{c.key()}", prices=draw_prices(rng, opts), preference=draw_preference(rng, tools),
-        verifier=dict(c.verifier), domain=c.domain, gold_actions=list(c.gold_actions), meta=dict(c.meta),
+        problem=c.problem,
+        answer=c.answer,
+        category=c.category,
+        tools=tools,
+        id=f"{c.domain or c.category}-{c.key()}",
+        prices=draw_prices(rng, opts),
+        preference=draw_preference(rng, tools),
+        verifier=dict(c.verifier),
+        domain=c.domain,
+        gold_actions=list(c.gold_actions),
+        meta=dict(c.meta),
     )
     return TaskRecord.from_dict(json.loads(record.to_json()))  # the record must pass the loader's checks
 

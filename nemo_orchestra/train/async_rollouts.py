@@ -24,8 +24,13 @@ from typing import Any, Callable, Coroutine
 
 
 class AsyncRollouts:
-    def __init__(self, loop: asyncio.AbstractEventLoop, rollout: Callable[[int], Coroutine[Any, Any, Any]],
-                 max_staleness: int, last_step: int):
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        rollout: Callable[[int], Coroutine[Any, Any, Any]],
+        max_staleness: int,
+        last_step: int,
+    ):
         """``rollout(j)``: the coroutine that produces step j's rollouts; steps run up to ``last_step``
         (exclusive)."""
         self.loop, self.rollout, self.max_staleness, self.last_step = loop, rollout, max_staleness, last_step

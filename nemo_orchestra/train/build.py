@@ -27,8 +27,10 @@ log = logging.getLogger(__name__)
 def load_tasks(cfg: Config):
     if cfg.data.train_path:
         if not os.path.isfile(cfg.data.train_path):
-            raise FileNotFoundError(f"data.train_path: no task file at {cfg.data.train_path} (docs/data.md; "
-                                    "recipes/synthesize_data.py writes one)")
+            raise FileNotFoundError(
+                f"data.train_path: no task file at {cfg.data.train_path} (docs/data.md; "
+                "recipes/synthesize_data.py writes one)"
+            )
         return load_jsonl(cfg.data.train_path)
     return generate_tasks(cfg.data.num_train_tasks, cfg.run.seed)
 
@@ -59,9 +61,14 @@ def tool_service(cfg: Config, stack: ExitStack, started: list | None = None) -> 
     from tools_env.launch import start_service
 
     def start() -> list[str]:
-        handle = stack.enter_context(start_service(
-            dict(cfg.tools.service), workers=cfg.tools.workers, token=cfg.tools.token,
-            timeout_s=cfg.tools.startup_timeout_s))
+        handle = stack.enter_context(
+            start_service(
+                dict(cfg.tools.service),
+                workers=cfg.tools.workers,
+                token=cfg.tools.token,
+                timeout_s=cfg.tools.startup_timeout_s,
+            )
+        )
         log.info("tool service started at %s", ", ".join(handle.urls))
         if started is not None:
             started.append(handle)
@@ -100,8 +107,9 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     started: list = []
     urls = tool_service(cfg, stack, started)
     loop = asyncio.new_event_loop()
-    client = ToolsEnvClient(urls, token=cfg.tools.token or os.environ.get("TOOLS_ENV_TOKEN"),
-                            service=restartable(started))
+    client = ToolsEnvClient(
+        urls, token=cfg.tools.token or os.environ.get("TOOLS_ENV_TOKEN"), service=restartable(started)
+    )
     sft_tasks = warm_start_tasks(cfg, tasks)
     log.info("scripted warm-start episodes: %d", len(sft_tasks))
     scripted = loop.run_until_complete(scripted_episodes(sft_tasks, client, cfg.run.seed))
@@ -120,8 +128,16 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     policy = build_policy(cfg, vocab, info.device)
     check_engine(cfg.rollout.engine)  # a missing vLLM stops the run now, not after the warm start
 
-    ctx = EngineContext(cfg.model, vocab, tokenizer, info.device, rollout=cfg.rollout, seed=cfg.run.seed,
-                        model=policy.module, kv_cache_bytes=kv_cache_bytes)
+    ctx = EngineContext(
+        cfg.model,
+        vocab,
+        tokenizer,
+        info.device,
+        rollout=cfg.rollout,
+        seed=cfg.run.seed,
+        model=policy.module,
+        kv_cache_bytes=kv_cache_bytes,
+    )
 
     def engine_factory(state):  # the engine starts at the first weight sync (Trainer.sync_weights)
         return start_engine(cfg.rollout.engine, ctx, state)
@@ -130,8 +146,20 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     # serve stops the run before the warm start
     engine = engine_factory(None) if capabilities(cfg.rollout.engine).reads_policy_weights else None
     logger = MetricLogger(cfg.run.output_dir, enabled=info.is_main, cfg=cfg.logger, run_config=to_dict(cfg))
-    return Trainer(cfg, policy, engine, client, chat, tasks, logger, tokenizer=tokenizer, vocab_size=vocab,
-                   sft_trajectories=[to_trajectory(ep, chat, cfg.reward) for ep in scripted], rank=info.rank,
-                   dp_rank=info.rank // (info.tp * info.pp), dp_size=info.dp, loop=loop,
-                   engine_factory=engine_factory)
-
+    return Trainer(
+        cfg,
+        policy,
+        engine,
+        client,
+        chat,
+        tasks,
+        logger,
+        tokenizer=tokenizer,
+        vocab_size=vocab,
+        sft_trajectories=[to_trajectory(ep, chat, cfg.reward) for ep in scripted],
+        rank=info.rank,
+        dp_rank=info.rank // (info.tp * info.pp),
+        dp_size=info.dp,
+        loop=loop,
+        engine_factory=engine_factory,
+    )

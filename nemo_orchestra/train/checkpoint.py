@@ -47,8 +47,17 @@ from nemo_orchestra.megatron import dist_ckpt
 log = logging.getLogger(__name__)
 
 
-def save_checkpoint(root: str, step: int, policy, extra: dict, keep: int, rank: int, model_cfg=None,
-                    vocab_size: int = 0, rng: dict | None = None) -> str:
+def save_checkpoint(
+    root: str,
+    step: int,
+    policy,
+    extra: dict,
+    keep: int,
+    rank: int,
+    model_cfg=None,
+    vocab_size: int = 0,
+    rng: dict | None = None,
+) -> str:
     """Write ``root/step_XXXXXXXX`` (collective: every rank calls it). ``extra`` goes to the common state;
     ``rng`` is this rank's RNG state to store (default: the current one).
 
@@ -75,8 +84,10 @@ def save_checkpoint(root: str, step: int, policy, extra: dict, keep: int, rank: 
             raise
         written = _folder_bytes(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointSpaceError(f"{tmp}: no space left on device after {written} bytes; the checkpoint needs "
-                                   f"{_needed(root, written)}, {_free(root)} bytes free (partial folder removed)") from None
+        raise CheckpointSpaceError(
+            f"{tmp}: no space left on device after {written} bytes; the checkpoint needs "
+            f"{_needed(root, written)}, {_free(root)} bytes free (partial folder removed)"
+        ) from None
     if rank == 0:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
@@ -104,8 +115,10 @@ def check_free_space(root: str) -> None:
         return
     needed, free = checkpoint_bytes(previous), _free(root)
     if needed > free:
-        raise CheckpointSpaceError(f"{root}: {free} bytes free, a checkpoint needs about {needed} "
-                                   f"(the size of {os.path.basename(previous)}); free space or move run.output_dir")
+        raise CheckpointSpaceError(
+            f"{root}: {free} bytes free, a checkpoint needs about {needed} "
+            f"(the size of {os.path.basename(previous)}); free space or move run.output_dir"
+        )
 
 
 def _newest_sealed(root: str) -> str | None:
@@ -181,16 +194,23 @@ def load_checkpoint(folder: str, policy, rank: int) -> dict:
     if meta.get("layout") == _layout() and os.path.isfile(rng_file):
         set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=False))
     elif rank == 0:
-        log.warning("checkpoint layout %s differs from this run's %s: RNG states are not restored",
-                    meta.get("layout"), _layout())
+        log.warning(
+            "checkpoint layout %s differs from this run's %s: RNG states are not restored",
+            meta.get("layout"),
+            _layout(),
+        )
     return common
 
 
 def rng_state() -> dict:
     from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
-             "tracker": get_cuda_rng_tracker().get_states()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "tracker": get_cuda_rng_tracker().get_states(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -213,8 +233,11 @@ def _layout() -> dict:
     world = dist.get_world_size() if dist.is_initialized() else 1
     if not ps.model_parallel_is_initialized():
         return {"world": world, "tp": 1, "pp": 1}
-    return {"world": world, "tp": ps.get_tensor_model_parallel_world_size(),
-            "pp": ps.get_pipeline_model_parallel_world_size()}
+    return {
+        "world": world,
+        "tp": ps.get_tensor_model_parallel_world_size(),
+        "pp": ps.get_pipeline_model_parallel_world_size(),
+    }
 
 
 def _barrier() -> None:
@@ -256,8 +279,10 @@ def _digests(folder: str, names: list[str]) -> list[str]:
 def write_manifest(folder: str) -> str:
     """List every file of ``folder`` with its size and sha256 in ``manifest.json``, atomically."""
     names = _files(folder)
-    entries = {n: {"size": os.path.getsize(os.path.join(folder, n)), "sha256": d}
-               for n, d in zip(names, _digests(folder, names))}
+    entries = {
+        n: {"size": os.path.getsize(os.path.join(folder, n)), "sha256": d}
+        for n, d in zip(names, _digests(folder, names))
+    }
     path, tmp = os.path.join(folder, MANIFEST), os.path.join(folder, f"{MANIFEST}.tmp")
     with open(tmp, "w") as f:
         json.dump({"version": 1, "files": entries}, f, indent=1, sort_keys=True)
@@ -284,8 +309,10 @@ def _fsync_dir(folder: str) -> None:
 def _read_manifest(folder: str) -> dict:
     path = os.path.join(folder, MANIFEST)
     if not os.path.isfile(path):
-        raise CheckpointError(f"{folder}: no {MANIFEST} (its save did not finish, or it predates manifests; "
-                              f"if you trust it: python -m nemo_orchestra.train.checkpoint seal {folder})")
+        raise CheckpointError(
+            f"{folder}: no {MANIFEST} (its save did not finish, or it predates manifests; "
+            f"if you trust it: python -m nemo_orchestra.train.checkpoint seal {folder})"
+        )
     try:
         with open(path) as f:
             files = json.load(f)["files"]
@@ -315,8 +342,14 @@ def verify_checkpoint(folder: str) -> None:
 
 def _candidates(root: str) -> list[str]:
     """Finished checkpoint folders, the one ``latest`` names first, then newest first."""
-    found = sorted((d for d in os.listdir(root) if d.startswith("step_") and not d.endswith(".tmp")
-                    and os.path.isdir(os.path.join(root, d))), reverse=True)
+    found = sorted(
+        (
+            d
+            for d in os.listdir(root)
+            if d.startswith("step_") and not d.endswith(".tmp") and os.path.isdir(os.path.join(root, d))
+        ),
+        reverse=True,
+    )
     named = _latest_pointer(root)
     if named in found:
         found.remove(named)
@@ -339,8 +372,12 @@ def _newest_intact(root: str) -> str | None:
     candidates = _candidates(root) if os.path.isdir(root) else []
     named = _latest_pointer(root) if candidates else None
     if named is not None and os.path.join(root, named) != candidates[0]:
-        log.warning("%s/latest names %s, which is not there: using the newest checkpoint found instead, %s",
-                    root, named, os.path.basename(candidates[0]))
+        log.warning(
+            "%s/latest names %s, which is not there: using the newest checkpoint found instead, %s",
+            root,
+            named,
+            os.path.basename(candidates[0]),
+        )
     problems = []
     for folder in candidates:
         try:
@@ -350,12 +387,15 @@ def _newest_intact(root: str) -> str | None:
             problems.append(str(e))
             continue
         if problems:
-            log.warning("resuming from %s, the newest intact checkpoint, instead of %s",
-                        folder, os.path.basename(candidates[0]))
+            log.warning(
+                "resuming from %s, the newest intact checkpoint, instead of %s", folder, os.path.basename(candidates[0])
+            )
         return folder
     if problems:
-        raise CheckpointError(f"no intact checkpoint in {root}: {problems[0]}"
-                              + (f" (and {len(problems) - 1} older one(s) unusable)" if len(problems) > 1 else ""))
+        raise CheckpointError(
+            f"no intact checkpoint in {root}: {problems[0]}"
+            + (f" (and {len(problems) - 1} older one(s) unusable)" if len(problems) > 1 else "")
+        )
     return None
 
 

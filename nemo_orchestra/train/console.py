@@ -43,8 +43,11 @@ import warnings
 KNOWN_WARNINGS = (
     (UserWarning, r"(Transformer Engine and Apex are|Apex is) not installed", r"megatron\.core\."),
     (UserWarning, r"The \.grad attribute of a Tensor that is not a leaf Tensor", r"megatron\.core\.optimizer\."),
-    (FutureWarning, r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated",
-     r"torch\.distributed\.c10d_logger"),
+    (
+        FutureWarning,
+        r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated",
+        r"torch\.distributed\.c10d_logger",
+    ),
     (FutureWarning, r"`torch\.distributed\.reduce_op` is deprecated", r"vllm\.triton_utils\.dispatcher"),
 )
 # the same for the processes we start, in PYTHONWARNINGS's form: literal message prefix, exact module name

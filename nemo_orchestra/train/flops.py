@@ -32,8 +32,15 @@ import torch
 from nemo_orchestra.config import ModelConfig
 
 # Dense (no sparsity) bf16 tensor-core peak, TFLOP/s, by a substring of torch.cuda.get_device_name().
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "GH200": 989.0, "B200": 2250.0, "A100": 312.0,
-                    "L40S": 362.0, "A10G": 70.0}
+PEAK_BF16_TFLOPS = {
+    "H200": 989.0,
+    "H100": 989.0,
+    "GH200": 989.0,
+    "B200": 2250.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "A10G": 70.0,
+}
 
 
 def matmul_params(model: ModelConfig, vocab_size: int) -> int:

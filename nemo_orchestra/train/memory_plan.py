@@ -96,12 +96,22 @@ class MemoryPlan:
         return self.resident + self.engine + kv + self.gathered
 
     def table(self) -> str:
-        rows = [("weights", self.weights), ("grads", self.grads), ("optimizer", self.optimizer),
-                ("reference", self.reference), ("activations", self.activations), ("logits", self.logits),
-                ("engine weights+workspace", self.engine), ("kv cache", self.kv_cache), ("reserved", RESERVED),
-                ("gathered for the weight sync", self.gathered),
-                ("= training phase" + (" (engine asleep)" if self.sleep else ""), self.training),
-                ("= weight-sync phase", self.sync), ("= rollout phase", self.rollout), (f"budget of {self.gpu_bytes / GiB:.0f} GiB", self.budget)]
+        rows = [
+            ("weights", self.weights),
+            ("grads", self.grads),
+            ("optimizer", self.optimizer),
+            ("reference", self.reference),
+            ("activations", self.activations),
+            ("logits", self.logits),
+            ("engine weights+workspace", self.engine),
+            ("kv cache", self.kv_cache),
+            ("reserved", RESERVED),
+            ("gathered for the weight sync", self.gathered),
+            ("= training phase" + (" (engine asleep)" if self.sleep else ""), self.training),
+            ("= weight-sync phase", self.sync),
+            ("= rollout phase", self.rollout),
+            (f"budget of {self.gpu_bytes / GiB:.0f} GiB", self.budget),
+        ]
         tokens = self.kv_cache // self.kv_per_token if self.kv_per_token else 0
         lines = [f"  {name:<32}{b / GiB:8.2f} GiB" for name, b in rows]
         return "memory plan per GPU:\n" + "\n".join(lines) + f"\n  kv cache holds {tokens} tokens"
@@ -111,8 +121,13 @@ def stage_params(cfg: Config, vocab: int) -> tuple[int, int]:
     """(parameters of the full model, of the largest pipeline stage's tensor-parallel shard)."""
     m, p = cfg.model, cfg.parallel
     h, d = m.hidden_size, m.head_dim
-    layer = h * (m.num_attention_heads + 2 * m.num_query_groups) * d + m.num_attention_heads * d * h \
-        + 3 * h * m.ffn_hidden_size + 2 * h + (2 * d if m.qk_norm else 0)
+    layer = (
+        h * (m.num_attention_heads + 2 * m.num_query_groups) * d
+        + m.num_attention_heads * d * h
+        + 3 * h * m.ffn_hidden_size
+        + 2 * h
+        + (2 * d if m.qk_norm else 0)
+    )
     embed = vocab * h
     head = 0 if m.tie_embeddings else vocab * h
     full = embed + head + m.num_layers * layer + h
@@ -143,11 +158,21 @@ def plan(cfg: Config, vocab: int, world_size: int, gpu_bytes: int) -> MemoryPlan
     optimizer = (8 + (4 if b < 4 else 0)) * shard // (dp if p.distributed_optimizer else 1)
     budget = int(r.gpu_memory_utilization * gpu_bytes)
     kv_per_token = 2 * m.num_layers * m.num_query_groups * m.head_dim * b_e
-    partial = MemoryPlan(gpu_bytes, budget, weights=shard * b, grads=4 * shard, optimizer=optimizer,
-                         reference=0 if cfg.reference.offload else shard * b,
-                         activations=activation_bytes(cfg, tokens), logits=2 * tokens * (vocab // p.tp) * 4,
-                         engine=full * b_e + ENGINE_EXTRA, kv_cache=0, kv_per_token=kv_per_token,
-                         sleep=r.sleep_while_training, gathered=(full + qkv) * b + BUCKET_BYTES)
+    partial = MemoryPlan(
+        gpu_bytes,
+        budget,
+        weights=shard * b,
+        grads=4 * shard,
+        optimizer=optimizer,
+        reference=0 if cfg.reference.offload else shard * b,
+        activations=activation_bytes(cfg, tokens),
+        logits=2 * tokens * (vocab // p.tp) * 4,
+        engine=full * b_e + ENGINE_EXTRA,
+        kv_cache=0,
+        kv_per_token=kv_per_token,
+        sleep=r.sleep_while_training,
+        gathered=(full + qkv) * b + BUCKET_BYTES,
+    )
     kv = int(r.kv_cache_gb * GiB) if r.kv_cache_gb is not None else max(budget - partial.rollout, 0)
     if not r.sleep_while_training and r.kv_cache_gb is None:  # the KV cache is held while training and syncing
         kv = max(min(kv, budget - partial.training, budget - partial.sync), 0)
@@ -163,21 +188,27 @@ def check(p: MemoryPlan, cfg: Config) -> None:
             f"memory plan: the training phase needs {p.training / GiB:.1f} GiB per GPU, {over}; lower "
             "parallel.microbatch_tokens or rollout.max_context, raise parallel.tp or parallel.pp, set "
             "parallel.activation_recompute=true, parallel.sequence_parallel=true, reference.offload=true "
-            "or rollout.sleep_while_training=true")
+            "or rollout.sleep_while_training=true"
+        )
     if p.sync > p.budget:
-        raise ValueError(f"memory plan: the weight sync needs {p.sync / GiB:.1f} GiB per GPU (the gathered full "
-                         f"weights beside the training state and the engine), {over}; raise parallel.tp or "
-                         "parallel.pp, or set reference.offload=true or rollout.sleep_while_training=true")
+        raise ValueError(
+            f"memory plan: the weight sync needs {p.sync / GiB:.1f} GiB per GPU (the gathered full "
+            f"weights beside the training state and the engine), {over}; raise parallel.tp or "
+            "parallel.pp, or set reference.offload=true or rollout.sleep_while_training=true"
+        )
     if p.rollout > p.budget:
-        raise ValueError(f"memory plan: the rollout phase needs {p.rollout / GiB:.1f} GiB per GPU, {over}; lower "
-                         f"rollout.kv_cache_gb ({r.kv_cache_gb}) or raise parallel.tp")
+        raise ValueError(
+            f"memory plan: the rollout phase needs {p.rollout / GiB:.1f} GiB per GPU, {over}; lower "
+            f"rollout.kv_cache_gb ({r.kv_cache_gb}) or raise parallel.tp"
+        )
     need = r.max_context * p.kv_per_token
     if p.kv_cache < need:
         raise ValueError(
             f"memory plan: {p.kv_cache / GiB:.2f} GiB is left for the engine's KV cache, less than one sequence "
             f"of rollout.max_context={r.max_context} tokens ({need / GiB:.2f} GiB); lower rollout.max_context, "
             "raise rollout.kv_cache_gb or rollout.gpu_memory_utilization, set rollout.sleep_while_training=true "
-            "or reference.offload=true, or raise parallel.tp")
+            "or reference.offload=true, or raise parallel.tp"
+        )
 
 
 def memory_check(cfg: Config, vocab: int, world_size: int, device: torch.device) -> int | None:
@@ -203,8 +234,10 @@ def main(argv: list[str]) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     if cfg.model.vocab_size is None:
-        print("config error: model.vocab_size: the plan needs it (the embedded tokenizer sets it at run time)",
-              file=sys.stderr)
+        print(
+            "config error: model.vocab_size: the plan needs it (the embedded tokenizer sets it at run time)",
+            file=sys.stderr,
+        )
         return 2
     p = plan(cfg, cfg.model.vocab_size, world, int(gpu * GiB))
     print(p.table())

@@ -19,20 +19,28 @@ from nemo_orchestra.config import LoggerConfig
 
 log = logging.getLogger("nemo_orchestra")
 
-SUMMARY_KEYS = (("reward/mean", "reward"), ("reward/outcome", "acc"), ("rollout/cost_mean", "cost"),
-                ("rollout/turns_mean", "turns"), ("loss/kl", "kl"), ("perf/tokens_per_s", "tok/s"),
-                ("time/step_s", "s"))
+SUMMARY_KEYS = (
+    ("reward/mean", "reward"),
+    ("reward/outcome", "acc"),
+    ("rollout/cost_mean", "cost"),
+    ("rollout/turns_mean", "turns"),
+    ("loss/kl", "kl"),
+    ("perf/tokens_per_s", "tok/s"),
+    ("time/step_s", "s"),
+)
 TENSORBOARD_DIR = "tensorboard"
 WANDB_ID_FILE = "wandb_run_id"  # a resumed run continues the same W&B run
 
 
 class MetricLogger:
-    def __init__(self, output_dir: str, enabled: bool = True, cfg: LoggerConfig | None = None,
-                 run_config: dict | None = None):
+    def __init__(
+        self, output_dir: str, enabled: bool = True, cfg: LoggerConfig | None = None, run_config: dict | None = None
+    ):
         self.enabled = enabled
         self.output_dir = output_dir
-        self.cfg = cfg or LoggerConfig(tensorboard=True, wandb=False, wandb_project="nemo-orchestra",
-                                       wandb_run_name=None, wandb_mode="offline")
+        self.cfg = cfg or LoggerConfig(
+            tensorboard=True, wandb=False, wandb_project="nemo-orchestra", wandb_run_name=None, wandb_mode="offline"
+        )
         self.path = os.path.join(output_dir, "metrics.jsonl")
         self._tb = None  # opened at the first step logged (see _tensorboard)
         self._wandb = None
@@ -95,9 +103,16 @@ def start_wandb(cfg: LoggerConfig, output_dir: str, run_config: dict):
     run_id = open(id_path).read().strip() if os.path.exists(id_path) else uuid.uuid4().hex[:8]
     with open(id_path, "w") as f:
         f.write(run_id)
-    run = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or os.path.basename(os.path.abspath(output_dir)),
-                     dir=output_dir, mode=mode, id=run_id, resume="allow", config=run_config,
-                     settings=wandb.Settings(silent=True, console="off"))
+    run = wandb.init(
+        project=cfg.wandb_project,
+        name=cfg.wandb_run_name or os.path.basename(os.path.abspath(output_dir)),
+        dir=output_dir,
+        mode=mode,
+        id=run_id,
+        resume="allow",
+        config=run_config,
+        settings=wandb.Settings(silent=True, console="off"),
+    )
     log.info("W&B run %s (%s) in %s", run_id, mode, run.dir)
     return run
 

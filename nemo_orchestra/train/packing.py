@@ -28,16 +28,18 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
     return bins
 
 
-def pack(trajectories: Sequence[Trajectory], capacity: int, pad_to_multiple: int = 1,
-         pad_to_length: int | None = None) -> list[PackedBatch]:
+def pack(
+    trajectories: Sequence[Trajectory], capacity: int, pad_to_multiple: int = 1, pad_to_length: int | None = None
+) -> list[PackedBatch]:
     """Pack rollouts into microbatches. ``pad_to_multiple`` pads each pack (TP needs T % tp == 0);
     ``pad_to_length`` pads every pack to at least that many tokens (PP needs one shape)."""
     bins = first_fit_decreasing([len(t.token_ids) for t in trajectories], capacity)
     return [_pack_one([trajectories[i] for i in b], b, pad_to_multiple, pad_to_length) for b in bins]
 
 
-def _pack_one(trajs: Sequence[Trajectory], index: list[int], pad_to_multiple: int,
-              pad_to_length: int | None = None) -> PackedBatch:
+def _pack_one(
+    trajs: Sequence[Trajectory], index: list[int], pad_to_multiple: int, pad_to_length: int | None = None
+) -> PackedBatch:
     ids, pos, tgt, mask, adv, gen, cu = [], [], [], [], [], [], [0]
     for t in trajs:
         n = len(t.token_ids)
@@ -78,11 +80,21 @@ def _pack_one(trajs: Sequence[Trajectory], index: list[int], pad_to_multiple: in
         traj_index_B=list(index),
         gen_logprobs_T=torch.tensor(gen, dtype=torch.float32),
     )
+
+
 def padding_pack(length: int, multiple: int = 1) -> PackedBatch:
     T = -(-length // multiple) * multiple
     zeros = torch.zeros(T, dtype=torch.long)
-    return PackedBatch(input_ids_T=zeros, position_ids_T=torch.arange(T), target_ids_T=zeros,
-                       loss_mask_T=torch.zeros(T), advantages_T=torch.zeros(T), old_logprobs_T=torch.zeros(T),
-                       ref_logprobs_T=torch.zeros(T), cu_seqlens_B1=torch.tensor([0, T], dtype=torch.int32),
-                       max_seqlen=T, traj_index_B=[-1], gen_logprobs_T=torch.zeros(T))
-
+    return PackedBatch(
+        input_ids_T=zeros,
+        position_ids_T=torch.arange(T),
+        target_ids_T=zeros,
+        loss_mask_T=torch.zeros(T),
+        advantages_T=torch.zeros(T),
+        old_logprobs_T=torch.zeros(T),
+        ref_logprobs_T=torch.zeros(T),
+        cu_seqlens_B1=torch.tensor([0, T], dtype=torch.int32),
+        max_seqlen=T,
+        traj_index_B=[-1],
+        gen_logprobs_T=torch.zeros(T),
+    )

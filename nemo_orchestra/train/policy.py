@@ -82,8 +82,11 @@ def build_policy(cfg: Config, vocab_size: int, device: torch.device) -> Policy:
             p.data = p.data.pin_memory()  # host-to-device copies at full PCIe speed
     ddp = DistributedDataParallel(
         gpt.config,
-        DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                      use_distributed_optimizer=cfg.parallel.distributed_optimizer),
+        DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=cfg.parallel.distributed_optimizer,
+        ),
         gpt,
     )
     gpt.config.finalize_model_grads_func = finalize_model_grads
@@ -118,8 +121,9 @@ def load_pretrained(gpt, folder: str, model_cfg) -> None:
         check_vocab(hf_cfg["vocab_size"], gpt.vocab_size, folder)
         weights = HFWeights(folder)
         dtype = gpt.config.params_dtype
-        load_full_state(gpt, lambda n: hf_to_megatron_tensor(n, weights.__getitem__, model_cfg).to(dtype),
-                        megatron_names(model_cfg))
+        load_full_state(
+            gpt, lambda n: hf_to_megatron_tensor(n, weights.__getitem__, model_cfg).to(dtype), megatron_names(model_cfg)
+        )
     else:
         raise ValueError(f"model.init_from: {folder!r} is neither a Hugging Face folder nor a checkpoint")
     log.info("initialized the policy from %s", folder)
@@ -131,9 +135,16 @@ def build_optimizer(ddp, cfg: OptimConfig, distributed: bool, params_dtype: str,
     from nemo_orchestra.megatron.cpu_compat import cuda_type_names
 
     ocfg = OptimizerConfig(
-        optimizer="adam", lr=lr or cfg.lr, weight_decay=cfg.weight_decay, adam_beta1=cfg.adam_beta1,
-        adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps, clip_grad=cfg.grad_clip,
-        use_distributed_optimizer=distributed, bf16=params_dtype == "bf16", fp16=params_dtype == "fp16",
+        optimizer="adam",
+        lr=lr or cfg.lr,
+        weight_decay=cfg.weight_decay,
+        adam_beta1=cfg.adam_beta1,
+        adam_beta2=cfg.adam_beta2,
+        adam_eps=cfg.adam_eps,
+        clip_grad=cfg.grad_clip,
+        use_distributed_optimizer=distributed,
+        bf16=params_dtype == "bf16",
+        fp16=params_dtype == "fp16",
         params_dtype={"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[params_dtype],
     )
     with cuda_type_names():

@@ -67,9 +67,14 @@ def contain() -> None:
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
     env = {k: v for k, v in os.environ.items() if k not in (RUN_ENV, "TMPDIR")}
     folders = [os.environ[k] for k in (TMP_ENV, SHM_ENV) if os.environ.get(k)]
-    subprocess.Popen([sys.executable, "-m", "nemo_orchestra.train.reaper", str(os.getpid()),
-                      os.environ[RUN_ENV], *folders], env=env, stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    subprocess.Popen(
+        [sys.executable, "-m", "nemo_orchestra.train.reaper", str(os.getpid()), os.environ[RUN_ENV], *folders],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
 
 
 def run_tmpdir(token: str) -> str:

@@ -9,9 +9,14 @@ import os
 
 log = logging.getLogger(__name__)
 
-COLUMNS = [("accuracy", "accuracy", "{:.3f}"), ("cost_mean", "mean cost $", "{:.6f}"),
-           ("cost_per_correct", "cost per correct $", "{:.6f}"), ("latency_mean", "mean latency s", "{:.2f}"),
-           ("turns_mean", "turns", "{:.2f}"), ("format_error_rate", "format errors", "{:.3f}")]
+COLUMNS = [
+    ("accuracy", "accuracy", "{:.3f}"),
+    ("cost_mean", "mean cost $", "{:.6f}"),
+    ("cost_per_correct", "cost per correct $", "{:.6f}"),
+    ("latency_mean", "mean latency s", "{:.2f}"),
+    ("turns_mean", "turns", "{:.2f}"),
+    ("format_error_rate", "format errors", "{:.3f}"),
+]
 
 
 def _fmt(value, spec: str) -> str:
@@ -27,8 +32,10 @@ def write_report(out_dir: str, evals: dict[str, dict[str, dict[str, float]]], ti
     stages = list(evals)
     lines = [f"# {title}", "", "Held-out tasks, one greedy rollout each, before and after GRPO.", ""]
     groups = sorted({g for e in evals.values() for g in e}, key=lambda g: (g != "all", g))
-    lines += ["| slice | stage | n | " + " | ".join(c[1] for c in COLUMNS) + " |",
-              "| --- | --- | --- | " + " | ".join("---" for _ in COLUMNS) + " |"]
+    lines += [
+        "| slice | stage | n | " + " | ".join(c[1] for c in COLUMNS) + " |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in COLUMNS) + " |",
+    ]
     for g in groups:
         for s in stages:
             row = evals[s].get(g)
@@ -37,20 +44,35 @@ def write_report(out_dir: str, evals: dict[str, dict[str, dict[str, float]]], ti
                 lines.append(f"| {g} | {s} | {row['n']} | {cells} |")
     aliases = _aliases(evals)
     if aliases:
-        lines += ["", "Expert choice by category and preference profile (share of expert calls):", "",
-                  "| slice | stage | " + " | ".join(aliases) + " |",
-                  "| --- | --- | " + " | ".join("---" for _ in aliases) + " |"]
+        lines += [
+            "",
+            "Expert choice by category and preference profile (share of expert calls):",
+            "",
+            "| slice | stage | " + " | ".join(aliases) + " |",
+            "| --- | --- | " + " | ".join("---" for _ in aliases) + " |",
+        ]
     for g in groups if aliases else []:
         if not g.startswith(("preference/", "category/")) and g != "all":
             continue
         for s in stages:
             row = evals[s].get(g, {})
-            lines.append(f"| {g} | {s} | " + " | ".join(_fmt(row.get(f"expert_share/{a}", 0.0), "{:.2f}")
-                                                      for a in aliases) + " |")
-    lines += ["", "![curves](curves.png)", "",
-              "The held-out tasks are in `heldout.jsonl`; to recompute the final figures from the saved checkpoint:",
-              "", "```bash", f"python recipes/evaluate.py tasks={out_dir}/heldout.jsonl output={out_dir}/evaluate "
-              f"policies=checkpoint:{out_dir},strongest,cheapest preferences=record", "```", ""]
+            lines.append(
+                f"| {g} | {s} | "
+                + " | ".join(_fmt(row.get(f"expert_share/{a}", 0.0), "{:.2f}") for a in aliases)
+                + " |"
+            )
+    lines += [
+        "",
+        "![curves](curves.png)",
+        "",
+        "The held-out tasks are in `heldout.jsonl`; to recompute the final figures from the saved checkpoint:",
+        "",
+        "```bash",
+        f"python recipes/evaluate.py tasks={out_dir}/heldout.jsonl output={out_dir}/evaluate "
+        f"policies=checkpoint:{out_dir},strongest,cheapest preferences=record",
+        "```",
+        "",
+    ]
     path = os.path.join(out_dir, "report.md")
     with open(path, "w") as f:
         f.write("\n".join(lines))
@@ -67,7 +89,7 @@ def _smooth(ys: list[float]) -> list[float]:
     w = max(2, len(ys) // 8)
     out = []
     for i in range(len(ys)):
-        xs = [y for y in ys[max(0, i - w + 1):i + 1] if y == y]
+        xs = [y for y in ys[max(0, i - w + 1) : i + 1] if y == y]
         out.append(sum(xs) / len(xs) if xs else float("nan"))
     return out
 
@@ -86,18 +108,21 @@ def plot_curves(out_dir: str) -> str | None:
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     steps = [r["step"] for r in rows]
-    panels = [("reward/mean", "reward"), ("reward/outcome", "accuracy (training rollouts)"),
-              ("rollout/cost_mean", "cost per rollout ($)")]
+    panels = [
+        ("reward/mean", "reward"),
+        ("reward/outcome", "accuracy (training rollouts)"),
+        ("rollout/cost_mean", "cost per rollout ($)"),
+    ]
     share = "rollout/expert_share/"  # rollout/expert_share/<profile>/<alias>, see trainer.rollout_metrics
-    profiles = sorted({k[len(share):].split("/")[0] for r in rows for k in r if k.startswith(share)})
+    profiles = sorted({k[len(share) :].split("/")[0] for r in rows for k in r if k.startswith(share)})
     fig, axes = plt.subplots(1, len(panels) + len(profiles), figsize=(4.2 * (len(panels) + len(profiles)), 3.2))
     for ax, (key, label) in zip(axes, panels):
         ax.plot(steps, [r.get(key, float("nan")) for r in rows], marker="o", ms=3, lw=1, alpha=0.5)
         ax.plot(steps, _smooth([r.get(key, float("nan")) for r in rows]), lw=2)
         ax.set_title(label)
-    for ax, name in zip(axes[len(panels):], profiles):
+    for ax, name in zip(axes[len(panels) :], profiles):
         prefix = f"{share}{name}/"
-        for alias in sorted({k[len(prefix):] for r in rows for k in r if k.startswith(prefix)}):
+        for alias in sorted({k[len(prefix) :] for r in rows for k in r if k.startswith(prefix)}):
             ax.plot(steps, _smooth([r.get(prefix + alias, float("nan")) for r in rows]), lw=2, label=alias)
         ax.set_title(f"expert choice, {name} tasks")
         ax.set_ylim(-0.02, 1.02)

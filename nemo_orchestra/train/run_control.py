@@ -48,6 +48,7 @@ class RunLocked(RuntimeError):
 
 # ---- one run per folder ---------------------------------------------------------------------------
 
+
 class RunLock:
     """An exclusive ``flock`` on ``folder/run.lock``, holding ``{"host", "pid", "since"}``."""
 
@@ -66,8 +67,11 @@ class RunLock:
             raise
         previous = _read_holder(fd)
         if previous and previous != self.holder():
-            log.warning("run folder %s: took over the lock of %s, which is gone", os.path.dirname(self.path),
-                        _describe(previous))
+            log.warning(
+                "run folder %s: took over the lock of %s, which is gone",
+                os.path.dirname(self.path),
+                _describe(previous),
+            )
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(self.holder()) + "\n").encode(), 0)
         self._fd = fd
@@ -85,13 +89,17 @@ class RunLock:
                 if holder and _dead_here(holder) and time.monotonic() < deadline:
                     time.sleep(0.25)
                     continue
-                raise RunLocked(f"run.output_dir {os.path.dirname(self.path)} is in use by {_describe(holder)} "
-                                f"(lock file {self.path}); stop that run or choose another run.output_dir") from None
+                raise RunLocked(
+                    f"run.output_dir {os.path.dirname(self.path)} is in use by {_describe(holder)} "
+                    f"(lock file {self.path}); stop that run or choose another run.output_dir"
+                ) from None
             except OSError as e:  # a filesystem without flock: the holder's pid decides
                 holder = _read_holder(fd)
                 if holder and not _dead_here(holder) and holder != self.holder():
-                    raise RunLocked(f"run.output_dir {os.path.dirname(self.path)} is in use by {_describe(holder)} "
-                                    f"(lock file {self.path}, flock unavailable: {e.strerror})") from None
+                    raise RunLocked(
+                        f"run.output_dir {os.path.dirname(self.path)} is in use by {_describe(holder)} "
+                        f"(lock file {self.path}, flock unavailable: {e.strerror})"
+                    ) from None
                 return
 
     @staticmethod
@@ -142,6 +150,7 @@ def _dead_here(holder: dict) -> bool:
 
 # ---- stop signals -----------------------------------------------------------------------------------
 
+
 class StopNow(BaseException):
     """Raised by a signal handler: unwind now (outside the GRPO loop, or a second signal in it)."""
 
@@ -165,6 +174,7 @@ def preempt_signal(name: str | None) -> int | None:
 @dataclass
 class StopSignals:
     """Turns SIGTERM, SIGINT and the preempt signal into a stop request (see the module docstring)."""
+
     preempt: int | None = None
     stop_file: str | None = field(default_factory=lambda: os.environ.get(STOP_FILE_ENV) or None)
     signum: int | None = None  # the first stop signal received
@@ -180,8 +190,10 @@ class StopSignals:
         first = self.signum is None
         self.signum = self.signum or signum
         if self.in_loop and first:
-            log.warning("%s received: finishing the step in flight, then a checkpoint (a second signal drops "
-                        "the step)", signal_name(signum))
+            log.warning(
+                "%s received: finishing the step in flight, then a checkpoint (a second signal drops the step)",
+                signal_name(signum),
+            )
             return
         self.in_loop = False
         raise StopNow(self.signum)
@@ -220,6 +232,7 @@ def request_requeue(max_restarts: int) -> bool:
 
 # ---- the save schedule -----------------------------------------------------------------------------
 
+
 @dataclass
 class SaveSchedule:
     every: int  # checkpoint.save_every (0: none by step count)
@@ -257,6 +270,7 @@ def param_versions(module) -> int:
 
 # ---- records -----------------------------------------------------------------------------------------
 
+
 def cut_records(output_dir: str, step: int) -> dict[str, int]:
     """Drop the lines of ``metrics.jsonl`` / ``samples.jsonl`` whose step is after ``step`` (in
     place: a logger holding the file open in append mode keeps writing at the new end). A torn
@@ -290,6 +304,7 @@ def _step_of(line: bytes) -> int | None:
 
 # ---- inputs, checked before anything expensive starts --------------------------------------------
 
+
 def check_task_files(cfg, dp_size: int = 1) -> None:
     """``data.train_path`` / ``data.eval_path``: readable, JSON lines, every record complete (the error
     names the file and line), and enough training tasks for one step. Raises ValueError."""
@@ -310,11 +325,14 @@ def check_task_files(cfg, dp_size: int = 1) -> None:
             raise ValueError(f"{key}: {path} holds no task records")
         need = cfg.data.prompts_per_step * dp_size
         if key == "data.train_path" and len(tasks) < need:
-            raise ValueError(f"{key}: {path} holds {len(tasks)} task(s), fewer than one step's "
-                             f"data.prompts_per_step={cfg.data.prompts_per_step} x {dp_size} data-parallel rank(s)")
+            raise ValueError(
+                f"{key}: {path} holds {len(tasks)} task(s), fewer than one step's "
+                f"data.prompts_per_step={cfg.data.prompts_per_step} x {dp_size} data-parallel rank(s)"
+            )
 
 
 # ---- the start and the end of a run -----------------------------------------------------------------
+
 
 def start_afresh(output_dir: str, ckpt_root: str) -> None:
     """``run.resume=false``: remove the folder's checkpoints and records, saying what is removed."""
@@ -332,8 +350,13 @@ def start_afresh(output_dir: str, ckpt_root: str) -> None:
 
 def report_cut(output_dir: str, step: int) -> None:
     for name, n in cut_records(output_dir, step).items():
-        log.warning("%s: removed %d line(s) after step %d, written past the checkpoint this run %s", name, n,
-                    step, "resumes from" if step else "starts without (none was saved)")
+        log.warning(
+            "%s: removed %d line(s) after step %d, written past the checkpoint this run %s",
+            name,
+            n,
+            step,
+            "resumes from" if step else "starts without (none was saved)",
+        )
 
 
 def resume_command() -> str:
@@ -353,8 +376,10 @@ def checkpoint_named(ckpt_root: str) -> str:
 
 def stop_line(signum: int, step: int, ckpt_root: str, in_flight: bool) -> str:
     where = f"during step {step + 1} (dropped)" if in_flight else f"after step {step}"
-    return (f"stopped by {signal_name(signum)} {where}: checkpoint {checkpoint_named(ckpt_root)}; "
-            f"resume with: {resume_command()}")
+    return (
+        f"stopped by {signal_name(signum)} {where}: checkpoint {checkpoint_named(ckpt_root)}; "
+        f"resume with: {resume_command()}"
+    )
 
 
 def stopped(stop: StopSignals, step: int, ckpt_root: str, max_restarts: int) -> int:
@@ -382,9 +407,12 @@ def guarded(run, output_dir: str) -> int:
         log.error("%s", e)
         return 1 if isinstance(e, CheckpointSpaceError) else 2
     except StopNow as e:
-        log.warning("stopped by %s outside a GRPO step; last checkpoint %s; resume with: %s",
-                    signal_name(e.signum), checkpoint_named(os.path.join(output_dir, "checkpoints")),
-                    resume_command())
+        log.warning(
+            "stopped by %s outside a GRPO step; last checkpoint %s; resume with: %s",
+            signal_name(e.signum),
+            checkpoint_named(os.path.join(output_dir, "checkpoints")),
+            resume_command(),
+        )
         return 128 + e.signum
     except Exception as e:
         path = os.path.join(output_dir, "traceback.txt")

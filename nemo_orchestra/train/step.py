@@ -62,6 +62,7 @@ def grpo_loss_fn(loss_cfg: LossConfig):
     being updated, so a separate forward pass would give the same numbers (the ratio is 1 either
     way; TRL's GRPO trainer does the same when it takes one step per generation). Also reports
     ``rollout/logprob_mismatch``, mean |trainer - generator| logprob over generated tokens."""
+
     def fn(lp_T: torch.Tensor, batch: PackedBatch):
         dev = lp_T.device
         old = lp_T.detach() if batch.old_logprobs_T is None else batch.old_logprobs_T.to(dev)
@@ -70,8 +71,9 @@ def grpo_loss_fn(loss_cfg: LossConfig):
             assert batch.gen_logprobs_T is not None, "loss.tis_cap needs the generator's logprobs in the pack"
             weights = tis_weights(old, batch.gen_logprobs_T.to(dev), loss_cfg.tis_cap)
         mask = batch.loss_mask_T.to(dev)
-        loss_sum, n, metrics = policy_loss(lp_T, old, batch.ref_logprobs_T.to(dev), batch.advantages_T.to(dev), mask,
-                                           loss_cfg, is_weights_T=weights)
+        loss_sum, n, metrics = policy_loss(
+            lp_T, old, batch.ref_logprobs_T.to(dev), batch.advantages_T.to(dev), mask, loss_cfg, is_weights_T=weights
+        )
         if batch.gen_logprobs_T is not None:
             gap = (old - batch.gen_logprobs_T.to(dev)).abs()
             metrics["rollout/logprob_mismatch"] = (gap * mask).sum() / mask.sum().clamp_min(1.0)
@@ -84,12 +86,13 @@ def minibatch_packs(trajs: list[Trajectory], n: int, parallel: ParallelConfig) -
     """This rank's trajectories in ``n`` contiguous runs (sizes differ by at most one), each packed by
     ``pack_for_step``; collective, so every data-parallel rank keeps the same minibatches: one that
     has no loss token on any rank is dropped everywhere."""
-    runs = [trajs[i * len(trajs) // n:(i + 1) * len(trajs) // n] for i in range(n)]
+    runs = [trajs[i * len(trajs) // n : (i + 1) * len(trajs) // n] for i in range(n)]
     return [packs for packs in (pack_for_step(run, parallel) for run in runs) if packs]
 
 
-def grpo_update(policy: Policy, minibatches: list[list[PackedBatch]], loss_cfg: LossConfig,
-                temperature: float = 1.0) -> dict:
+def grpo_update(
+    policy: Policy, minibatches: list[list[PackedBatch]], loss_cfg: LossConfig, temperature: float = 1.0
+) -> dict:
     """The GRPO update of one batch of rollouts: one optimizer step per minibatch of packs
     (``minibatch_packs``; reference logprobs filled).
 

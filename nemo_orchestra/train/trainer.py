@@ -87,29 +87,44 @@ class Trainer:
         n = self.cfg.data.prompts_per_step
         per_epoch = len(self.tasks) // (n * self.dp_size)
         if per_epoch == 0:
-            raise ValueError(f"data: {len(self.tasks)} tasks are fewer than one step's "
-                             f"{n} prompts x {self.dp_size} data-parallel ranks")
+            raise ValueError(
+                f"data: {len(self.tasks)} tasks are fewer than one step's "
+                f"{n} prompts x {self.dp_size} data-parallel ranks"
+            )
         epoch, k = divmod(step, per_epoch)
         order = list(range(len(self.tasks)))
         random.Random(self.cfg.run.seed + epoch).shuffle(order)
         start = (k * self.dp_size + self.dp_rank) * n
-        return [self.tasks[i] for i in order[start:start + n]]
+        return [self.tasks[i] for i in order[start : start + n]]
 
     # ---- stages ---------------------------------------------------------------------------------------
-    def run_loop(self, tasks: list[TaskRecord], samples: int, temperature: float, seed: str = "",
-                 stats: dict | None = None) -> list[Trajectory]:
+    def run_loop(
+        self, tasks: list[TaskRecord], samples: int, temperature: float, seed: str = "", stats: dict | None = None
+    ) -> list[Trajectory]:
         """``samples`` episodes per task through the agent loop, the engine as the policy."""
-        return with_tool_service(lambda: self.loop.run_until_complete(
-            self.episodes(tasks, samples, temperature, seed, stats)),
-            self.client, **tool_service_context(self.cfg.run.output_dir, self.step, seed == HELDOUT_SEED))
+        return with_tool_service(
+            lambda: self.loop.run_until_complete(self.episodes(tasks, samples, temperature, seed, stats)),
+            self.client,
+            **tool_service_context(self.cfg.run.output_dir, self.step, seed == HELDOUT_SEED),
+        )
 
-    async def episodes(self, tasks: list[TaskRecord], samples: int, temperature: float, seed: str,
-                       stats: dict | None = None) -> list[Trajectory]:
+    async def episodes(
+        self, tasks: list[TaskRecord], samples: int, temperature: float, seed: str, stats: dict | None = None
+    ) -> list[Trajectory]:
         r = self.cfg.rollout
-        policy = EnginePolicy(self.engine, self.chat, r.max_new_tokens_per_turn, temperature, r.top_p,
-                              weights=self.weights)
-        return await run_episodes(tasks, policy, self.client, samples=samples, limits=LoopLimits.from_rollout(r),
-                                  default_preference=self.cfg.reward.default_preference, seed=seed, stats=stats)
+        policy = EnginePolicy(
+            self.engine, self.chat, r.max_new_tokens_per_turn, temperature, r.top_p, weights=self.weights
+        )
+        return await run_episodes(
+            tasks,
+            policy,
+            self.client,
+            samples=samples,
+            limits=LoopLimits.from_rollout(r),
+            default_preference=self.cfg.reward.default_preference,
+            seed=seed,
+            stats=stats,
+        )
 
     async def step_rollouts(self, step: int) -> tuple[list[Trajectory], dict]:
         """Step ``step``'s rollouts (group_size per prompt) and the engine's timings; with
@@ -131,7 +146,7 @@ class Trainer:
                 need = n - len(informative_groups(trajs, self.cfg.advantage.min_group_std))
                 if need <= 0:
                     break
-                extra = pool[drawn:drawn + min(need, r.max_extra_prompts - drawn)]
+                extra = pool[drawn : drawn + min(need, r.max_extra_prompts - drawn)]
                 more_stats: dict = {}
                 more = await self.episodes(extra, r.group_size, r.temperature, f"{seed}/extra{drawn}", more_stats)
                 offset = max(t.group for t in trajs) + 1
@@ -149,14 +164,17 @@ class Trainer:
         """This step's rollouts, their engine timings and the seconds the trainer waited for them."""
         context = tool_service_context(self.cfg.run.output_dir, self.step)
         if self.rollouts is None and self.cfg.rollout.max_staleness > 0:
-            assert self.engine is not None and not self.engine.capabilities.reads_policy_weights, \
+            assert self.engine is not None and not self.engine.capabilities.reads_policy_weights, (
                 "rollout.max_staleness > 0 needs an engine with its own weights (checked by the config)"
-            self.rollouts = AsyncRollouts(self.loop, self.step_rollouts, self.cfg.rollout.max_staleness,
-                                          self.cfg.trainer.max_steps)
+            )
+            self.rollouts = AsyncRollouts(
+                self.loop, self.step_rollouts, self.cfg.rollout.max_staleness, self.cfg.trainer.max_steps
+            )
         if self.rollouts is None:
             t0 = time.perf_counter()
-            trajs, stats = with_tool_service(lambda: self.loop.run_until_complete(self.step_rollouts(self.step)),
-                                             self.client, **context)
+            trajs, stats = with_tool_service(
+                lambda: self.loop.run_until_complete(self.step_rollouts(self.step)), self.client, **context
+            )
             return trajs, stats, time.perf_counter() - t0
         (trajs, stats), waited = with_tool_service(lambda: self.rollouts.take(self.step), self.client, **context)
         return trajs, stats, waited
@@ -173,9 +191,11 @@ class Trainer:
         lags = [self.step - min(t.turn_versions, default=self.step) for t in trajs]
         k = self.cfg.rollout.max_staleness
         kept = [t for t, lag in zip(trajs, lags) if lag <= k]
-        return kept, {"rollout/staleness_mean": statistics.fmean(lags) if lags else 0.0,
-                      "rollout/staleness_max": float(max(lags, default=0)),
-                      "rollout/stale_dropped": float(len(trajs) - len(kept))}
+        return kept, {
+            "rollout/staleness_mean": statistics.fmean(lags) if lags else 0.0,
+            "rollout/staleness_max": float(max(lags, default=0)),
+            "rollout/stale_dropped": float(len(trajs) - len(kept)),
+        }
 
     def on_rollout_rank(self, fn):
         """``fn()`` (rollouts) on this replica's first model-parallel rank; None on the others.
@@ -257,8 +277,7 @@ class Trainer:
         if batches:
             metrics.update(self.fill_logprobs(batches))
             t2 = time.perf_counter()
-            metrics.update(grpo_update(self.policy, minibatches, self.cfg.loss,
-                                       self.cfg.rollout.temperature))
+            metrics.update(grpo_update(self.policy, minibatches, self.cfg.loss, self.cfg.rollout.temperature))
             metrics["time/update_s"] = time.perf_counter() - t2
         else:
             metrics["train/step_skipped"] = 1.0
@@ -271,14 +290,28 @@ class Trainer:
         tokens = sum(len(t.token_ids) for t in trajs)
         # the generation engine's share of the rollout and its idle wait on tools (with rollouts running
         # ahead, these overlap training: the trainer's own wait is time/rollout_wait_s)
-        metrics.update({"time/generate_s": stats["generate_s"], "time/env_wait_s": stats["env_wait_s"],
-                        "rollout/generate_calls": stats["generate_calls"],
-                        "rollout/prompts_drawn": stats["prompts_drawn"], "time/rollouts_wall_s": stats["wall_s"],
-                        "time/rollout_wait_s": waited, "perf/rollout_wait_share": waited / step_s})
+        metrics.update(
+            {
+                "time/generate_s": stats["generate_s"],
+                "time/env_wait_s": stats["env_wait_s"],
+                "rollout/generate_calls": stats["generate_calls"],
+                "rollout/prompts_drawn": stats["prompts_drawn"],
+                "time/rollouts_wall_s": stats["wall_s"],
+                "time/rollout_wait_s": waited,
+                "perf/rollout_wait_share": waited / step_s,
+            }
+        )
         metrics.update({"time/engine_sleep_s": t_sleep, "time/engine_wake_s": t_wake})
-        metrics.update({"time/rollout_s": t_rollout, "time/train_s": t_train, "time/weight_sync_s": t_sync,
-                        "time/step_s": step_s, "perf/tokens_per_s": tokens / step_s,
-                        "perf/generated_tokens": sum(t.num_generated for t in trajs)})
+        metrics.update(
+            {
+                "time/rollout_s": t_rollout,
+                "time/train_s": t_train,
+                "time/weight_sync_s": t_sync,
+                "time/step_s": step_s,
+                "perf/tokens_per_s": tokens / step_s,
+                "perf/generated_tokens": sum(t.num_generated for t in trajs),
+            }
+        )
         return metrics
 
     def write_samples(self, trajs: list[Trajectory], n: int = 2) -> None:
@@ -287,9 +320,20 @@ class Trainer:
             return
         with open(os.path.join(self.cfg.run.output_dir, "samples.jsonl"), "a") as f:
             for t in trajs[:n]:
-                f.write(json.dumps({"step": self.step + 1, "task_id": t.task.id, "category": t.task.category,
-                                    "answer": t.task.answer, "correct": t.correct, "stop": t.stop_reason,
-                                    "text": self.chat.decode(t.token_ids[t.prompt_len:])}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "step": self.step + 1,
+                            "task_id": t.task.id,
+                            "category": t.task.category,
+                            "answer": t.task.answer,
+                            "correct": t.correct,
+                            "stop": t.stop_reason,
+                            "text": self.chat.decode(t.token_ids[t.prompt_len :]),
+                        }
+                    )
+                    + "\n"
+                )
 
     def evaluate_heldout(self, tasks: list[TaskRecord]) -> dict:
         """One rollout per held-out task at ``evaluation.temperature`` (on the replica's first
@@ -297,11 +341,17 @@ class Trainer:
         from nemo_orchestra.evaluation.heldout import breakdown
 
         temperature = self.cfg.evaluation.temperature
-        trajs = broadcast_in_model_parallel_group(self.on_rollout_rank(
-            lambda: self.run_loop(tasks, 1, temperature, seed=HELDOUT_SEED)))
+        trajs = broadcast_in_model_parallel_group(
+            self.on_rollout_rank(lambda: self.run_loop(tasks, 1, temperature, seed=HELDOUT_SEED))
+        )
         result = breakdown(trajs)
-        log.info("held-out at step %d: accuracy %.3f, mean cost $%.6f over %d tasks", self.step,
-                 result["all"]["accuracy"], result["all"]["cost_mean"], result["all"]["n"])
+        log.info(
+            "held-out at step %d: accuracy %.3f, mean cost $%.6f over %d tasks",
+            self.step,
+            result["all"]["accuracy"],
+            result["all"]["cost_mean"],
+            result["all"]["n"],
+        )
         return result
 
     # ---- warm start -------------------------------------------------------------------------------------
@@ -351,8 +401,9 @@ class Trainer:
 
         c = self.cfg.checkpoint
         schedule = SaveSchedule(c.save_every, c.save_every_s, self.cfg.trainer.max_steps, last_saved=self.step)
-        bar = tqdm(total=self.cfg.trainer.max_steps, initial=self.step, desc="grpo", disable=self.rank != 0,
-                   dynamic_ncols=True)
+        bar = tqdm(
+            total=self.cfg.trainer.max_steps, initial=self.step, desc="grpo", disable=self.rank != 0, dynamic_ncols=True
+        )
         try:
             self._fit_steps(ckpt_root, bar, schedule, stop)
         finally:
@@ -388,8 +439,17 @@ class Trainer:
             raise
 
     def save(self, ckpt_root: str, rng: dict | None = None) -> str:
-        return save_checkpoint(ckpt_root, self.step, self.policy, {"data_position": self.step},
-                               self.cfg.checkpoint.keep, self.rank, self.cfg.model, self.vocab_size, rng=rng)
+        return save_checkpoint(
+            ckpt_root,
+            self.step,
+            self.policy,
+            {"data_position": self.step},
+            self.cfg.checkpoint.keep,
+            self.rank,
+            self.cfg.model,
+            self.vocab_size,
+            rng=rng,
+        )
 
     def close(self) -> None:
         try:

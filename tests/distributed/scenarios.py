@@ -20,18 +20,35 @@ import torch.distributed as dist
 
 VOCAB = 256
 SEED = 0
-TINY = ["model.hidden_size=64", "model.ffn_hidden_size=128", "model.num_attention_heads=4",
-        "model.num_query_groups=2", "model.head_dim=16", "model.num_layers=2", "model.tie_embeddings=true",
-        "optim.lr=1e-3", "optim.grad_clip=1.0", "optim.weight_decay=0.0", "loss.kl_coef=0.1",
-        "parallel.microbatch_tokens=64"]
+TINY = [
+    "model.hidden_size=64",
+    "model.ffn_hidden_size=128",
+    "model.num_attention_heads=4",
+    "model.num_query_groups=2",
+    "model.head_dim=16",
+    "model.num_layers=2",
+    "model.tie_embeddings=true",
+    "optim.lr=1e-3",
+    "optim.grad_clip=1.0",
+    "optim.weight_decay=0.0",
+    "loss.kl_coef=0.1",
+    "parallel.microbatch_tokens=64",
+]
 
 
 # ---- set-up ------------------------------------------------------------------------------------------
 def config(tp=1, pp=1, dist_opt=True, *extra):
     from nemo_orchestra.config import load_config
 
-    return load_config([*TINY, f"parallel.tp={tp}", f"parallel.pp={pp}",
-                        f"parallel.distributed_optimizer={str(dist_opt).lower()}", *extra])
+    return load_config(
+        [
+            *TINY,
+            f"parallel.tp={tp}",
+            f"parallel.pp={pp}",
+            f"parallel.distributed_optimizer={str(dist_opt).lower()}",
+            *extra,
+        ]
+    )
 
 
 def layout(tp: int, pp: int) -> None:
@@ -136,8 +153,9 @@ def reference(full, trajs, loss_cfg):
                 sums[key] = sums.get(key, 0.0) + float(v) * float(k)
     (total / n).backward()
     grads = {name: p.grad.detach().clone() for name, p in gpt.named_parameters()}
-    return dict(loss=float(total / n), metrics={k: v / n for k, v in sums.items()}, lps=lps, ents=ents,
-                grads=grads, docs=docs)
+    return dict(
+        loss=float(total / n), metrics={k: v / n for k, v in sums.items()}, lps=lps, ents=ents, grads=grads, docs=docs
+    )
 
 
 def load_into(policy, full):
@@ -247,8 +265,13 @@ def adam_step(full, grads, optim):
     for k, p in params.items():
         p.grad = grads[k].clone()
     norm = float(torch.nn.utils.clip_grad_norm_(list(params.values()), optim.grad_clip))
-    opt = torch.optim.AdamW(list(params.values()), lr=optim.lr, betas=(optim.adam_beta1, optim.adam_beta2),
-                            eps=optim.adam_eps, weight_decay=optim.weight_decay)
+    opt = torch.optim.AdamW(
+        list(params.values()),
+        lr=optim.lr,
+        betas=(optim.adam_beta1, optim.adam_beta2),
+        eps=optim.adam_eps,
+        weight_decay=optim.weight_decay,
+    )
     opt.step()
     return norm, {k: p.detach() for k, p in params.items()}
 
@@ -296,9 +319,14 @@ def scenario_checkpoint(full, trajs, ref, folder):
     mine = [trajs[3:][i] for i in range(rank, len(trajs) - 3, 2)]
     step_dp = train_step(policy, packed(mine, cfg.parallel), grpo_loss_fn(cfg.loss))
     w2_dp = snapshot(policy.module)
-    return {"restored_weights": max_diff(w1_dp, w1), "next_step_weights": max_diff(w2_dp, w2_tp),
-            "next_step_loss": abs(step_dp["loss/pg"] - step_tp["loss/pg"]), "common_step": common["step"],
-            "data_position": common["data_position"], "files": sorted(os.listdir(saved))}
+    return {
+        "restored_weights": max_diff(w1_dp, w1),
+        "next_step_weights": max_diff(w2_dp, w2_tp),
+        "next_step_loss": abs(step_dp["loss/pg"] - step_tp["loss/pg"]),
+        "common_step": common["step"],
+        "data_position": common["data_position"],
+        "files": sorted(os.listdir(saved)),
+    }
 
 
 def scenario_hf_tp2(folder):

@@ -17,9 +17,23 @@ def _launch(tmp_path, visible: str | None) -> list[dict]:
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
     out = tmp_path / "answers.json"
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        str(ROOT / "tests" / "distributed" / "pinning_rank.py"), str(out)],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(ROOT / "tests" / "distributed" / "pinning_rank.py"),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return sorted(json.loads(out.read_text()), key=lambda a: a["rank"])
 

@@ -8,14 +8,25 @@ import torch
 from nemo_orchestra.config import ConfigError, load_config
 
 HAVE_TE = importlib.util.find_spec("transformer_engine") is not None
-TINY = ["model.hidden_size=128", "model.ffn_hidden_size=384", "model.num_attention_heads=4",
-        "model.num_query_groups=2", "model.head_dim=32", "model.num_layers=2"]
+TINY = [
+    "model.hidden_size=128",
+    "model.ffn_hidden_size=384",
+    "model.num_attention_heads=4",
+    "model.num_query_groups=2",
+    "model.head_dim=32",
+    "model.num_layers=2",
+]
 
 
 @pytest.mark.skipif(HAVE_TE, reason="transformer-engine is installed")
-@pytest.mark.parametrize("override", [["model.fp8=hybrid", "model.params_dtype=bf16"],
-                                      ["model.fp8=e4m3", "model.fp8_recipe=tensorwise", "model.params_dtype=bf16"],
-                                      ["model.attention_backend=te"]])
+@pytest.mark.parametrize(
+    "override",
+    [
+        ["model.fp8=hybrid", "model.params_dtype=bf16"],
+        ["model.fp8=e4m3", "model.fp8_recipe=tensorwise", "model.params_dtype=bf16"],
+        ["model.attention_backend=te"],
+    ],
+)
 def test_fp8_or_te_without_transformer_engine_names_the_package(override):
     from nemo_orchestra.megatron.model import build_gpt_model
 
@@ -41,13 +52,22 @@ def test_one_fp8_training_step(recipe):
     from nemo_orchestra.train.step import sft_loss_fn, train_step
     from tests.unit.helpers import traj
 
-    cfg = load_config([*TINY, "model.fp8=hybrid", f"model.fp8_recipe={recipe}", "model.params_dtype=bf16",
-                       "model.attention_backend=te", "optim.lr=1e-3"])
+    cfg = load_config(
+        [
+            *TINY,
+            "model.fp8=hybrid",
+            f"model.fp8_recipe={recipe}",
+            "model.params_dtype=bf16",
+            "model.attention_backend=te",
+            "optim.lr=1e-3",
+        ]
+    )
     info = init_distributed(cfg.parallel, seed=0)
     policy = build_policy(cfg, 256, info.device)
     ids = torch.randint(1, 256, (60,)).tolist()
-    batches = pack([traj(ids=ids, mask=[0] * 10 + [1] * 50), traj(ids=ids[:40], mask=[1] * 40)], 128,
-                   pad_to_multiple=16)  # FP8 GEMMs want token counts divisible by 16
+    batches = pack(
+        [traj(ids=ids, mask=[0] * 10 + [1] * 50), traj(ids=ids[:40], mask=[1] * 40)], 128, pad_to_multiple=16
+    )  # FP8 GEMMs want token counts divisible by 16
     first = train_step(policy, batches, sft_loss_fn)
     second = train_step(policy, batches, sft_loss_fn)
     assert first["train/step_skipped"] == 0.0 and torch.isfinite(torch.tensor(first["loss/nll"]))

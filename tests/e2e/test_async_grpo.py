@@ -23,9 +23,21 @@ from nemo_orchestra.train.build import build_trainer
 
 pytestmark = pytest.mark.slow
 
-SHORT = ["rollout.engine=hf", "sft.steps=4", "sft.num_episodes=16", "data.num_train_tasks=32", "data.num_eval_tasks=4",
-         "data.prompts_per_step=2", "rollout.group_size=2", "rollout.max_turns=3", "rollout.max_new_tokens_per_turn=48",
-         "evaluation.enabled=false", "export.enabled=false", "loss.tis_cap=2.0", "advantage.min_group_std=-1.0"]
+SHORT = [
+    "rollout.engine=hf",
+    "sft.steps=4",
+    "sft.num_episodes=16",
+    "data.num_train_tasks=32",
+    "data.num_eval_tasks=4",
+    "data.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_turns=3",
+    "rollout.max_new_tokens_per_turn=48",
+    "evaluation.enabled=false",
+    "export.enabled=false",
+    "loss.tis_cap=2.0",
+    "advantage.min_group_std=-1.0",
+]
 
 
 def run(tmp_path, name: str, overrides: list[str], steps: int, k0_async: bool = False):
@@ -89,8 +101,12 @@ def test_resume_mid_async_run_keeps_the_data_order(tmp_path):
 
 def test_fill_informative_groups_draws_extra_prompts_within_its_cap(tmp_path):
     # min_group_std high: no group is informative, so every step draws its cap of extra prompts
-    _, metrics, _ = run(tmp_path, "fill", ["rollout.fill_informative_groups=true", "rollout.max_extra_prompts=3",
-                                           "advantage.min_group_std=10.0"], steps=2)
+    _, metrics, _ = run(
+        tmp_path,
+        "fill",
+        ["rollout.fill_informative_groups=true", "rollout.max_extra_prompts=3", "advantage.min_group_std=10.0"],
+        steps=2,
+    )
     assert [m["rollout/prompts_drawn"] for m in metrics] == [5, 5]
     _, plain, _ = run(tmp_path, "plain", ["advantage.min_group_std=10.0"], steps=1)
     assert plain[0]["rollout/prompts_drawn"] == 2

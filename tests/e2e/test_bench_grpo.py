@@ -10,15 +10,37 @@ import pytest
 from tools_env.launch import REPO_ROOT
 
 SCRIPT = os.path.join(REPO_ROOT, "recipes", "benchmark.py")
-TINY = ["sft.num_episodes=32", "data.num_train_tasks=16", "data.prompts_per_step=2", "rollout.group_size=2",
-        "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=16", "rollout.engine=hf"]
+TINY = [
+    "sft.num_episodes=32",
+    "data.num_train_tasks=16",
+    "data.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_turns=2",
+    "rollout.max_new_tokens_per_turn=16",
+    "rollout.engine=hf",
+]
 
 
 def test_grpo_benchmark_reports_every_phase(tmp_path):
     out = tmp_path / "grpo.json"
-    p = subprocess.run([sys.executable, SCRIPT, "grpo", "--steps", "2", "--warmup", "0", "--out", str(out),
-                        f"run.output_dir={tmp_path / 'run'}", *TINY],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            SCRIPT,
+            "grpo",
+            "--steps",
+            "2",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+            f"run.output_dir={tmp_path / 'run'}",
+            *TINY,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     report = json.loads(out.read_text())
     s = report["per_step"]
@@ -37,16 +59,34 @@ def test_grpo_benchmark_reports_every_phase(tmp_path):
 
 
 def test_grpo_benchmark_rejects_a_bad_override(tmp_path):
-    p = subprocess.run([sys.executable, SCRIPT, "grpo", "rollout.group_size=one"], capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [sys.executable, SCRIPT, "grpo", "rollout.group_size=one"], capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 2 and "rollout.group_size" in p.stdout + p.stderr
 
 
 def test_grpo_benchmark_runs_rollouts_ahead_with_max_staleness(tmp_path):
     out = tmp_path / "grpo.json"
-    p = subprocess.run([sys.executable, SCRIPT, "grpo", "--steps", "3", "--warmup", "0", "--out", str(out),
-                        f"run.output_dir={tmp_path / 'run'}", *TINY, "rollout.max_staleness=1", "loss.tis_cap=2.0"],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            SCRIPT,
+            "grpo",
+            "--steps",
+            "3",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+            f"run.output_dir={tmp_path / 'run'}",
+            *TINY,
+            "rollout.max_staleness=1",
+            "loss.tis_cap=2.0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["config"]["max_staleness"] == 1

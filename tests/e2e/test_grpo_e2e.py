@@ -9,17 +9,38 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-REQUIRED = ["step", "reward/mean", "reward/outcome", "rollout/cost_mean", "rollout/latency_mean",
-            "rollout/turns_mean", "perf/tokens_per_s", "time/rollout_s", "time/train_s"]
-SMALL = ["sft.steps=10", "data.num_train_tasks=48", "data.prompts_per_step=2", "rollout.group_size=2",
-         "rollout.max_turns=2", "rollout.engine=hf"]  # the vllm engine has its own end-to-end test
+REQUIRED = [
+    "step",
+    "reward/mean",
+    "reward/outcome",
+    "rollout/cost_mean",
+    "rollout/latency_mean",
+    "rollout/turns_mean",
+    "perf/tokens_per_s",
+    "time/rollout_s",
+    "time/train_s",
+]
+SMALL = [
+    "sft.steps=10",
+    "data.num_train_tasks=48",
+    "data.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_turns=2",
+    "rollout.engine=hf",
+]  # the vllm engine has its own end-to-end test
 
 
 def _run(args, timeout=600):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the CPU path, as users run it
     env["PYTHONWARNINGS"] = "ignore"
-    r = subprocess.run([sys.executable, str(ROOT / "recipes/grpo_orchestrator.py"), *args],
-                       capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "recipes/grpo_orchestrator.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     return r
 
@@ -62,8 +83,12 @@ def test_export_loads_in_transformers_offline(run_dir):
         assert (hf / name).is_file(), name
     tok = AutoTokenizer.from_pretrained(hf, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(hf, local_files_only=True)
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)["input_ids"]
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 2?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )["input_ids"]
     out = model.generate(ids, max_new_tokens=4, do_sample=False)
     assert out.shape[1] > ids.shape[1]
     assert torch.isfinite(model(ids).logits).all()
@@ -84,9 +109,20 @@ def test_evaluate_recomputes_figures_from_the_saved_checkpoint(run_dir, tmp_path
     tasks = tmp_path / "eval.jsonl"
     tasks.write_text("".join(t.to_json() + "\n" for t in generate_tasks(4, seed=99)))
     out = tmp_path / "eval"
-    r = subprocess.run([sys.executable, str(ROOT / "recipes/evaluate.py"), f"tasks={tasks}", f"output={out}",
-                        f"policies=checkpoint:{run_dir},cheapest", "preferences=record"],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "recipes/evaluate.py"),
+            f"tasks={tasks}",
+            f"output={out}",
+            f"policies=checkpoint:{run_dir},cheapest",
+            "preferences=record",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     ours = [row for row in results["rows"] if row["policy"].startswith("checkpoint")]

@@ -12,33 +12,66 @@ import pytest
 pytest.importorskip("nemo_run", reason="recipes/launch.py needs nemo-run (scripts/setup.sh installs it)")
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["sft.steps=2", "data.num_train_tasks=8", "data.num_eval_tasks=4", "data.prompts_per_step=1",
-        "rollout.group_size=2", "rollout.max_turns=1", "rollout.max_new_tokens_per_turn=8", "rollout.engine=hf",
-        "sft.num_episodes=8", "evaluation.enabled=false", "export.enabled=false", "trainer.max_steps=1"]
+TINY = [
+    "sft.steps=2",
+    "data.num_train_tasks=8",
+    "data.num_eval_tasks=4",
+    "data.prompts_per_step=1",
+    "rollout.group_size=2",
+    "rollout.max_turns=1",
+    "rollout.max_new_tokens_per_turn=8",
+    "rollout.engine=hf",
+    "sft.num_episodes=8",
+    "evaluation.enabled=false",
+    "export.enabled=false",
+    "trainer.max_steps=1",
+]
 
 
 def _launch(*args, timeout=300):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONWARNINGS"] = "ignore"
-    return subprocess.run([sys.executable, str(ROOT / "recipes" / "launch.py"), *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT, env=env)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "recipes" / "launch.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
 
 
 def test_slurm_dryrun_prints_the_sbatch_script(tmp_path):
-    r = _launch("executor=slurm", "dryrun=true", "nodes=2", "gpus_per_node=8", "account=acct", "partition=batch",
-                f"job_dir={tmp_path}", "workdir=/lustre/nemo-orchestra", "recipe=qwen3_8b_2n8g",
-                "data.train_path=/lustre/tasks.jsonl")
+    r = _launch(
+        "executor=slurm",
+        "dryrun=true",
+        "nodes=2",
+        "gpus_per_node=8",
+        "account=acct",
+        "partition=batch",
+        f"job_dir={tmp_path}",
+        "workdir=/lustre/nemo-orchestra",
+        "recipe=qwen3_8b_2n8g",
+        "data.train_path=/lustre/tasks.jsonl",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout
-    for line in ("#SBATCH --nodes=2", "#SBATCH --gpus-per-node=8", "#SBATCH --account=acct",
-                 "#SBATCH --partition=batch", "source /lustre/nemo-orchestra/.venv/bin/activate"):
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --account=acct",
+        "#SBATCH --partition=batch",
+        "source /lustre/nemo-orchestra/.venv/bin/activate",
+    ):
         assert line in out, line
     assert "torchrun" in out and "--nnodes 2 --nproc-per-node 8" in out
     scripts = list(tmp_path.glob("experiments/grpo_orchestrator/*/grpo_orchestrator/scripts/*.sh"))
     assert len(scripts) == 1  # what torchrun starts on each process: the main job from the checkout
     body = scripts[0].read_text()
-    assert ("cd /lustre/nemo-orchestra && exec /lustre/nemo-orchestra/.venv/bin/python recipes/grpo_orchestrator.py "
-            "recipe=qwen3_8b_2n8g data.train_path=/lustre/tasks.jsonl") in body
+    assert (
+        "cd /lustre/nemo-orchestra && exec /lustre/nemo-orchestra/.venv/bin/python recipes/grpo_orchestrator.py "
+        "recipe=qwen3_8b_2n8g data.train_path=/lustre/tasks.jsonl"
+    ) in body
 
 
 def test_bad_launcher_and_job_keys_are_one_line_errors(tmp_path):
@@ -58,8 +91,7 @@ def test_bad_launcher_and_job_keys_are_one_line_errors(tmp_path):
 @pytest.mark.slow
 def test_local_launch_runs_one_step_under_torchrun(tmp_path):
     out = tmp_path / "run"
-    r = _launch("executor=local", "gpus_per_node=1", f"job_dir={tmp_path / 'nemo_run'}", f"run.output_dir={out}",
-                *TINY)
+    r = _launch("executor=local", "gpus_per_node=1", f"job_dir={tmp_path / 'nemo_run'}", f"run.output_dir={out}", *TINY)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1]
@@ -69,6 +101,5 @@ def test_local_launch_runs_one_step_under_torchrun(tmp_path):
 
 @pytest.mark.slow
 def test_local_launch_reports_a_failed_job(tmp_path):
-    r = _launch("executor=local", f"job_dir={tmp_path / 'nemo_run'}", "data.train_path=/nonexistent/tasks.jsonl",
-                *TINY)
+    r = _launch("executor=local", f"job_dir={tmp_path / 'nemo_run'}", "data.train_path=/nonexistent/tasks.jsonl", *TINY)
     assert r.returncode == 1 and "the job failed" in r.stderr

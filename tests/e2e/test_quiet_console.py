@@ -12,8 +12,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SHORT = ["sft.steps=3", "sft.num_episodes=96", "data.num_train_tasks=16", "data.num_eval_tasks=4",
-         "data.prompts_per_step=2", "rollout.group_size=2", "rollout.max_turns=2", "trainer.max_steps=2"]
+SHORT = [
+    "sft.steps=3",
+    "sft.num_episodes=96",
+    "data.num_train_tasks=16",
+    "data.num_eval_tasks=4",
+    "data.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_turns=2",
+    "trainer.max_steps=2",
+]
 NOISE = re.compile(r"Warning|WARNING|Traceback|warnings\.warn")
 
 
@@ -21,10 +29,19 @@ NOISE = re.compile(r"Warning|WARNING|Traceback|warnings\.warn")
 def run(tmp_path_factory):
     pytest.importorskip("vllm")
     out = tmp_path_factory.mktemp("quiet")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TRITON_INTERPRET", "PYTHONWARNINGS", "VLLM_LOGGING_LEVEL", "TORCH_CPP_LOG_LEVEL")}
-    r = subprocess.run([sys.executable, str(ROOT / "recipes/grpo_orchestrator.py"), *SHORT, f"run.output_dir={out}"],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TRITON_INTERPRET", "PYTHONWARNINGS", "VLLM_LOGGING_LEVEL", "TORCH_CPP_LOG_LEVEL")
+    }
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "recipes/grpo_orchestrator.py"), *SHORT, f"run.output_dir={out}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     return out, (r.stdout + r.stderr).replace("\r", "\n").splitlines()
 

@@ -22,13 +22,25 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_STEPS = 7
-ARGS = [f"trainer.max_steps={MAX_STEPS}", "checkpoint.save_every=1", "checkpoint.keep=2", "sft.steps=1",
-        "sft.num_episodes=8", "data.num_train_tasks=32", "data.prompts_per_step=2", "rollout.group_size=2",
-        "rollout.max_turns=1", "rollout.max_new_tokens_per_turn=16", "evaluation.enabled=false",
-        "export.enabled=true", "rollout.engine=hf",
-        # the barely warm-started policy earns no reward: zero-variance groups are kept and weight decay
-        # moves it off the reference, so every step updates the weights through the KL term's gradient
-        "advantage.min_group_std=-1", "optim.weight_decay=0.1"]
+ARGS = [
+    f"trainer.max_steps={MAX_STEPS}",
+    "checkpoint.save_every=1",
+    "checkpoint.keep=2",
+    "sft.steps=1",
+    "sft.num_episodes=8",
+    "data.num_train_tasks=32",
+    "data.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_turns=1",
+    "rollout.max_new_tokens_per_turn=16",
+    "evaluation.enabled=false",
+    "export.enabled=true",
+    "rollout.engine=hf",
+    # the barely warm-started policy earns no reward: zero-variance groups are kept and weight decay
+    # moves it off the reference, so every step updates the weights through the KL term's gradient
+    "advantage.min_group_std=-1",
+    "optim.weight_decay=0.1",
+]
 VOLATILE = ("time", "time/", "perf/")  # wall-clock figures differ between runs; everything else must not
 
 
@@ -94,6 +106,7 @@ def _assert_nothing_left(tmp: Path, children: list):
 
     _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, f"left running: {[' '.join(p.cmdline())[:120] for p in alive]}"
+
     def folders():  # torch's compile cache is meant to stay (reaper.contain keeps it out of the run's folder)
         return [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_")]
 
@@ -155,8 +168,9 @@ def test_three_interruptions_end_with_the_uninterrupted_weights(tmp_path):
     base, out, tmp = tmp_path / "uninterrupted", tmp_path / "run", _short_tmp(tmp_path)
     env = _env(tmp)
     with open(tmp_path / "base.txt", "w") as err:  # alongside: it shares nothing with the interrupted run
-        baseline = subprocess.Popen(_cmd(base), cwd=ROOT, env=_env(_short_tmp(tmp_path)),
-                                    stdout=subprocess.DEVNULL, stderr=err)
+        baseline = subprocess.Popen(
+            _cmd(base), cwd=ROOT, env=_env(_short_tmp(tmp_path)), stdout=subprocess.DEVNULL, stderr=err
+        )
 
     code, text = _interrupt(_cmd(out), out, env, tmp, tmp_path / "1.txt", a, signal.SIGTERM)
     assert code == 128 + signal.SIGTERM, text[-3000:]
@@ -197,8 +211,9 @@ def test_ctrl_c_stops_with_one_line_and_no_leak(tmp_path):
     shared memory, a checkpoint of the last step and the resume command."""
     out, tmp, log = tmp_path / "run", _short_tmp(tmp_path), tmp_path / "err.txt"
     with open(log, "w") as err:
-        proc = subprocess.Popen(_cmd(out), cwd=ROOT, env=_env(tmp), stdout=subprocess.DEVNULL, stderr=err,
-                                start_new_session=True)  # a group of its own, as a shell's job
+        proc = subprocess.Popen(
+            _cmd(out), cwd=ROOT, env=_env(tmp), stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+        )  # a group of its own, as a shell's job
         _wait_for_step(out, 1, proc, log)
         children = _children(proc)
         os.killpg(proc.pid, signal.SIGINT)

@@ -16,10 +16,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN = ["sft.steps=150", "trainer.max_steps=1", "data.prompts_per_step=2", "rollout.group_size=2",
-       "rollout.engine=hf", "evaluation.enabled=false"]
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                                   reason="vllm is not installed (scripts/setup.sh installs it)")]
+RUN = [
+    "sft.steps=150",
+    "trainer.max_steps=1",
+    "data.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.engine=hf",
+    "evaluation.enabled=false",
+]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None, reason="vllm is not installed (scripts/setup.sh installs it)"
+    ),
+]
 
 
 def _free_port() -> int:
@@ -40,17 +50,49 @@ def served(tmp_path_factory):
     run = tmp_path_factory.mktemp("run")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONWARNINGS"] = "ignore"
-    r = subprocess.run([sys.executable, str(ROOT / "recipes/grpo_orchestrator.py"), f"run.output_dir={run}", *RUN],
-                       capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "recipes/grpo_orchestrator.py"), f"run.output_dir={run}", *RUN],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     port = _free_port()
     log = open(run / "server.log", "w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(run / "hf"),
-         "--served-model-name", "orchestrator", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-         "--dtype", "float32", "--max-model-len", "1024", "--kv-cache-memory-bytes", str(256 << 20),
-         "--enforce-eager", "--generation-config", "vllm", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(run / "hf"),
+            "--served-model-name",
+            "orchestrator",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "1024",
+            "--kv-cache-memory-bytes",
+            str(256 << 20),
+            "--enforce-eager",
+            "--generation-config",
+            "vllm",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -98,8 +140,10 @@ def test_the_server_renders_the_training_prompt(served):
         tools = [asyncio.run(tools_of(t)) for t in tasks]
     for task, schema in zip(tasks, tools):
         messages = task_messages(task)
-        served_ids = _post(f"{url}/tokenize", {"model": "orchestrator", "messages": messages, "tools": schema,
-                                               "add_generation_prompt": True})["tokens"]
+        served_ids = _post(
+            f"{url}/tokenize",
+            {"model": "orchestrator", "messages": messages, "tools": schema, "add_generation_prompt": True},
+        )["tokens"]
         assert served_ids == chat.prompt_ids(messages, schema)
 
 
@@ -109,10 +153,22 @@ def test_the_served_export_decides_as_the_checkpoint(served, tmp_path):
     run, url = served
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(t.to_json() + "\n" for t in generate_tasks(24, seed=99)))
-    r = subprocess.run([sys.executable, str(ROOT / "recipes/evaluate.py"), f"tasks={tasks}", f"output={tmp_path / 'ev'}",
-                        f"policies=openai:{url}/v1:orchestrator,checkpoint:{run}", "max_turns=3",
-                        "openai.max_tokens=48", "progress=false"],
-                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "recipes/evaluate.py"),
+            f"tasks={tasks}",
+            f"output={tmp_path / 'ev'}",
+            f"policies=openai:{url}/v1:orchestrator,checkpoint:{run}",
+            "max_turns=3",
+            "openai.max_tokens=48",
+            "progress=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     episodes = [json.loads(line) for line in (tmp_path / "ev" / "episodes.jsonl").read_text().splitlines()]
     by_task: dict[str, dict[str, dict]] = {}
@@ -120,8 +176,11 @@ def test_the_served_export_decides_as_the_checkpoint(served, tmp_path):
         by_task.setdefault(e["task_id"], {})[e["policy"].split(":")[0]] = e
 
     def choices(e):  # each call's tool and expert alias
-        return [(tc["function"]["name"], json.loads(tc["function"]["arguments"]).get("model"))
-                for m in e["messages"] for tc in m.get("tool_calls") or []]
+        return [
+            (tc["function"]["name"], json.loads(tc["function"]["arguments"]).get("model"))
+            for m in e["messages"]
+            for tc in m.get("tool_calls") or []
+        ]
 
     assert len(by_task) == 24 and all(set(v) == {"openai", "checkpoint"} for v in by_task.values())
     assert all(choices(v["checkpoint"]) for v in by_task.values())  # the checkpoint calls tools

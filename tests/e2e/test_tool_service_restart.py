@@ -13,10 +13,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_STEPS = 5
-ARGS = [f"trainer.max_steps={MAX_STEPS}", "checkpoint.save_every=1", "checkpoint.keep=1", "sft.steps=2",
-        "sft.num_episodes=16", "data.num_train_tasks=32", "data.prompts_per_step=2", "rollout.group_size=2",
-        "rollout.max_turns=1", "rollout.max_new_tokens_per_turn=16", "evaluation.enabled=false",
-        "export.enabled=false", "rollout.engine=hf"]
+ARGS = [
+    f"trainer.max_steps={MAX_STEPS}",
+    "checkpoint.save_every=1",
+    "checkpoint.keep=1",
+    "sft.steps=2",
+    "sft.num_episodes=16",
+    "data.num_train_tasks=32",
+    "data.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_turns=1",
+    "rollout.max_new_tokens_per_turn=16",
+    "evaluation.enabled=false",
+    "export.enabled=false",
+    "rollout.engine=hf",
+]
 
 
 def _service_pid(url: str) -> int:
@@ -35,8 +46,9 @@ def test_a_killed_tool_service_is_restarted_and_the_run_finishes(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE")}
     cmd = [sys.executable, str(ROOT / "recipes/grpo_orchestrator.py"), *ARGS, f"run.output_dir={out}"]
     with open(log, "w") as err:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env={**env, "PYTHONWARNINGS": "ignore"}, stdout=subprocess.DEVNULL,
-                                stderr=err, text=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env={**env, "PYTHONWARNINGS": "ignore"}, stdout=subprocess.DEVNULL, stderr=err, text=True
+        )
         deadline = time.monotonic() + 600
         while not (out / "checkpoints" / "latest").is_file():  # GRPO is under way
             assert proc.poll() is None, log.read_text()[-3000:]

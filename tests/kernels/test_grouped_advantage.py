@@ -76,7 +76,7 @@ def random_groups(seed, n_groups=12, max_size=12):
     sizes[0], sizes[1] = 1, max(int(sizes[1]), 2)
     offsets = torch.nn.functional.pad(sizes.cumsum(0), (1, 0))
     rewards = torch.randint(0, 5, (int(offsets[-1]),), generator=g).float() * 0.25 + torch.rand(1, generator=g)
-    rewards[offsets[1]:offsets[2]] = 0.3  # all equal
+    rewards[offsets[1] : offsets[2]] = 0.3  # all equal
     ids = torch.repeat_interleave(torch.randperm(n_groups, generator=g) * 5 - 17, sizes)
     perm = torch.randperm(rewards.numel(), generator=g)
     return rewards, offsets, rewards[perm], ids[perm], perm
@@ -114,8 +114,9 @@ def test_large_groups_walk_in_chunks(monkeypatch, mode):
     rewards = torch.randn(100, generator=g).to(DEVICE)
     offsets = torch.tensor([0, 1, 30, 30, 100], device=DEVICE)
     got = kernels.grouped_advantage(rewards, offsets=offsets, mode=mode, clip=2.0)
-    torch.testing.assert_close(got, grouped_advantage_ref(rewards, offsets=offsets, mode=mode, clip=2.0),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        got, grouped_advantage_ref(rewards, offsets=offsets, mode=mode, clip=2.0), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_poisoned_memory():
@@ -123,14 +124,16 @@ def test_poisoned_memory():
     rewards, offsets, *_ = random_groups(seed=5)
     N, pad = rewards.numel(), 5
     r_buf = torch.full((N + 2 * pad,), float("nan"), device=DEVICE)
-    r_buf[pad:pad + N] = rewards
+    r_buf[pad : pad + N] = rewards
     out_buf = torch.full((N + 2 * pad,), float("nan"), device=DEVICE)
     sizes = offsets[1:] - offsets[:-1]
-    grouped_advantage_module.grouped_advantage_launch(r_buf[pad:pad + N], offsets.to(DEVICE), int(sizes.max()),
-                                                      "std", 1e-6, None, out=out_buf[pad:pad + N])
-    assert out_buf[:pad].isnan().all() and out_buf[pad + N:].isnan().all()
-    torch.testing.assert_close(out_buf[pad:pad + N].cpu(), grouped_advantage_ref(rewards, offsets=offsets),
-                               atol=1e-5, rtol=1e-5)
+    grouped_advantage_module.grouped_advantage_launch(
+        r_buf[pad : pad + N], offsets.to(DEVICE), int(sizes.max()), "std", 1e-6, None, out=out_buf[pad : pad + N]
+    )
+    assert out_buf[:pad].isnan().all() and out_buf[pad + N :].isnan().all()
+    torch.testing.assert_close(
+        out_buf[pad : pad + N].cpu(), grouped_advantage_ref(rewards, offsets=offsets), atol=1e-5, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("op", ["kernel", "reference"])
@@ -180,8 +183,9 @@ def test_gpu_million_rewards(form):
     else:
         kwargs = {"group_ids": torch.repeat_interleave(torch.arange(60_000, device="cuda"), sizes)}
     got = kernels.grouped_advantage(rewards, mode="std", clip=3.0, **kwargs)
-    torch.testing.assert_close(got, grouped_advantage_ref(rewards, mode="std", clip=3.0, **kwargs),
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        got, grouped_advantage_ref(rewards, mode="std", clip=3.0, **kwargs), atol=1e-4, rtol=1e-4
+    )
 
 
 def test_training_path_runs_the_advantage_kernel_under_the_interpreter(monkeypatch):
@@ -189,8 +193,9 @@ def test_training_path_runs_the_advantage_kernel_under_the_interpreter(monkeypat
     where the kernel runs (CUDA, or the interpreter on CPU), and equal the reference's."""
     import kernels.grouped_advantage as kmod
 
-    cfg = AdvantageConfig(mode="std", eps=1e-6, clip=3.0, min_group_std=0.0, drop_format_errors=False,
-                          drop_unanswered=False)
+    cfg = AdvantageConfig(
+        mode="std", eps=1e-6, clip=3.0, min_group_std=0.0, drop_format_errors=False, drop_unanswered=False
+    )
     rewards = [0.3, 1.0, 0.0, 0.7, 0.7, 0.7, 0.2, 0.9, 0.4]
     groups = [2, 0, 2, 1, 1, 1, 0, 0, 2]  # unsorted, one all-equal group
     ref = [traj(group=g) for g in groups]

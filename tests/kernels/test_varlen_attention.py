@@ -85,8 +85,11 @@ CASES = [  # dtype, causal, Hq, Hkv, D
 
 
 @pytest.mark.parametrize("seed", [0, 1], ids=lambda s: f"seed{s}")
-@pytest.mark.parametrize("dtype,causal,Hq,Hkv,D", CASES,
-                         ids=[f"{str(c[0])[6:]}-{'causal' if c[1] else 'full'}-h{c[2]}kv{c[3]}-d{c[4]}" for c in CASES])
+@pytest.mark.parametrize(
+    "dtype,causal,Hq,Hkv,D",
+    CASES,
+    ids=[f"{str(c[0])[6:]}-{'causal' if c[1] else 'full'}-h{c[2]}kv{c[3]}-d{c[4]}" for c in CASES],
+)
 def test_kernel_matches_naive_and_reference(dtype, causal, Hq, Hkv, D, seed):
     cu, max_len = ragged_cu_seqlens(seed)
     q, k, v, dout, dlse = to_device(*make_inputs(cu, Hq, Hkv, D, dtype, seed))
@@ -119,8 +122,11 @@ def test_kernel_matches_naive_and_reference(dtype, causal, Hq, Hkv, D, seed):
         assert err_kernel <= 2 * err_torch + FLOOR[dtype], f"{name}: kernel {err_kernel:.3g} vs torch {err_torch:.3g}"
 
 
-@pytest.mark.parametrize("lengths", [[1], [1, 1, 1], [16, 32], [17, 3, 33], [5, 0, 7, 0], [0, 9], [70]],
-                         ids=lambda lens: "len" + "_".join(map(str, lens)))
+@pytest.mark.parametrize(
+    "lengths",
+    [[1], [1, 1, 1], [16, 32], [17, 3, 33], [5, 0, 7, 0], [0, 9], [70]],
+    ids=lambda lens: "len" + "_".join(map(str, lens)),
+)
 def test_edge_lengths(lengths):
     """Length-1 sequences, block multiples, lengths that do not fill a block, empty sequences."""
     cu = cu_from_lengths(lengths)
@@ -170,8 +176,9 @@ def test_poisoned_memory(causal, D):
     lse_buf, lse = poisoned_view((Hq, T), pad)
     varlen_fwd(q, k, v, cu, max_len, causal, D**-0.5, out=out, lse=lse)
     grads = [poisoned_view(x.shape, pad) for x in (q, k, v)]
-    varlen_bwd(dout, q, k, v, out, lse, cu, max_len, causal, D**-0.5, dlse=dlse,
-               dq=grads[0][1], dk=grads[1][1], dv=grads[2][1])
+    varlen_bwd(
+        dout, q, k, v, out, lse, cu, max_len, causal, D**-0.5, dlse=dlse, dq=grads[0][1], dk=grads[1][1], dv=grads[2][1]
+    )
     assert margins_untouched(out_buf, out.shape, pad) and margins_untouched(lse_buf, lse.shape, pad)
     for buf, view in grads:
         assert margins_untouched(buf, view.shape, pad)
@@ -218,8 +225,10 @@ BAD_INPUTS = {
     "cu 2-D": (lambda q, k, v, cu: (q, k, v, cu[None], 6), "cu_seqlens must be [B+1]"),
     "cu start": (lambda q, k, v, cu: (q, k, v, cu + 1, 6), "start at 0 and end at T=6"),
     "cu end": (lambda q, k, v, cu: (q, k, v, cu[:-1], 6), "start at 0 and end at T=6"),
-    "cu decreasing": (lambda q, k, v, cu: (q, k, v, torch.tensor([0, 4, 2, 6], dtype=torch.int32), 6),
-                      "non-decreasing"),
+    "cu decreasing": (
+        lambda q, k, v, cu: (q, k, v, torch.tensor([0, 4, 2, 6], dtype=torch.int32), 6),
+        "non-decreasing",
+    ),
     "max_seqlen": (lambda q, k, v, cu: (q, k, v, cu, 3), "max_seqlen=3 is smaller"),
     "cu list": (lambda q, k, v, cu: (q, k, v, [0, 2, 6], 6), "int32 tensor"),
 }
@@ -277,8 +286,14 @@ def test_gpu_realistic_sizes(dtype):
     cu = cu_from_lengths(lengths).cuda()
     q, k, v, dout, dlse = (x.cuda() for x in make_inputs(cu.cpu(), 16, 4, 128, dtype, seed=11))
     got = outputs_and_grads(lambda q, k, v: kernels.varlen_attention(q, k, v, cu, max(lengths)), q, k, v, dout, dlse)
-    exact = outputs_and_grads(lambda q, k, v: varlen_attention_ref(q, k, v, cu, max(lengths)),
-                              q.float(), k.float(), v.float(), dout.float(), dlse)
+    exact = outputs_and_grads(
+        lambda q, k, v: varlen_attention_ref(q, k, v, cu, max(lengths)),
+        q.float(),
+        k.float(),
+        v.float(),
+        dout.float(),
+        dlse,
+    )
     if dtype == torch.float32:  # tf32 dots: looser
         for a, b in zip(got, exact):
             torch.testing.assert_close(a, b, atol=3e-2, rtol=3e-2)

@@ -21,8 +21,11 @@ def fake_openai():
     """Base URL (…/v1) of a fake OpenAI-compatible server subprocess."""
     tmp = tempfile.mkdtemp(prefix="fake-openai-")
     ready = os.path.join(tmp, "ready.json")
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_openai.py"), "--ready-file", ready],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "fake_openai.py"), "--ready-file", ready],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 20
     while not os.path.exists(ready):
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -28,8 +28,12 @@ COUNTS: Counter = Counter()
 
 
 def completion(content: str, usage: bool = True) -> web.Response:
-    body = {"id": "cmpl-test", "object": "chat.completion", "model": "fake",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}
+    body = {
+        "id": "cmpl-test",
+        "object": "chat.completion",
+        "model": "fake",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+    }
     if usage:
         body["usage"] = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
     return web.json_response(body)

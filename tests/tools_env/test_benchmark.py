@@ -20,8 +20,9 @@ def test_unknown_subcommand_lists_the_valid_ones():
 
 def test_tiny_tools_env_run_writes_a_report(tmp_path):
     out = tmp_path / "bench.json"
-    report = bench.run(str(out), workers=(1,), seconds=0.3, concurrency=(1, 8), paced_rate=200,
-                       tools=("calculator",), warmup_s=0.1)
+    report = bench.run(
+        str(out), workers=(1,), seconds=0.3, concurrency=(1, 8), paced_rate=200, tools=("calculator",), warmup_s=0.1
+    )
     saved = json.loads(out.read_text())
     assert saved["results"] == report["results"]
     modes = [(r["mode"], r["episodes"]) for r in saved["results"]]
@@ -30,8 +31,15 @@ def test_tiny_tools_env_run_writes_a_report(tmp_path):
 
 
 def test_tiny_python_run_measures_each_sandbox_path(tmp_path):
-    report = bench.run(None, workers=(1,), seconds=0.3, concurrency=(1,), tools=("python",), warmup_s=0.2,
-                       python_paths=("warm", "cold"))
+    report = bench.run(
+        None,
+        workers=(1,),
+        seconds=0.3,
+        concurrency=(1,),
+        tools=("python",),
+        warmup_s=0.2,
+        python_paths=("warm", "cold"),
+    )
     rows = [(r["tool"], r["sandbox"], r["episodes"]) for r in report["results"]]
     assert rows == [("python", "warm", 1), ("python", "cold", 1)]
     assert all(r["calls"] > 0 and r["errors"] == 0 for r in report["results"])

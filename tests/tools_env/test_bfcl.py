@@ -53,8 +53,10 @@ def _bfcl(entry, gt, turns):
         multi_turn_checker,
     )
 
-    decoded = [[[f"{a['name']}({', '.join(f'{k}={v!r}' for k, v in a['arguments'].items())})" for a in calls]]
-               if calls else [] for calls in turns]
+    decoded = [
+        [[f"{a['name']}({', '.join(f'{k}={v!r}' for k, v in a['arguments'].items())})" for a in calls]] if calls else []
+        for calls in turns
+    ]
     return multi_turn_checker(decoded, gt, entry, "multi_turn_base", f"t{uuid.uuid4().hex}")["valid"]
 
 
@@ -64,8 +66,13 @@ def _perturb(turns, rng, kind):
     if kind == "drop_call" and turns[k]:
         turns[k].pop(rng.randrange(len(turns[k])))
     elif kind == "change_arg":
-        spots = [(i, j, key) for i, t in enumerate(turns) for j, a in enumerate(t)
-                 for key, v in a["arguments"].items() if isinstance(v, str)]
+        spots = [
+            (i, j, key)
+            for i, t in enumerate(turns)
+            for j, a in enumerate(t)
+            for key, v in a["arguments"].items()
+            if isinstance(v, str)
+        ]
         if spots:
             i, j, key = rng.choice(spots)
             call = turns[i][j]
@@ -108,8 +115,11 @@ def _episode_reason(svc, record, steps):
 def test_wrong_call_sequence_fails_naming_the_differing_state(svc, base):
     record = base[0][2].to_dict()  # turn 0: move final_report.pdf into a new document/temp
     n = len(record["meta"]["bfcl"]["turns"])
-    steps = [("cd", {"folder": "document"}), ("mkdir", {"dir_name": "tmp"}),  # the wrong folder name
-             ("mv", {"source": "final_report.pdf", "destination": "tmp"})] + [("answer", {"answer": "ok"})] * n
+    steps = [
+        ("cd", {"folder": "document"}),
+        ("mkdir", {"dir_name": "tmp"}),  # the wrong folder name
+        ("mv", {"source": "final_report.pdf", "destination": "tmp"}),
+    ] + [("answer", {"answer": "ok"})] * n
     out = _episode_reason(svc, record, steps)
     reason = out["outcome"]["reason"]
     assert out["done"] and out["outcome"]["correct"] is False
@@ -176,8 +186,9 @@ _NO_BFCL = "import sys; sys.modules['bfcl_eval'] = None  # the import fails as o
 
 def _run(code: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": REPO}
-    return subprocess.run([sys.executable, "-c", _NO_BFCL + code, *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", _NO_BFCL + code, *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=60
+    )
 
 
 def test_missing_extra_is_a_clear_error(base, tmp_path):
@@ -200,8 +211,9 @@ asyncio.run(go())
 """
     out = _run(code)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.startswith("unknown_verifier verifier type 'bfcl' is unavailable: "
-                                 "BFCL tasks need the bfcl-eval package")
+    assert out.stdout.startswith(
+        "unknown_verifier verifier type 'bfcl' is unavailable: BFCL tasks need the bfcl-eval package"
+    )
     assert "'bfcl' extra" in out.stdout
     main = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path('recipes/import_bfcl.py', run_name='__main__')"
     recipe = _run(main, "recipes/import_bfcl.py", f"output={tmp_path}")

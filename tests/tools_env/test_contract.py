@@ -21,18 +21,21 @@ from tools_env_helpers import http, qa_task
 ST = shutil.which("st", path=os.path.dirname(sys.executable)) or shutil.which("st")
 
 
-@pytest.mark.parametrize("record, words", [
-    ({**qa_task(["answer"]), "tools": []}, "field 'tools' must have at least 1 item"),
-    (qa_task(["answer", "answer"]), "'tools' lists an item twice"),
-    (qa_task(["answer"], prices={"x": 1}), "field 'prices.x' must be an object, got a number"),
-    (qa_task(["answer"], prices={"x": {"input": True}}), "'prices.x.input' must be a number >= 0, got a boolean"),
-    (qa_task(["answer"], prices={"x": {"in": 1}}), "'prices.x' has unknown field(s) 'in'"),
-    (qa_task(["answer"], preference={"cost": -1}), "'preference.cost' must be a number >= 0"),
-    (qa_task(["answer"], verifier={"type": ""}), "'verifier.type'"),
-    (qa_task(["answer"], domain=3), "'domain' must be a string, got a number"),
-    ({k: v for k, v in qa_task(["answer"]).items() if k != "answer"}, "task record is missing 'answer'"),
-    (qa_task(["answer"], extra=1), "task record has unknown field(s) 'extra'"),
-])
+@pytest.mark.parametrize(
+    "record, words",
+    [
+        ({**qa_task(["answer"]), "tools": []}, "field 'tools' must have at least 1 item"),
+        (qa_task(["answer", "answer"]), "'tools' lists an item twice"),
+        (qa_task(["answer"], prices={"x": 1}), "field 'prices.x' must be an object, got a number"),
+        (qa_task(["answer"], prices={"x": {"input": True}}), "'prices.x.input' must be a number >= 0, got a boolean"),
+        (qa_task(["answer"], prices={"x": {"in": 1}}), "'prices.x' has unknown field(s) 'in'"),
+        (qa_task(["answer"], preference={"cost": -1}), "'preference.cost' must be a number >= 0"),
+        (qa_task(["answer"], verifier={"type": ""}), "'verifier.type'"),
+        (qa_task(["answer"], domain=3), "'domain' must be a string, got a number"),
+        ({k: v for k, v in qa_task(["answer"]).items() if k != "answer"}, "task record is missing 'answer'"),
+        (qa_task(["answer"], extra=1), "task record has unknown field(s) 'extra'"),
+    ],
+)
 def test_the_task_schema_refuses_and_names_the_field(record, words):
     error = check(record, task_record_schema(), "task record")
     assert error is not None and words in error, error
@@ -53,9 +56,16 @@ def test_the_service_schema_lists_the_registered_verifier_types():
 
 
 def test_what_the_schema_accepts_the_record_accepts():
-    full = qa_task(["calculator", "answer"], id="t1", prices={"x": {"input": 0, "output": 2.5}},
-                   preference={"cost": 1, "tools": {"calculator": -1}}, verifier={"type": "numeric", "rel_tol": 0.1},
-                   domain=None, gold_actions=[{"name": "f"}], meta={"anything": [1, None]})
+    full = qa_task(
+        ["calculator", "answer"],
+        id="t1",
+        prices={"x": {"input": 0, "output": 2.5}},
+        preference={"cost": 1, "tools": {"calculator": -1}},
+        verifier={"type": "numeric", "rel_tol": 0.1},
+        domain=None,
+        gold_actions=[{"name": "f"}],
+        meta={"anything": [1, None]},
+    )
     assert check(full, task_record_schema(["calculator", "answer"]), "task record") is None
     assert TaskRecord.from_dict(full).to_dict()["prices"] == {"x": {"input": 0, "output": 2.5}}
     assert check(TaskRecord.from_dict(full).to_dict(), task_record_schema(), "task record") is None  # round trip
@@ -92,8 +102,12 @@ def test_security_is_declared_only_with_a_token():
 def test_405_lists_the_allowed_methods():
     with start_service() as svc:
         url = svc.urls[0]
-        for path, method, allow in (("/v1/episodes", "GET", "POST"), ("/healthz", "HEAD", "GET"),
-                                    ("/v1/episodes/x", "PUT", "DELETE, GET"), ("/v1/episodes/x/step", "GET", "POST")):
+        for path, method, allow in (
+            ("/v1/episodes", "GET", "POST"),
+            ("/healthz", "HEAD", "GET"),
+            ("/v1/episodes/x", "PUT", "DELETE, GET"),
+            ("/v1/episodes/x/step", "GET", "POST"),
+        ):
             status, _, headers = _raw(f"{url}{path}", method)
             assert status == 405 and headers.get("Allow") == allow, (path, method, headers)
 
@@ -117,8 +131,22 @@ def test_schemathesis_finds_no_contract_break(token, tmp_path):
         url = svc.urls[0]
         assert url.startswith("http://127.0.0.1:")
         assert http(f"{url}/openapi.json")[0] == 200  # readable without a token
-        cmd = [ST, "--no-color", "run", f"{url}/openapi.json", "--checks", "all", "--max-examples", "20",
-               "--seed", "7", "--workers", "1", "--request-timeout", "10"]
+        cmd = [
+            ST,
+            "--no-color",
+            "run",
+            f"{url}/openapi.json",
+            "--checks",
+            "all",
+            "--max-examples",
+            "20",
+            "--seed",
+            "7",
+            "--workers",
+            "1",
+            "--request-timeout",
+            "10",
+        ]
         if token:
             cmd += ["-H", f"Authorization: Bearer {token}"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)

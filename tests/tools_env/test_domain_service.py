@@ -48,9 +48,15 @@ def test_every_gold_answer_verifies_in_the_service(data, svc):
 
 
 def _bank_task(gold):
-    return {"problem": "freeze my card", "answer": "", "category": "function_calling", "domain": "bank",
-            "tools": ["bank_freeze_card", "bank_list_cards", "answer"], "gold_actions": gold,
-            "verifier": {"type": "db_state", "db_seed": 0}}
+    return {
+        "problem": "freeze my card",
+        "answer": "",
+        "category": "function_calling",
+        "domain": "bank",
+        "tools": ["bank_freeze_card", "bank_list_cards", "answer"],
+        "gold_actions": gold,
+        "verifier": {"type": "db_state", "db_seed": 0},
+    }
 
 
 def test_concurrent_episodes_do_not_see_each_others_writes(svc):
@@ -59,7 +65,9 @@ def test_concurrent_episodes_do_not_see_each_others_writes(svc):
     async def go():
         client = ToolsEnvClient(svc.urls)
         try:
-            a, b = await asyncio.gather(client.create_episode(_bank_task(gold)), client.create_episode(_bank_task(gold)))
+            a, b = await asyncio.gather(
+                client.create_episode(_bank_task(gold)), client.create_episode(_bank_task(gold))
+            )
             a, b = a["episode_id"], b["episode_id"]
             await client.step(a, "bank_freeze_card", {"card_id": "CARD-01"})
             seen_by_b = await client.step(b, "bank_list_cards", {"account_id": "ACC-01C"})

@@ -19,8 +19,15 @@ def _ctx(workdir, task: TaskRecord) -> EpisodeContext:
 
 
 def _task(domain="bank", gold=(), answer="", db_seed=0) -> TaskRecord:
-    return TaskRecord(problem="p", answer=answer, category="function_calling", tools=[], domain=domain,
-                      gold_actions=list(gold), verifier={"type": "db_state", "db_seed": db_seed})
+    return TaskRecord(
+        problem="p",
+        answer=answer,
+        category="function_calling",
+        tools=[],
+        domain=domain,
+        gold_actions=list(gold),
+        verifier={"type": "db_state", "db_seed": db_seed},
+    )
 
 
 def _call(name, args, ctx):

@@ -79,6 +79,7 @@ def test_max_turns_ends_the_episode_and_later_steps_are_refused():
             await store.step(ep.id, "answer", {"answer": "42"})
         assert (e.value.status, e.value.code) == (409, "episode_done")
         assert store.lookup(ep.id)["ended_by"] == "max_turns"
+
     run(go())
 
 
@@ -89,6 +90,7 @@ def test_answer_on_the_last_allowed_turn_is_still_verified():
         await store.step(ep.id, "calculator", {"expression": "6*7"})
         r = await store.step(ep.id, "answer", {"answer": "42"})
         assert r["done"] and r["outcome"] == {"correct": True, "score": 1.0, "reason": "exact match"}
+
     run(go())
 
 
@@ -101,6 +103,7 @@ def test_max_cost_guard():
         assert "guard max_cost" in r[2]["outcome"]["reason"]
         s = store.lookup(ep.id)
         assert s["total_cost"] == pytest.approx(1.2) and s["total_latency_s"] == pytest.approx(6.0)
+
     run(go())
 
 
@@ -112,6 +115,7 @@ def test_max_wall_cuts_off_a_running_call():
         r = await store.step(ep.id, "slow", {"s": 30})
         assert time.monotonic() - t0 < 2
         assert r["done"] and "cut off" in r["observation"] and "guard max_wall_s" in r["outcome"]["reason"]
+
     run(go())
 
 
@@ -123,6 +127,7 @@ def test_max_wall_already_past_ends_without_running_the_tool():
         r = await store.step(ep.id, "calculator", {"expression": "1"})
         assert r["done"] and r["error"] == "guard: max_wall_s"
         assert store.lookup(ep.id)["turns"] == 0
+
     run(go())
 
 
@@ -141,6 +146,7 @@ def test_idle_episodes_expire_with_their_workdir():
             await store.step(ep.id, "writer", {})
         assert (e.value.status, e.value.code) == (410, "episode_expired")
         assert store.metrics.episodes_expired == 1
+
     run(go())
 
 
@@ -152,6 +158,7 @@ def test_concurrent_steps_on_one_episode_serialize():
         assert all(r["observation"] == "slept" for r in results)
         assert store.tools["slow"].overlaps == 0
         assert store.lookup(ep.id)["turns"] == 20
+
     run(go())
 
 
@@ -159,8 +166,15 @@ def test_bad_calls_are_observations_and_count_as_turns():
     async def go():
         store = make_store()
         ep, _ = store.create(qa_task(["calculator", "answer"]))
-        cases = [("nope", {}), ("priced", {}), (None, {}), ("calculator", {"expr": "1"}),
-                 ("calculator", {"expression": 3}), ("calculator", "not json"), ("calculator", [1])]
+        cases = [
+            ("nope", {}),
+            ("priced", {}),
+            (None, {}),
+            ("calculator", {"expr": "1"}),
+            ("calculator", {"expression": 3}),
+            ("calculator", "not json"),
+            ("calculator", [1]),
+        ]
         for name, args in cases:
             r = await store.step(ep.id, name, args)
             assert r["error"] and r["observation"].startswith("error:") and not r["done"]
@@ -169,6 +183,7 @@ def test_bad_calls_are_observations_and_count_as_turns():
         s = store.lookup(ep.id)
         assert (s["turns"], s["error_count"], s["tool_counts"]) == (8, 7, {"calculator": 5})
         assert store.metrics.tool_calls == {"_unknown": 2, "priced": 1, "calculator": 5}
+
     run(go())
 
 
@@ -179,6 +194,7 @@ def test_a_tool_that_raises_is_an_error_observation():
         r = await store.step(ep.id, "broken", {})
         assert "internal tool error: RuntimeError: bug in the tool" in r["error"]
         assert (await store.step(ep.id, "answer", {"answer": "42"}))["outcome"]["correct"]
+
     run(go())
 
 
@@ -194,21 +210,26 @@ def test_delete_waits_for_a_running_step_then_the_episode_is_gone():
         with pytest.raises(ServiceError) as e:
             await store.step(ep.id, "slow", {})
         assert e.value.status == 404
+
     run(go())
 
 
-@pytest.mark.parametrize("record, code, words", [
-    (qa_task(["calculator", "telepathy"]), "unknown_tool", "'telepathy'"),
-    ({"problem": "p", "answer": "a", "tools": []}, "bad_task", "'category'"),
-    (qa_task(["calculator", "calculator"]), "bad_task", "twice"),
-    ([1, 2], "bad_task", "JSON object"),
-    (qa_task(["answer"], prices={"x": {"input": -1}}), "bad_task", "prices.x.input"),
-])
+@pytest.mark.parametrize(
+    "record, code, words",
+    [
+        (qa_task(["calculator", "telepathy"]), "unknown_tool", "'telepathy'"),
+        ({"problem": "p", "answer": "a", "tools": []}, "bad_task", "'category'"),
+        (qa_task(["calculator", "calculator"]), "bad_task", "twice"),
+        ([1, 2], "bad_task", "JSON object"),
+        (qa_task(["answer"], prices={"x": {"input": -1}}), "bad_task", "prices.x.input"),
+    ],
+)
 def test_bad_task_records(record, code, words):
     async def go():
         with pytest.raises(ServiceError) as e:
             make_store().create(record)
         assert (e.value.status, e.value.code) == (400, code) and words in e.value.message
+
     run(go())
 
 
@@ -227,6 +248,7 @@ def test_episode_ids_and_capacity():
         with pytest.raises(ServiceError) as e:
             store.create(qa_task(["answer"]))
         assert (e.value.status, e.value.code) == (503, "too_many_episodes")
+
     run(go())
 
 

@@ -52,8 +52,13 @@ def test_wrong_answers_are_plausible_and_wrong():
 
 
 def test_sleep_makes_simulated_latency_real():
-    cfg = ExpertsConfig.from_dict({"sleep": True, "sleep_scale": 0.01, "simulated": {"s": {
-        "price_in": 1, "price_out": 1, "accuracy": 1.0, "latency_s": 5.0, "output_tokens": 10}}})
+    cfg = ExpertsConfig.from_dict(
+        {
+            "sleep": True,
+            "sleep_scale": 0.01,
+            "simulated": {"s": {"price_in": 1, "price_out": 1, "accuracy": 1.0, "latency_s": 5.0, "output_tokens": 10}},
+        }
+    )
     t0 = time.perf_counter()
     r = run(Expert({"experts": cfg}).call({"model": "s", "query": "q"}, ctx_for()))
     assert r.latency_s == 5.0 and 0.04 <= time.perf_counter() - t0 < 1.0
@@ -75,14 +80,16 @@ def endpoint(base_url, model, **kw):
 @pytest.fixture(scope="module")
 def svc(fake_openai):
     config = {
-        "experts": {"endpoints": {
-            "echo": endpoint(fake_openai, "echo", latency_hint_s=0.5),
-            "nousage": endpoint(fake_openai, "nousage"),
-            "flaky": endpoint(fake_openai, "flaky", max_retries=3),
-            "hang": endpoint(fake_openai, "hang", timeout_s=1.0),
-            "dead": endpoint("http://127.0.0.1:9/v1", "x", timeout_s=2.0, max_retries=2),
-            "refuses": endpoint(fake_openai, "bad"),
-        }},
+        "experts": {
+            "endpoints": {
+                "echo": endpoint(fake_openai, "echo", latency_hint_s=0.5),
+                "nousage": endpoint(fake_openai, "nousage"),
+                "flaky": endpoint(fake_openai, "flaky", max_retries=3),
+                "hang": endpoint(fake_openai, "hang", timeout_s=1.0),
+                "dead": endpoint("http://127.0.0.1:9/v1", "x", timeout_s=2.0, max_retries=2),
+                "refuses": endpoint(fake_openai, "bad"),
+            }
+        },
         "judge": {"base_url": fake_openai, "model": "judge", "timeout_s": 5},
     }
     with start_service(config) as handle:
@@ -95,8 +102,9 @@ def ask(svc, alias, query="what is 6*7?", **task_kw):
     assert status == 200, created
     eid = created["episode_id"]
     t0 = time.perf_counter()
-    status, r = http(f"{url}/v1/episodes/{eid}/step", "POST",
-                     {"name": "expert", "arguments": {"model": alias, "query": query}})
+    status, r = http(
+        f"{url}/v1/episodes/{eid}/step", "POST", {"name": "expert", "arguments": {"model": alias, "query": query}}
+    )
     assert status == 200, r
     return r, time.perf_counter() - t0, created
 
@@ -142,16 +150,22 @@ def test_a_refusal_is_not_retried(svc, fake_openai):
 def test_llm_judge_verifier_through_the_service(svc):
     url = svc.urls[0]
     for pred, gold, want in (("forty two", "Forty Two", True), ("6 times 7", "42", False)):  # exact; judge
-        _, created = http(f"{url}/v1/episodes", "POST",
-                          qa_task(["answer"], answer=gold, verifier={"type": "judge"}, tag=pred))
-        status, r = http(f"{url}/v1/episodes/{created['episode_id']}/step", "POST",
-                         {"name": "answer", "arguments": {"answer": pred}})
+        _, created = http(
+            f"{url}/v1/episodes", "POST", qa_task(["answer"], answer=gold, verifier={"type": "judge"}, tag=pred)
+        )
+        status, r = http(
+            f"{url}/v1/episodes/{created['episode_id']}/step", "POST", {"name": "answer", "arguments": {"answer": pred}}
+        )
         assert status == 200 and r["outcome"]["correct"] is want, r
     # exact match fails, the (fake) judge accepts: the gold answer occurs in the prediction
-    _, created = http(f"{url}/v1/episodes", "POST",
-                      qa_task(["answer"], answer="42", verifier={"type": "judge"}, tag="j3"))
-    r = http(f"{url}/v1/episodes/{created['episode_id']}/step", "POST",
-             {"name": "answer", "arguments": {"answer": "The answer: 42"}})[1]
+    _, created = http(
+        f"{url}/v1/episodes", "POST", qa_task(["answer"], answer="42", verifier={"type": "judge"}, tag="j3")
+    )
+    r = http(
+        f"{url}/v1/episodes/{created['episode_id']}/step",
+        "POST",
+        {"name": "answer", "arguments": {"answer": "The answer: 42"}},
+    )[1]
     assert r["outcome"] == {"correct": True, "score": 1.0, "reason": "judge: judge says CORRECT"}
 
 
@@ -184,7 +198,9 @@ def test_answer_schema_offers_either_an_answer_or_a_writing_expert(writers):
     _, tools = _episode(writers)
     params = next(t for t in tools if t["function"]["name"] == "answer")["function"]["parameters"]
     assert set(params["properties"]) == {"answer", "model"} and params["properties"]["model"]["enum"] == [
-        "never", "always"]
+        "never",
+        "always",
+    ]
     for bad in ({}, {"answer": "42", "model": "always"}, {"model": "gpt-9"}):
         eid, _ = _episode(writers)
         r = _step(writers, eid, "answer", bad)

@@ -36,8 +36,9 @@ def batch(client, loop, kill_before_steps=None, n=8):
 
     async def run_all():
         attempts.append(len(attempts) + 1)
-        created = await asyncio.gather(*(client.create_episode(qa_task(["calculator", "answer"], answer=str(6 * i),
-                                                                        tag=str(i))) for i in range(n)))
+        created = await asyncio.gather(
+            *(client.create_episode(qa_task(["calculator", "answer"], answer=str(6 * i), tag=str(i))) for i in range(n))
+        )
         if kill_before_steps:
             kill_before_steps(len(attempts))
         return await asyncio.gather(*(play(i, c["episode_id"]) for i, c in enumerate(created)))
@@ -96,8 +97,9 @@ def test_http_errors_are_not_mistaken_for_a_dead_service():
     with start_service() as svc:
         client = ToolsEnvClient(svc.urls, service=svc)
         with pytest.raises(ToolsEnvError) as e:
-            with_tool_service(lambda: loop.run_until_complete(client.get_episode("nope")), client,
-                              **tool_service_context("runs/x", 0))
+            with_tool_service(
+                lambda: loop.run_until_complete(client.get_episode("nope")), client, **tool_service_context("runs/x", 0)
+            )
         assert e.value.status == 404 and svc.restarts == 0
         loop.run_until_complete(client.aclose())
     loop.close()
@@ -130,14 +132,28 @@ def silent_endpoint():
 
 
 def test_an_expert_that_never_answers_ends_at_its_timeout_while_other_episodes_go_on(silent_endpoint):
-    config = {"experts": {"endpoints": {"mute": {"base_url": silent_endpoint, "model": "m", "price_in": 1,
-                                                 "price_out": 1, "timeout_s": 3.0, "max_retries": 5}}}}
+    config = {
+        "experts": {
+            "endpoints": {
+                "mute": {
+                    "base_url": silent_endpoint,
+                    "model": "m",
+                    "price_in": 1,
+                    "price_out": 1,
+                    "timeout_s": 3.0,
+                    "max_retries": 5,
+                }
+            }
+        }
+    }
     with start_service(config) as svc:
+
         async def go():
             async with ToolsEnvClient(svc.urls) as client:
                 mute = (await client.create_episode(qa_task(["expert", "answer"], tag="mute")))["episode_id"]
-                others = [(await client.create_episode(qa_task(["calculator"], tag=str(i))))["episode_id"]
-                          for i in range(20)]
+                others = [
+                    (await client.create_episode(qa_task(["calculator"], tag=str(i))))["episode_id"] for i in range(20)
+                ]
                 t0 = time.monotonic()
                 hanging = asyncio.ensure_future(client.step(mute, "expert", {"model": "mute", "query": "hello?"}))
                 await asyncio.sleep(0.2)  # the expert call is under way
@@ -156,10 +172,14 @@ def test_an_expert_that_never_answers_ends_at_its_timeout_while_other_episodes_g
 def test_a_malformed_task_file_names_the_file_the_line_and_the_field(tmp_path):
     good = json.dumps(qa_task(["calculator"]))
     cases = {
-        "missing.jsonl": ([good, json.dumps({k: v for k, v in qa_task(["calculator"]).items() if k != "category"})],
-                          ":2: task record is missing 'category'"),
-        "typed.jsonl": ([good, "", json.dumps(qa_task(["calculator"], prices={"x": {"input": "cheap"}}))],
-                        ":3: task record field 'prices.x.input' must be a number >= 0, got a string"),
+        "missing.jsonl": (
+            [good, json.dumps({k: v for k, v in qa_task(["calculator"]).items() if k != "category"})],
+            ":2: task record is missing 'category'",
+        ),
+        "typed.jsonl": (
+            [good, "", json.dumps(qa_task(["calculator"], prices={"x": {"input": "cheap"}}))],
+            ":3: task record field 'prices.x.input' must be a number >= 0, got a string",
+        ),
         "broken.jsonl": ([good, '{"problem": "p",'], ":2: not valid JSON"),
     }
     for name, (lines, words) in cases.items():

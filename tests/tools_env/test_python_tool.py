@@ -8,8 +8,9 @@ import pytest
 from tools_env.launch import start_service
 from tools_env_helpers import http, qa_task
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("tools_env.sandbox") is None,
-                                reason="tools_env.sandbox is not importable yet")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("tools_env.sandbox") is None, reason="tools_env.sandbox is not importable yet"
+)
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +26,9 @@ def episode(url):
 
 
 def py(url, eid, code):
-    status, r = http(f"{url}/v1/episodes/{eid}/step", "POST", {"name": "python", "arguments": {"code": code}},
-                     timeout=30)
+    status, r = http(
+        f"{url}/v1/episodes/{eid}/step", "POST", {"name": "python", "arguments": {"code": code}}, timeout=30
+    )
     assert status == 200, r
     return r
 

@@ -61,8 +61,12 @@ EXITS = {  # code -> (stdout, stderr's last line, exit code), as `python -c` giv
     "sys-exit-code": ("import sys\nsys.exit(3)", "", "", 3),
     "sys-exit-message": ("import sys\nsys.exit('bye')", "", "bye", 1),
     "atexit": ("import atexit\natexit.register(print, 'at exit')\nprint('main')", "main\nat exit\n", "", 0),
-    "thread": ("import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()",
-               "thread\n", "", 0),
+    "thread": (
+        "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()",
+        "thread\n",
+        "",
+        0,
+    ),
     "del-at-exit": ("class A:\n    def __del__(self):\n        print('deleted')\na = A()", "deleted\n", "", 0),
     "keyboard-interrupt": ("raise KeyboardInterrupt", "", "KeyboardInterrupt", -signal.SIGINT),
 }
@@ -96,10 +100,14 @@ def test_sleep_is_stopped_by_wall_clock(run, workdir):
     assert 1 <= r.wall_s < 4
 
 
-@pytest.mark.parametrize("code", [
-    "x = bytearray(2 * 1024**3)",
-    "blocks = []\nwhile True:\n    blocks.append(bytearray(32 << 20))",
-], ids=["2GB-at-once", "growing"])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "x = bytearray(2 * 1024**3)",
+        "blocks = []\nwhile True:\n    blocks.append(bytearray(32 << 20))",
+    ],
+    ids=["2GB-at-once", "growing"],
+)
 def test_memory_bomb_is_reported_as_memory(run, workdir, code):
     r = run(code, workdir)
     assert r.killed_reason == "memory" and r.exit_code != 0
@@ -250,14 +258,18 @@ def test_network_is_refused_to_a_child_program(run, workdir, caps):
 @pytest.mark.parametrize("how", ["python", "shell"])
 def test_writes_outside_workdir_fail(run, workdir, how):
     name = f"sandbox-escape-{uuid.uuid4().hex[:8]}"
-    targets = [os.path.join(d, name) for d in ("/tmp", "/dev/shm", REPO, os.path.expanduser("~"),
-                                               os.path.dirname(workdir))]
+    targets = [
+        os.path.join(d, name) for d in ("/tmp", "/dev/shm", REPO, os.path.expanduser("~"), os.path.dirname(workdir))
+    ]
     if how == "python":
-        code = f"for t in {targets!r}:\n    try:\n        open(t, 'w').write('x')\n        print('wrote', t)\n" \
-               f"    except OSError:\n        pass\nopen('inside.txt', 'w').write('ok')"
+        code = (
+            f"for t in {targets!r}:\n    try:\n        open(t, 'w').write('x')\n        print('wrote', t)\n"
+            f"    except OSError:\n        pass\nopen('inside.txt', 'w').write('ok')"
+        )
     else:
         code = "import subprocess\n" + "\n".join(
-            f"subprocess.run(['sh', '-c', 'echo x > {t}'], stderr=subprocess.DEVNULL)" for t in targets)
+            f"subprocess.run(['sh', '-c', 'echo x > {t}'], stderr=subprocess.DEVNULL)" for t in targets
+        )
     try:
         r = run(code, workdir)
         assert [t for t in targets if os.path.exists(t)] == []

@@ -30,14 +30,25 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become 
 CONNECT = "import socket; s = socket.socket(); s.settimeout(1); s.connect(('127.0.0.1', PORT))"
 NOT_ROOT_ATTACKS = {
     "network": (f"try:\n    {CONNECT}\n    print('connected')\nexcept OSError:\n    print('refused')", "refused"),
-    "network-child": ("import subprocess, sys\ntry:\n    subprocess.run([sys.executable, '-c', CONNECT], check=True)\n"
-                      "    print('connected')\nexcept (OSError, subprocess.CalledProcessError):\n    print('refused')",
-                      "refused"),
-    "write-tmp": ("try:\n    open('/tmp/TOKEN', 'w')\n    print('wrote')\nexcept OSError:\n    print('refused')", "refused"),
-    "service-env": ("import os\ntry:\n    print('SECRET' in open(f'/proc/{os.getppid()}/environ').read())\n"
-                    "except OSError:\n    print(False)", "False"),
-    "escaped-child": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    f = open('TOKEN', 'w')\n"
-                      "    time.sleep(1000)\ntime.sleep(0.3)\nprint('forked')", "forked"),
+    "network-child": (
+        "import subprocess, sys\ntry:\n    subprocess.run([sys.executable, '-c', CONNECT], check=True)\n"
+        "    print('connected')\nexcept (OSError, subprocess.CalledProcessError):\n    print('refused')",
+        "refused",
+    ),
+    "write-tmp": (
+        "try:\n    open('/tmp/TOKEN', 'w')\n    print('wrote')\nexcept OSError:\n    print('refused')",
+        "refused",
+    ),
+    "service-env": (
+        "import os\ntry:\n    print('SECRET' in open(f'/proc/{os.getppid()}/environ').read())\n"
+        "except OSError:\n    print(False)",
+        "False",
+    ),
+    "escaped-child": (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    f = open('TOKEN', 'w')\n"
+        "    time.sleep(1000)\ntime.sleep(0.3)\nprint('forked')",
+        "forked",
+    ),
 }
 
 DRIVER = """
@@ -56,8 +67,11 @@ print(json.dumps({{"stdout": r.stdout, "stderr": r.stderr, "caps": sandbox_capab
 def copy_package(parent: str) -> str:
     """Copy the tools_env package to `parent`/checkout; returns the folder to put on sys.path."""
     root = os.path.join(parent, "checkout")
-    shutil.copytree(os.path.join(REPO, "tools_env"), os.path.join(root, "tools_env"),
-                    ignore=shutil.ignore_patterns("__pycache__", "corpus"))
+    shutil.copytree(
+        os.path.join(REPO, "tools_env"),
+        os.path.join(root, "tools_env"),
+        ignore=shutil.ignore_patterns("__pycache__", "corpus"),
+    )
     return root
 
 
@@ -92,8 +106,17 @@ def test_not_root(readable_package, warm, mode, attack):
     env = {"PATH": "/usr/bin:/bin", "SECRET": token, "NEMO_SANDBOX_DISABLE": "userns" if mode == "hook-only" else ""}
     driver = DRIVER.format(package_root=readable_package, code=code, warm=warm)
     try:
-        out = subprocess.run([python, "-I", "-c", driver], user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[],
-                             env=env, cwd="/", capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [python, "-I", "-c", driver],
+            user=nobody.pw_uid,
+            group=nobody.pw_gid,
+            extra_groups=[],
+            env=env,
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         with pytest.raises(BlockingIOError):
             listener.accept()
     finally:
@@ -128,8 +151,14 @@ def test_runs_from_a_package_under_a_private_folder(tmp_path, caps, warm):
     root = copy_package(str(private))
     code = PRIVATE_CODE.replace("PRIVATE", repr(str(private)))
     driver = DRIVER.format(package_root=root, code=code, warm=warm)
-    out = subprocess.run([sys.executable, "-I", "-c", driver], env={"PATH": "/usr/bin:/bin"}, cwd="/",
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", driver],
+        env={"PATH": "/usr/bin:/bin"},
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout.splitlines()[-1])
     assert r["stdout"] == "cannot read the checkout\nTrue 45\n", r["stderr"]

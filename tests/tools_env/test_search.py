@@ -63,19 +63,24 @@ def test_tool_call_returns_ids_cost_and_caps_k(tmp_path):
     assert "$0.02 per query" in tool.schema()["function"]["description"]
 
 
-@pytest.mark.parametrize("args, message", [
-    ({"query": "  "}, "empty"),
-    ({"query": "x", "k": 0}, ">= 1"),
-    ({"query": "x", "corpus": "/etc"}, "unknown argument 'corpus'"),  # the corpus is never the policy's to pick
-    ({"k": 2}, "missing argument 'query'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"query": "  "}, "empty"),
+        ({"query": "x", "k": 0}, ">= 1"),
+        ({"query": "x", "corpus": "/etc"}, "unknown argument 'corpus'"),  # the corpus is never the policy's to pick
+        ({"k": 2}, "missing argument 'query'"),
+    ],
+)
 def test_bad_arguments_are_error_observations(tmp_path, args, message):
     res = asyncio.run(SearchTool({}).call(args, _ctx(tmp_path)))
     assert res.error is not None and message in res.error and res.cost == 0.0
 
 
 def test_corpus_folder_with_jsonl_and_txt(tmp_path):
-    (tmp_path / "a.jsonl").write_text(json.dumps({"id": "j1", "title": "Zorblat", "text": "Zorblat lives in Quux."}) + "\n")
+    (tmp_path / "a.jsonl").write_text(
+        json.dumps({"id": "j1", "title": "Zorblat", "text": "Zorblat lives in Quux."}) + "\n"
+    )
     (tmp_path / "note.txt").write_text("Frobnitz\nFrobnitz is a river.")
     tool = SearchTool({"corpus": str(tmp_path)})
     res = asyncio.run(tool.call({"query": "frobnitz river"}, _ctx(tmp_path)))

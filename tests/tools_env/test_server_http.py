@@ -48,14 +48,16 @@ def test_create_bad_inputs(url):
     assert_error(http(f"{url}/v1/episodes", "POST", raw=b"{not json"), 400, "bad_json")
     assert_error(http(f"{url}/v1/episodes", "POST", raw=b""), 400, "bad_json")
     assert_error(http(f"{url}/v1/episodes", "POST", [1, 2]), 400, "bad_task", "JSON object")
-    assert_error(http(f"{url}/v1/episodes", "POST", {"problem": "p", "answer": "a", "tools": []}), 400, "bad_task",
-                 "'category'")
-    assert_error(http(f"{url}/v1/episodes", "POST", qa_task(["calculator", "telepathy"])), 400, "unknown_tool",
-                 "'telepathy'")
-    assert_error(http(f"{url}/v1/episodes", "POST", qa_task(["answer"], extra_field=1)), 400, "bad_task",
-                 "extra_field")
-    assert_error(http(f"{url}/v1/episodes", "POST", qa_task(["answer"], problem="x" * 70000)), 413,
-                 "payload_too_large", "65536")
+    assert_error(
+        http(f"{url}/v1/episodes", "POST", {"problem": "p", "answer": "a", "tools": []}), 400, "bad_task", "'category'"
+    )
+    assert_error(
+        http(f"{url}/v1/episodes", "POST", qa_task(["calculator", "telepathy"])), 400, "unknown_tool", "'telepathy'"
+    )
+    assert_error(http(f"{url}/v1/episodes", "POST", qa_task(["answer"], extra_field=1)), 400, "bad_task", "extra_field")
+    assert_error(
+        http(f"{url}/v1/episodes", "POST", qa_task(["answer"], problem="x" * 70000)), 413, "payload_too_large", "65536"
+    )
     assert_error(http(f"{url}/v1/episodes?episode_id=a/b", "POST", qa_task(["answer"])), 400, "bad_episode_id")
     assert http(f"{url}/v1/episodes?episode_id=dup-1", "POST", qa_task(["answer"]))[0] == 200
     assert_error(http(f"{url}/v1/episodes?episode_id=dup-1", "POST", qa_task(["answer"])), 409, "episode_exists")
@@ -65,14 +67,19 @@ def test_create_bad_inputs(url):
 def test_step_bad_inputs(url):
     eid, _ = new_episode(url)
     step = f"{url}/v1/episodes/{eid}/step"
-    assert_error(http(f"{url}/v1/episodes/nope/step", "POST", {"name": "answer", "arguments": {}}), 404,
-                 "episode_not_found", "'nope'")
+    assert_error(
+        http(f"{url}/v1/episodes/nope/step", "POST", {"name": "answer", "arguments": {}}),
+        404,
+        "episode_not_found",
+        "'nope'",
+    )
     assert_error(http(step, "POST", raw=b'{"name": "calculator", '), 400, "bad_json")
     assert_error(http(step, "POST", raw=b"\xff\xfe"), 400, "bad_json")
     assert_error(http(step, "POST", ["calculator"]), 400, "bad_request")
     assert_error(http(step, "POST", {"name": "calculator", "arguments": {}, "id": 3}), 400, "bad_request", "id")
-    assert_error(http(step, "POST", {"name": "calculator", "arguments": {"expression": "1" * 70000}}), 413,
-                 "payload_too_large")
+    assert_error(
+        http(step, "POST", {"name": "calculator", "arguments": {"expression": "1" * 70000}}), 413, "payload_too_large"
+    )
     assert_error(http(step, "GET"), 405, "method_not_allowed")
     # none of the above was a turn
     assert http(f"{url}/v1/episodes/{eid}")[1]["turns"] == 0
@@ -81,11 +88,16 @@ def test_step_bad_inputs(url):
 def test_bad_tool_calls_are_observations(url):
     eid, _ = new_episode(url)
     step = f"{url}/v1/episodes/{eid}/step"
-    for body in ({"name": "python", "arguments": {"code": "1"}}, {"name": "calculator", "arguments": {"x": 1}},
-                 {"name": "calculator", "arguments": {"expression": 5}}, {"name": 7, "arguments": {}},
-                 {"arguments": {}}, {"name": "calculator", "arguments": "[]"},
-                 {"name": "expert", "arguments": {"model": "gpt-7", "query": "q"}},
-                 {"name": "calculator", "arguments": {"expression": "1/0"}}):
+    for body in (
+        {"name": "python", "arguments": {"code": "1"}},
+        {"name": "calculator", "arguments": {"x": 1}},
+        {"name": "calculator", "arguments": {"expression": 5}},
+        {"name": 7, "arguments": {}},
+        {"arguments": {}},
+        {"name": "calculator", "arguments": "[]"},
+        {"name": "expert", "arguments": {"model": "gpt-7", "query": "q"}},
+        {"name": "calculator", "arguments": {"expression": "1/0"}},
+    ):
         status, r = http(step, "POST", body)
         assert status == 200 and r["error"] and not r["done"], (body, r)
         assert set(r) == {"observation", "cost", "latency_s", "done", "error"}
@@ -137,14 +149,26 @@ def test_simulated_expert_cost_prices_and_reproducibility(url):
 def test_info_endpoints(url):
     status, spec = http(f"{url}/openapi.json")
     assert status == 200 and spec["openapi"].startswith("3.")
-    assert {"/v1/episodes", "/v1/episodes/{episode_id}/step", "/v1/episodes/{episode_id}", "/v1/tools",
-            "/healthz", "/metrics"} <= set(spec["paths"])
+    assert {
+        "/v1/episodes",
+        "/v1/episodes/{episode_id}/step",
+        "/v1/episodes/{episode_id}",
+        "/v1/tools",
+        "/healthz",
+        "/metrics",
+    } <= set(spec["paths"])
     names = {t["function"]["name"] for t in http(f"{url}/v1/tools")[1]["tools"]}
     assert {"calculator", "python", "expert", "answer"} <= names
     assert http(f"{url}/healthz")[1]["status"] == "ok"
     assert_error(http(f"{url}/no/such/path"), 404, "not_found")
-    for path, method in (("/v1/tools", "PUT"), ("/healthz", "POST"), ("/metrics", "DELETE"),
-                         ("/openapi.json", "POST"), ("/v1/episodes/x", "PUT"), ("/v1/episodes/x/step", "DELETE")):
+    for path, method in (
+        ("/v1/tools", "PUT"),
+        ("/healthz", "POST"),
+        ("/metrics", "DELETE"),
+        ("/openapi.json", "POST"),
+        ("/v1/episodes/x", "PUT"),
+        ("/v1/episodes/x/step", "DELETE"),
+    ):
         assert_error(http(f"{url}{path}", method, {}), 405, "method_not_allowed")
     status, text = http(f"{url}/metrics")
     assert status == 200 and "# TYPE tools_env_tool_calls_total counter" in text
@@ -157,8 +181,9 @@ def test_concurrent_steps_on_one_episode_serialize_under_the_turn_guard(url):
 
     async def go():
         async with ToolsEnvClient([url]) as client:
-            return await asyncio.gather(*(client.step(eid, "calculator", {"expression": "1+1"}) for _ in range(40)),
-                                        return_exceptions=True)
+            return await asyncio.gather(
+                *(client.step(eid, "calculator", {"expression": "1+1"}) for _ in range(40)), return_exceptions=True
+            )
 
     results = run(go())
     ok = [r for r in results if isinstance(r, dict)]

@@ -21,8 +21,12 @@ def test_bearer_token_is_required_except_for_healthz_and_the_contract():
         status, spec = http(f"{url}/openapi.json")  # readable without the token, and says a token is needed
         assert status == 200 and spec["security"] == [{"bearer": []}]
         assert "401" in spec["paths"]["/v1/tools"]["get"]["responses"]
-        for path, method in (("/v1/tools", "GET"), ("/metrics", "GET"),
-                             ("/v1/episodes", "POST"), ("/v1/episodes/x", "GET")):
+        for path, method in (
+            ("/v1/tools", "GET"),
+            ("/metrics", "GET"),
+            ("/v1/episodes", "POST"),
+            ("/v1/episodes/x", "GET"),
+        ):
             status, body = http(f"{url}{path}", method, qa_task(["answer"]) if method == "POST" else None)
             assert status == 401 and body["error"]["code"] == "unauthorized", path
         status, body = http(f"{url}/v1/tools", headers={"Authorization": "Bearer wrong"})
@@ -44,8 +48,13 @@ def test_bearer_token_is_required_except_for_healthz_and_the_contract():
 def test_refuses_a_public_address_without_a_token():
     env = {k: v for k, v in os.environ.items() if k != "TOOLS_ENV_TOKEN"}
     env["PYTHONPATH"] = REPO_ROOT
-    p = subprocess.run([sys.executable, "-m", "tools_env.server", "--host", "0.0.0.0", "--port", "0"],
-                       capture_output=True, text=True, env=env, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "tools_env.server", "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert p.returncode == 2 and "refusing to bind 0.0.0.0 without a bearer token" in p.stderr
     with pytest.raises(ServiceStartError, match="refusing to bind"):
         start_service(host="0.0.0.0", timeout_s=20)
@@ -64,8 +73,10 @@ def test_workers_are_replicas_and_the_client_shards_by_episode_id():
 
         async def go():
             async with ToolsEnvClient(svc.urls) as client:
-                ids = [(await client.create_episode(qa_task(["calculator", "answer"], tag=str(i))))["episode_id"]
-                       for i in range(40)]
+                ids = [
+                    (await client.create_episode(qa_task(["calculator", "answer"], tag=str(i))))["episode_id"]
+                    for i in range(40)
+                ]
                 results = await asyncio.gather(*(client.step(i, "calculator", {"expression": "6*7"}) for i in ids))
                 assert all(r["observation"] == "42" for r in results)
                 return ids
@@ -102,13 +113,16 @@ def test_idle_episodes_expire_over_http():
 def test_the_service_stops_when_its_launcher_is_killed(workers):
     """A launcher killed by SIGKILL runs no cleanup (an OOM kill, SLURM's final kill): the service
     it started notices it is orphaned and stops, workers and all, instead of running on."""
-    code = ("import sys, time\n"
-            "from tools_env.launch import start_service\n"
-            f"svc = start_service(workers={workers})\n"
-            "print(svc.process.pid, ' '.join(svc.urls), flush=True)\n"
-            "time.sleep(600)\n")
-    launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                                env={**os.environ, "PYTHONPATH": REPO_ROOT})
+    code = (
+        "import sys, time\n"
+        "from tools_env.launch import start_service\n"
+        f"svc = start_service(workers={workers})\n"
+        "print(svc.process.pid, ' '.join(svc.urls), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": REPO_ROOT}
+    )
     try:
         pid, *urls = launcher.stdout.readline().split()
         assert len(urls) == workers and all(http(f"{u}/healthz")[0] == 200 for u in urls)

@@ -18,17 +18,28 @@ from tools_env_helpers import run
 
 
 def task(answer, verifier=None, **kw):
-    return TaskRecord.from_dict({"problem": "q", "answer": answer, "category": "c", "tools": ["answer"],
-                                 **({"verifier": verifier} if verifier else {}), **kw})
+    return TaskRecord.from_dict(
+        {
+            "problem": "q",
+            "answer": answer,
+            "category": "c",
+            "tools": ["answer"],
+            **({"verifier": verifier} if verifier else {}),
+            **kw,
+        }
+    )
 
 
-@pytest.mark.parametrize("raw, want", [
-    ("  The Eiffel   Tower! ", "eiffel tower"),
-    ("an Apple a day", "apple day"),
-    ("U.S.A.", "usa"),
-    ("Theater", "theater"),  # "the" only as a whole word
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    "raw, want",
+    [
+        ("  The Eiffel   Tower! ", "eiffel tower"),
+        ("an Apple a day", "apple day"),
+        ("U.S.A.", "usa"),
+        ("Theater", "theater"),  # "the" only as a whole word
+        ("", ""),
+    ],
+)
 def test_normalize_answer(raw, want):
     assert normalize_answer(raw) == want
 
@@ -41,11 +52,27 @@ def test_exact_match_ignores_case_punctuation_articles_and_whitespace():
     assert (out.correct, out.score) == (False, 0.0) and "'paris' != 'london'" in out.reason
 
 
-@pytest.mark.parametrize("raw, want", [
-    ("1,234", 1234.0), ("3.0", 3.0), ("-2.5e3", -2500.0), ("3/4", 0.75), ("$12", 12.0), ("50%", 50.0),
-    ("\\boxed{7}", 7.0), ("\\frac{1}{4}", 0.25), (".5", 0.5), ("+3", 3.0), ("1,234,567.5", 1234567.5),
-    ("abc", None), ("1/0", None), ("1e400", None), ("-", None), ("1,2", None),
-])
+@pytest.mark.parametrize(
+    "raw, want",
+    [
+        ("1,234", 1234.0),
+        ("3.0", 3.0),
+        ("-2.5e3", -2500.0),
+        ("3/4", 0.75),
+        ("$12", 12.0),
+        ("50%", 50.0),
+        ("\\boxed{7}", 7.0),
+        ("\\frac{1}{4}", 0.25),
+        (".5", 0.5),
+        ("+3", 3.0),
+        ("1,234,567.5", 1234567.5),
+        ("abc", None),
+        ("1/0", None),
+        ("1e400", None),
+        ("-", None),
+        ("1,2", None),
+    ],
+)
 def test_parse_number(raw, want):
     assert parse_number(raw) == want
 

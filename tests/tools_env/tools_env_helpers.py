@@ -10,12 +10,23 @@ from typing import Any
 
 
 def qa_task(tools: list[str], answer: str = "42", category: str = "arithmetic", **extra: Any) -> dict[str, Any]:
-    return {"problem": f"What is 6 * 7? ({extra.pop('tag', '')})", "answer": answer, "category": category,
-            "tools": tools, **extra}
+    return {
+        "problem": f"What is 6 * 7? ({extra.pop('tag', '')})",
+        "answer": answer,
+        "category": category,
+        "tools": tools,
+        **extra,
+    }
 
 
-def http(url: str, method: str = "GET", body: Any = None, raw: bytes | None = None,
-         headers: dict[str, str] | None = None, timeout: float = 10) -> tuple[int, Any]:
+def http(
+    url: str,
+    method: str = "GET",
+    body: Any = None,
+    raw: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 10,
+) -> tuple[int, Any]:
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
     req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     if data is not None:

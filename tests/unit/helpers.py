@@ -6,21 +6,35 @@ from tools_env.task import TaskRecord
 
 
 def task(preference=None, category="lookup") -> TaskRecord:
-    return TaskRecord(problem="q?", answer="a", category=category, tools=["expert", "answer"],
-                      preference=preference or {})
+    return TaskRecord(
+        problem="q?", answer="a", category=category, tools=["expert", "answer"], preference=preference or {}
+    )
 
 
 def traj(correct=True, cost=0.0, latency=0.0, group=0, t=None, counts=None, ids=None, mask=None) -> Trajectory:
     ids = ids or [1, 2, 3]
-    return Trajectory(task=t or task(), group=group, token_ids=list(ids), loss_mask=list(mask or [0] * len(ids)),
-                      gen_logprobs=[0.0] * len(ids), prompt_len=1, correct=correct, tool_cost=cost,
-                      latency_s=latency, tool_counts=counts or {})
+    return Trajectory(
+        task=t or task(),
+        group=group,
+        token_ids=list(ids),
+        loss_mask=list(mask or [0] * len(ids)),
+        gen_logprobs=[0.0] * len(ids),
+        prompt_len=1,
+        correct=correct,
+        tool_cost=cost,
+        latency_s=latency,
+        tool_counts=counts or {},
+    )
 
 
 def reward_cfg(name="full", efficiency=True, preference=True, scalarization="linear", **weights) -> RewardConfig:
-    return RewardConfig(name=name, use_efficiency=efficiency, use_preference=preference,
-                        scalarization=scalarization,
-                        default_preference=weights or {"accuracy": 1.0, "cost": 1.0, "latency": 1.0})
+    return RewardConfig(
+        name=name,
+        use_efficiency=efficiency,
+        use_preference=preference,
+        scalarization=scalarization,
+        default_preference=weights or {"accuracy": 1.0, "cost": 1.0, "latency": 1.0},
+    )
 
 
 def loss_cfg(**kw) -> LossConfig:
@@ -43,5 +57,5 @@ def generated_logprobs(gpt, prompts, gens, temperature: float = 1.0):
     out = [None] * len(trajs)
     for j, (s, e) in enumerate(zip(batch.cu_seqlens_B1[:-1].tolist(), batch.cu_seqlens_B1[1:].tolist())):
         i = batch.traj_index_B[j]
-        out[i] = lp[s + len(prompts[i]) - 1:e - 1]
+        out[i] = lp[s + len(prompts[i]) - 1 : e - 1]
     return out

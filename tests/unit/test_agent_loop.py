@@ -31,10 +31,13 @@ from tools_env.task import TaskRecord
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CORPUS = [render_chat(QWEN3_CHAT_TEMPLATE, [{"role": "user", "content": t.problem}], []) for t in generate_tasks(40, 1)]
-NO_PREFERENCE = TaskRecord(problem="What is 12 + 30?", answer="42", category="arithmetic",
-                           tools=["calculator", "answer"])
-SCRIPT = ["<think>hm</think>\nthe answer is 42",  # no tool call: a format error
-          "<think>answer</think>\n" + format_tool_call("answer", {"answer": "42"})]
+NO_PREFERENCE = TaskRecord(
+    problem="What is 12 + 30?", answer="42", category="arithmetic", tools=["calculator", "answer"]
+)
+SCRIPT = [
+    "<think>hm</think>\nthe answer is 42",  # no tool call: a format error
+    "<think>answer</think>\n" + format_tool_call("answer", {"answer": "42"}),
+]
 
 
 def _qwen3_style_tokenizer():
@@ -46,9 +49,15 @@ def _qwen3_style_tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=800, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   additional_special_tokens=["<|im_start|>"])
+    tok.train_from_iterator(
+        CORPUS, trainers.BpeTrainer(vocab_size=800, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
     fast.add_tokens([t for t in SPECIAL_TOKENS if t not in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")])
     fast.chat_template = QWEN3_CHAT_TEMPLATE
     return fast
@@ -113,8 +122,13 @@ def test_prompt_ids_are_the_exported_chat_templates(service, tmp_path, kind):
 
     async def go():
         try:
-            return await run_episodes(tasks, policy, client, limits=LoopLimits(max_turns=3),
-                                      default_preference={"accuracy": 1.0, "cost": 0.5, "latency": 0.5})
+            return await run_episodes(
+                tasks,
+                policy,
+                client,
+                limits=LoopLimits(max_turns=3),
+                default_preference={"accuracy": 1.0, "cost": 0.5, "latency": 0.5},
+            )
         finally:
             await client.aclose()
 
@@ -122,8 +136,9 @@ def test_prompt_ids_are_the_exported_chat_templates(service, tmp_path, kind):
     assert len(policy.seen) == len(tasks)
     for messages, tools, ids in policy.seen:
         assert tools and messages[0]["role"] == "system"
-        assert _ids(exported.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                                 tokenize=True)) == ids
+        assert (
+            _ids(exported.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)) == ids
+        )
     for t, (_, tools, _) in zip(trajs, policy.seen):
         assert t.format_errors == 1 and t.stop_reason == "answer"  # the first turn has no call
         rendered = exported.apply_chat_template(t.messages, tools=tools, tokenize=False)
@@ -159,13 +174,16 @@ def test_training_and_evaluation_agree_on_malformed_calls_and_missing_preference
     trainer = Trainer(cfg, None, ScriptedEngine(chat), client, chat, [], None)
     trained = trainer.run_loop([NO_PREFERENCE], 1, temperature=1.0)[0]
     run = PolicyRun(ScriptedMessages(), LoopLimits(max_turns=3), _evaluate_recipe().EvalConfig().default_preference)
-    evaluated = trainer.loop.run_until_complete(run_all(client, [run], [NO_PREFERENCE], {"record": None},
-                                                        progress=False))
+    evaluated = trainer.loop.run_until_complete(
+        run_all(client, [run], [NO_PREFERENCE], {"record": None}, progress=False)
+    )
     trainer.loop.run_until_complete(client.aclose())
     assert evaluated[0].format_errors == trained.format_errors == 1
     assert evaluated[0].correct and trained.correct
     assert evaluated[0].messages == trained.messages
-    assert trained.messages[3] == {"role": "tool", "content": malformed_call_observation(
-        "no <tool_call>...</tool_call> in the turn")}
+    assert trained.messages[3] == {
+        "role": "tool",
+        "content": malformed_call_observation("no <tool_call>...</tool_call> in the turn"),
+    }
     assert trained.task.preference == cfg.reward.default_preference
     assert "Preference weights: accuracy 1, cost 0.5, latency 0.5." in trained.messages[1]["content"]

@@ -22,16 +22,23 @@ from tools_env.client import ToolsEnvClient
 from tools_env.launch import start_service
 from tools_env.task import TaskRecord
 
-TASK = TaskRecord.from_dict({"problem": "What is 12 + 30?", "answer": "42", "category": "arithmetic",
-                             "tools": ["calculator", "answer"]})
-TURNS = ['<tool_call>{"name": "calculator", "arguments": {"expression": "12 + 30"}}</tool_call>',
-         '<tool_call>{"name": "answer", "arguments": {"answer": "42"}}</tool_call>']
+TASK = TaskRecord.from_dict(
+    {"problem": "What is 12 + 30?", "answer": "42", "category": "arithmetic", "tools": ["calculator", "answer"]}
+)
+TURNS = [
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "12 + 30"}}</tool_call>',
+    '<tool_call>{"name": "answer", "arguments": {"answer": "42"}}</tool_call>',
+]
 
 
 @pytest.fixture(scope="module")
 def chat():
-    convo = [{"role": "user", "content": TASK.problem}, tool_call_message("calculator", {"expression": "12 + 30"}),
-             {"role": "tool", "content": "42"}, tool_call_message("answer", {"answer": "42"})]
+    convo = [
+        {"role": "user", "content": TASK.problem},
+        tool_call_message("calculator", {"expression": "12 + 30"}),
+        {"role": "tool", "content": "42"},
+        tool_call_message("answer", {"answer": "42"}),
+    ]
     return ChatFormat(build_embedded_tokenizer([render_chat(QWEN3_CHAT_TEMPLATE, convo, [])] * 4, vocab_size=600))
 
 
@@ -68,8 +75,11 @@ def test_weights_load_between_calls_and_each_turn_keeps_its_version_and_logprobs
     with start_service() as svc:
         client = ToolsEnvClient(svc.urls)
         loop = asyncio.new_event_loop()
-        (traj,) = loop.run_until_complete(run_episodes([TASK], policy, client, limits=LoopLimits(max_turns=3),
-                                                       default_preference=cfg.reward.default_preference))
+        (traj,) = loop.run_until_complete(
+            run_episodes(
+                [TASK], policy, client, limits=LoopLimits(max_turns=3), default_preference=cfg.reward.default_preference
+            )
+        )
         loop.run_until_complete(client.aclose())
         loop.close()
     engine.loader.join()

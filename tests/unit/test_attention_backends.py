@@ -25,13 +25,16 @@ def test_auto_picks_the_reference_without_cuda():
         resolve_attention_backend("flash")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="Triton needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="Triton needs CUDA or TRITON_INTERPRET=1",
+)
 def test_triton_backend_equals_torch_backend_in_the_model():
     base = ["model.num_layers=1", "model.hidden_size=64", "model.ffn_hidden_size=128"]
     info = init_distributed(load_config(base).parallel, seed=3)
-    (batch,) = pack([traj(ids=list(range(5, 18)), mask=[1] * 13), traj(ids=list(range(30, 37)), mask=[1] * 7)],
-                 capacity=64)
+    (batch,) = pack(
+        [traj(ids=list(range(5, 18)), mask=[1] * 13), traj(ids=list(range(30, 37)), mask=[1] * 7)], capacity=64
+    )
     results = {}
     for backend in ("torch", "triton"):
         cfg = load_config(base + [f"model.attention_backend={backend}"])
@@ -39,8 +42,12 @@ def test_triton_backend_equals_torch_backend_in_the_model():
         gpt = build_gpt_model(cfg.model, cfg.parallel, 128, info.device)
         lp = forward_logprobs(gpt, batch, info.device)
         gpt.train()
-        logits = gpt(batch.input_ids_T[None], batch.position_ids_T[None], None,
-                     packed_seq_params=packed_params(batch, info.device))
+        logits = gpt(
+            batch.input_ids_T[None],
+            batch.position_ids_T[None],
+            None,
+            packed_seq_params=packed_params(batch, info.device),
+        )
         (-(token_logprobs(logits, batch.target_ids_T) * batch.loss_mask_T).sum()).backward()
         grads = {n: p.grad.clone() for n, p in gpt.named_parameters() if "linear_qkv" in n}
         results[backend] = (lp, grads)

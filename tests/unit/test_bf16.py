@@ -15,8 +15,14 @@ from nemo_orchestra.train.step import grpo_loss_fn, train_step
 from tests.unit.helpers import loss_cfg, traj
 
 VOCAB = 512
-TINY = ["model.hidden_size=128", "model.ffn_hidden_size=384", "model.num_attention_heads=4",
-        "model.num_query_groups=2", "model.head_dim=64", "model.num_layers=2"]
+TINY = [
+    "model.hidden_size=128",
+    "model.ffn_hidden_size=384",
+    "model.num_attention_heads=4",
+    "model.num_query_groups=2",
+    "model.head_dim=64",
+    "model.num_layers=2",
+]
 # bf16 keeps 8 bits of mantissa: token logprobs of this model differ from fp32's by this much on average
 MEAN_ABS_TOLERANCE = 0.02
 MAX_ABS_TOLERANCE = 0.15
@@ -50,8 +56,12 @@ def _batch():
 def test_bf16_weights_with_fp32_master_copies(policies):
     _, p16 = policies
     assert {p.dtype for p in p16.module.parameters() if p.dim() == 2} == {torch.bfloat16}
-    masters = [p for opt in p16.optimizer.chained_optimizers  # the distributed optimizer's shards of them
-               for group in opt.shard_fp32_from_float16_groups for p in group]
+    masters = [
+        p
+        for opt in p16.optimizer.chained_optimizers  # the distributed optimizer's shards of them
+        for group in opt.shard_fp32_from_float16_groups
+        for p in group
+    ]
     assert masters and all(p.dtype == torch.float32 for p in masters)
 
 

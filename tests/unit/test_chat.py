@@ -13,8 +13,16 @@ from nemo_orchestra.prompting.chat import (
 )
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 
-TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Arithmetic.",
-                                           "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Arithmetic.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
+]
 CONVO = [
     {"role": "system", "content": "You are an orchestrator."},
     {"role": "user", "content": "What is 2 + 3?"},
@@ -61,10 +69,16 @@ def test_incremental_ids_equal_tokenizing_the_whole_conversation(tokenizer):
 
 
 def test_parse_tool_call():
-    call = parse_tool_call('<think>x</think><tool_call>\n{"name": "answer", "arguments": {"answer": "7"}}\n</tool_call>')
+    call = parse_tool_call(
+        '<think>x</think><tool_call>\n{"name": "answer", "arguments": {"answer": "7"}}\n</tool_call>'
+    )
     assert call.name == "answer" and call.arguments == {"answer": "7"}
-    for bad in ("no call here", "<tool_call>{not json}</tool_call>", '<tool_call>{"arguments": {}}</tool_call>',
-                '<tool_call>{"name": "x", "arguments": [1]}</tool_call>'):
+    for bad in (
+        "no call here",
+        "<tool_call>{not json}</tool_call>",
+        '<tool_call>{"arguments": {}}</tool_call>',
+        '<tool_call>{"name": "x", "arguments": [1]}</tool_call>',
+    ):
         with pytest.raises(ToolCallParseError):
             parse_tool_call(bad)
 
@@ -77,16 +91,25 @@ def test_plan_phrases_are_single_tokens_and_round_trip(tmp_path):
 
     from nemo_orchestra.data.default_tasks import EXPERT_PRICES, plan_phrases, plan_text
 
-    turns = [plan_text(kind, pref, tool, args) + format_tool_call(tool, args)
-             for kind in ("arithmetic", "lookup", "reasoning") for pref in ("cost_sensitive", "accuracy_first")
-             for tool, args in (("answer", {"model": "expert-small"}), ("expert", {"model": "expert-large", "query": "q"}),
-                                ("calculator", {"expression": "1 + 2"}), ("answer", {"answer": "3"}))]
+    turns = [
+        plan_text(kind, pref, tool, args) + format_tool_call(tool, args)
+        for kind in ("arithmetic", "lookup", "reasoning")
+        for pref in ("cost_sensitive", "accuracy_first")
+        for tool, args in (
+            ("answer", {"model": "expert-small"}),
+            ("expert", {"model": "expert-large", "query": "q"}),
+            ("calculator", {"expression": "1 + 2"}),
+            ("answer", {"answer": "3"}),
+        )
+    ]
     plain = build_embedded_tokenizer(turns * 10, vocab_size=400)
     tok = build_embedded_tokenizer(turns * 10, vocab_size=400, phrases=plan_phrases())
     assert len(tok) == len(plain) + len(plan_phrases())
     for phrase in plan_phrases():
         assert len(tok.encode(phrase, add_special_tokens=False)) == 1, phrase
-    ids = tok.encode(plan_text("reasoning", "cost_sensitive", "answer", {"model": "expert-medium"}), add_special_tokens=False)
+    ids = tok.encode(
+        plan_text("reasoning", "cost_sensitive", "answer", {"model": "expert-medium"}), add_special_tokens=False
+    )
     pieces = [tok.decode([i]) for i in ids]
     assert pieces[1:3] == ["puzzle, cheap: answer by expert-medium", "</think>"]
     head = tok.encode(plan_text("arithmetic", "accuracy_first", "answer", {"answer": "3"}), add_special_tokens=False)

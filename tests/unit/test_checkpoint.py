@@ -20,8 +20,15 @@ from nemo_orchestra.train.step import sft_loss_fn, train_step
 from tests.unit.helpers import traj
 
 VOCAB = 256
-TINY = ["model.hidden_size=64", "model.ffn_hidden_size=128", "model.num_attention_heads=4", "model.num_query_groups=2",
-        "model.head_dim=16", "model.num_layers=2", "optim.lr=1e-2"]
+TINY = [
+    "model.hidden_size=64",
+    "model.ffn_hidden_size=128",
+    "model.num_attention_heads=4",
+    "model.num_query_groups=2",
+    "model.head_dim=16",
+    "model.num_layers=2",
+    "optim.lr=1e-2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +44,9 @@ def _step(policy):
 
 
 def _save(root, step, policy, keep, cfg):
-    return save_checkpoint(str(root), step, policy, {"data_position": step}, keep=keep, rank=0, model_cfg=cfg.model,
-                           vocab_size=VOCAB)
+    return save_checkpoint(
+        str(root), step, policy, {"data_position": step}, keep=keep, rank=0, model_cfg=cfg.model, vocab_size=VOCAB
+    )
 
 
 def _weights(policy):

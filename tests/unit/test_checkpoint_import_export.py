@@ -17,8 +17,18 @@ from nemo_orchestra.megatron.parallel import init_distributed
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 512
-SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-6)
+SMALL = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+)
 
 
 def _hf_folder(path, arch: str, tied: bool, seed: int = 0):
@@ -55,8 +65,14 @@ def _tensors(folder):
 
 
 def _recipe(name, *args):
-    r = subprocess.run([sys.executable, str(ROOT / "recipes" / name), *args], capture_output=True, text=True,
-                       timeout=300, cwd=ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "recipes" / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 
@@ -112,9 +128,22 @@ def test_policy_starts_from_an_hf_folder_or_its_import_with_transformers_logits(
     hf = _hf_folder(tmp_path / "hf", arch, tied=False, seed=4)
     cfg = load_config([])
     model = import_hf(str(tmp_path / "hf"), str(tmp_path / "ckpt"), cfg.model, cfg.parallel, torch.device("cpu"))
-    arch_overrides = [f"model.{k}={getattr(model, k)}" for k in (
-        "hidden_size", "num_layers", "num_attention_heads", "num_query_groups", "head_dim", "ffn_hidden_size",
-        "rope_theta", "norm_eps", "tie_embeddings", "qk_norm", "max_position_embeddings")]
+    arch_overrides = [
+        f"model.{k}={getattr(model, k)}"
+        for k in (
+            "hidden_size",
+            "num_layers",
+            "num_attention_heads",
+            "num_query_groups",
+            "head_dim",
+            "ffn_hidden_size",
+            "rope_theta",
+            "norm_eps",
+            "tie_embeddings",
+            "qk_norm",
+            "max_position_embeddings",
+        )
+    ]
     ids = torch.randint(0, VOCAB, (29,)).tolist()
     with torch.no_grad():
         want = torch.log_softmax(hf(torch.tensor([ids])).logits[0, :-1].float(), -1)

@@ -49,13 +49,19 @@ def test_the_manifest_lists_every_file_with_size_and_digest(tmp_path):
     assert latest_checkpoint(str(tmp_path)) == str(folder)
 
 
-@pytest.mark.parametrize("damage, words", [
-    (lambda f: (f / "__0_0.distcp").write_bytes((f / "__0_0.distcp").read_bytes()[:100]), "__0_0.distcp: 100 bytes"),
-    (lambda f: flip_a_byte(f / "sub" / "x.bin"), "sub/x.bin: sha256 differs"),
-    (lambda f: (f / "common.pt").unlink(), "common.pt: missing"),
-    (lambda f: (f / MANIFEST).unlink(), f"no {MANIFEST}"),
-    (lambda f: (f / MANIFEST).write_text((f / MANIFEST).read_text()[:40]), "unreadable manifest"),
-])
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        (
+            lambda f: (f / "__0_0.distcp").write_bytes((f / "__0_0.distcp").read_bytes()[:100]),
+            "__0_0.distcp: 100 bytes",
+        ),
+        (lambda f: flip_a_byte(f / "sub" / "x.bin"), "sub/x.bin: sha256 differs"),
+        (lambda f: (f / "common.pt").unlink(), "common.pt: missing"),
+        (lambda f: (f / MANIFEST).unlink(), f"no {MANIFEST}"),
+        (lambda f: (f / MANIFEST).write_text((f / MANIFEST).read_text()[:40]), "unreadable manifest"),
+    ],
+)
 def test_resume_falls_back_past_a_damaged_newest_checkpoint(tmp_path, caplog, damage, words):
     older = make(tmp_path, 1)
     newest = make(tmp_path, 2)

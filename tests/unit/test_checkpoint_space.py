@@ -17,6 +17,7 @@ from nemo_orchestra.train.checkpoint import CheckpointSpaceError, latest_checkpo
 
 def writer(size: int, fail_with: BaseException | None = None):
     """A stand-in for dist_ckpt.save that writes ``size`` bytes of shards (then raises ``fail_with``)."""
+
     def save(folder, policy=None, gpt=None, common=None):
         with open(os.path.join(folder, "__0_0.distcp"), "wb") as f:
             for _ in range(size // 4096):
@@ -24,6 +25,7 @@ def writer(size: int, fail_with: BaseException | None = None):
                 f.flush()
         if fail_with is not None:
             raise fail_with
+
     return save
 
 
@@ -64,19 +66,26 @@ def test_the_free_space_check_stops_before_writing(tmp_path, monkeypatch):
     previous = _save(tmp_path, 1)
     needed = ckpt.checkpoint_bytes(previous)
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: usage(10 ** 9, 10 ** 9 - needed + 1, needed - 1))
+    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - needed + 1, needed - 1))
     with pytest.raises(CheckpointSpaceError) as e:
         _save(tmp_path, 2)
-    assert str(e.value) == (f"{tmp_path}: {needed - 1} bytes free, a checkpoint needs about {needed} "
-                            "(the size of step_00000001); free space or move run.output_dir")
+    assert str(e.value) == (
+        f"{tmp_path}: {needed - 1} bytes free, a checkpoint needs about {needed} "
+        "(the size of step_00000001); free space or move run.output_dir"
+    )
     assert sorted(os.listdir(tmp_path)) == ["latest", "step_00000001"]
 
 
 def test_a_real_full_tmpfs(tmp_path, monkeypatch):
     disk = tmp_path / "disk"
     disk.mkdir()
-    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)],
-                                                       capture_output=True).returncode != 0:
+    if (
+        shutil.which("mount") is None
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("no permission to mount a tmpfs here")
     try:
         monkeypatch.setattr(ckpt.dist_ckpt, "save", writer(512 * 1024))  # twice the disk

@@ -20,7 +20,9 @@ def test_base_file_sets_every_key():
     assert {"trainer.max_steps", "run.output_dir", "rollout.group_size", "rollout.max_turns"} <= flat
 
 
-@pytest.mark.parametrize("path", sorted(p for g in GROUPS for p in (CONF_DIR / g).glob("*.yaml")), ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize(
+    "path", sorted(p for g in GROUPS for p in (CONF_DIR / g).glob("*.yaml")), ids=lambda p: f"{p.parent.name}/{p.stem}"
+)
 def test_every_group_file_validates(path):
     load_config([f"{path.parent.name}={path.stem}"])
 
@@ -35,33 +37,47 @@ def test_overrides_are_typed():
     assert cfg.trainer.max_steps == 3 and cfg.rollout.temperature == 0.7 and cfg.model.fp8 is None
 
 
-@pytest.mark.parametrize("override,key", [
-    (["no_such.key=1"], "no_such.key"),
-    (["trainer.nope=1"], "trainer.nope"),
-    (["trainer.max_steps=abc"], "trainer.max_steps"),
-    (["rollout.group_size=1"], "rollout.group_size"),
-    (["model.attention_backend=cuda"], "model.attention_backend"),
-    (["model=giant"], "model=giant"),
-    (["trainer.max_steps"], "trainer.max_steps"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        (["no_such.key=1"], "no_such.key"),
+        (["trainer.nope=1"], "trainer.nope"),
+        (["trainer.max_steps=abc"], "trainer.max_steps"),
+        (["rollout.group_size=1"], "rollout.group_size"),
+        (["model.attention_backend=cuda"], "model.attention_backend"),
+        (["model=giant"], "model=giant"),
+        (["trainer.max_steps"], "trainer.max_steps"),
+    ],
+)
 def test_bad_overrides_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(override)
 
 
 def test_recipe_exits_nonzero_naming_the_key():
-    r = subprocess.run([sys.executable, str(ROOT / "recipes/grpo_orchestrator.py"), "no_such.key=1"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "recipes/grpo_orchestrator.py"), "no_such.key=1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode != 0
     assert "no_such.key" in r.stderr
 
 
-@pytest.mark.parametrize("override,message", [
-    ("tools.url=http://127.0.0.1:9", "tools.url: no tool service answers"),
-    ("data.train_path=/nonexistent/train.jsonl", "/nonexistent/train.jsonl"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("tools.url=http://127.0.0.1:9", "tools.url: no tool service answers"),
+        ("data.train_path=/nonexistent/train.jsonl", "/nonexistent/train.jsonl"),
+    ],
+)
 def test_recipe_reports_bad_inputs_without_a_traceback(override, message, tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "recipes/grpo_orchestrator.py"), override,
-                        f"run.output_dir={tmp_path}"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "recipes/grpo_orchestrator.py"), override, f"run.output_dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr

@@ -44,11 +44,15 @@ subprocess.run([sys.executable, "-c", child], check=True)
 
 
 def _run(level: str) -> list[str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONWARNINGS", "VLLM_LOGGING_LEVEL", "TORCH_CPP_LOG_LEVEL", "NEMO_ORCHESTRA_QUIET_CONSOLE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONWARNINGS", "VLLM_LOGGING_LEVEL", "TORCH_CPP_LOG_LEVEL", "NEMO_ORCHESTRA_QUIET_CONSOLE")
+    }
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", SCRIPT, level], capture_output=True, text=True, timeout=120, env=env,
-                       cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-c", SCRIPT, level], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT
+    )
     assert r.returncode == 0, r.stderr
     return [line for line in r.stderr.splitlines() if "Warning:" in line or "Triton" in line]
 
@@ -65,8 +69,10 @@ def test_debug_shows_everything():
 
 @pytest.mark.slow
 def test_megatron_imports_quietly():
-    code = ("from nemo_orchestra.train.console import setup_logging\nsetup_logging('INFO', 0)\n"
-            "import megatron.core.optimizer, megatron.core.models.gpt.gpt_layer_specs\n")
+    code = (
+        "from nemo_orchestra.train.console import setup_logging\nsetup_logging('INFO', 0)\n"
+        "import megatron.core.optimizer, megatron.core.models.gpt.gpt_layer_specs\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)

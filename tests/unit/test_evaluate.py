@@ -33,8 +33,22 @@ def test_pareto_front_by_hand():
 def test_alpha_and_utility():
     assert alpha_of({"accuracy": 1.0, "cost": 1.0}) == 0.5
     assert alpha_of({"accuracy": 0.0, "cost": 0.0}) == 1.0
-    r = EpisodeResult(task_id="t", category="c", domain=None, policy="p", preference="x", sample=0, correct=True,
-                      reason="", cost=0.2, tool_cost=0.2, policy_cost=0.0, latency_s=0.0, turns=2, alpha=0.5)
+    r = EpisodeResult(
+        task_id="t",
+        category="c",
+        domain=None,
+        policy="p",
+        preference="x",
+        sample=0,
+        correct=True,
+        reason="",
+        cost=0.2,
+        tool_cost=0.2,
+        policy_cost=0.0,
+        latency_s=0.0,
+        turns=2,
+        alpha=0.5,
+    )
     assert r.utility == pytest.approx(0.5 - 0.5 * 0.2)
     r.correct = False
     assert r.utility == pytest.approx(-0.1)
@@ -54,14 +68,26 @@ def test_registry_is_a_plain_dict_with_clear_errors():
 def _input(prices):
     from tools_env.task import TaskRecord
 
-    tools = [{"type": "function", "function": {"name": "expert", "description": "",
-                                               "parameters": {"properties": {"model": {"enum": sorted(prices)}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "expert",
+                "description": "",
+                "parameters": {"properties": {"model": {"enum": sorted(prices)}}},
+            },
+        }
+    ]
     task = TaskRecord(problem="q", answer="a", category="c", tools=["expert", "answer"], prices=prices)
     return Episode(task, 0, 0, "e", tools, [], None)
 
 
 def test_fixed_routing_reads_the_record_prices():
-    prices = {"a": {"input": 0.1, "output": 9.0}, "b": {"input": 0.05, "output": 0.1}, "c": {"input": 2.0, "output": 2.0}}
+    prices = {
+        "a": {"input": 0.1, "output": 9.0},
+        "b": {"input": 0.05, "output": 0.1},
+        "c": {"input": 2.0, "output": 2.0},
+    }
     inp = _input(prices)
     assert strongest(inp) == "a" and cheapest(inp) == "b"
     prices["b"] = {"input": 5.0, "output": 20.0}  # repriced: now b is both the priciest and not the cheapest
@@ -71,7 +97,10 @@ def test_fixed_routing_reads_the_record_prices():
 
 
 def test_parse_reply_both_formats():
-    field = {"content": "<think>p</think>\n", "tool_calls": [{"function": {"name": "search", "arguments": '{"query": "x"}'}}]}
+    field = {
+        "content": "<think>p</think>\n",
+        "tool_calls": [{"function": {"name": "search", "arguments": '{"query": "x"}'}}],
+    }
     assert parse_reply(field) == ("<think>p</think>\n", ToolCall("search", {"query": "x"}))
     text = '<think>hm</think>\n<tool_call>\n{"name": "answer", "arguments": {"answer": "7"}}\n</tool_call>'
     assert parse_reply({"content": text}) == (text, None)  # the loop reads the call from the text
@@ -82,11 +111,18 @@ def test_parse_reply_both_formats():
 
 def _start_fake(tmp_path, records):
     oracle = tmp_path / "oracle.jsonl"
-    oracle.write_text("".join(json.dumps({"key": r["problem"], "answer": r["answer"],
-                                          "gold_actions": r["gold_actions"]}) + "\n" for r in records))
+    oracle.write_text(
+        "".join(
+            json.dumps({"key": r["problem"], "answer": r["answer"], "gold_actions": r["gold_actions"]}) + "\n"
+            for r in records
+        )
+    )
     ready = tmp_path / "ready"
-    proc = subprocess.Popen([sys.executable, "-m", "nemo_orchestra.synth.fake_openai", "--oracle", str(oracle),
-                             "--ready-file", str(ready)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nemo_orchestra.synth.fake_openai", "--oracle", str(oracle), "--ready-file", str(ready)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 20
     while not ready.exists():
         assert proc.poll() is None and time.monotonic() < deadline
@@ -103,9 +139,15 @@ def test_evaluate_recipe_on_20_tasks_under_a_minute(tmp_path):
     try:
         out = tmp_path / "eval"
         t0 = time.perf_counter()
-        cmd = [sys.executable, os.path.join(REPO, "recipes", "evaluate.py"), f"tasks={data / 'eval.jsonl'}",
-               f"output={out}", f"policies=strongest,cheapest,random,openai:{url}:fake",
-               "preferences=record,cost", "progress=false"]
+        cmd = [
+            sys.executable,
+            os.path.join(REPO, "recipes", "evaluate.py"),
+            f"tasks={data / 'eval.jsonl'}",
+            f"output={out}",
+            f"policies=strongest,cheapest,random,openai:{url}:fake",
+            "preferences=record,cost",
+            "progress=false",
+        ]
         run = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
         wall = time.perf_counter() - t0
     finally:
@@ -138,11 +180,17 @@ def test_evaluate_recipe_rejects_unknown_keys_and_unavailable_policies(tmp_path)
     (tmp_path / "run" / "hf").mkdir(parents=True)  # a run folder whose config.yaml is not a run's
     (tmp_path / "run" / "hf" / "config.json").write_text("{}")
     (tmp_path / "run" / "config.yaml").write_text("rollout: {max_turns: 3}\n")
-    run = subprocess.run(base + [f"policies=checkpoint:{tmp_path / 'run'}"], capture_output=True, text=True,
-                         cwd=REPO, timeout=60)
+    run = subprocess.run(
+        base + [f"policies=checkpoint:{tmp_path / 'run'}"], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
     assert run.returncode == 2 and "lacks the run setting 'max_context'" in run.stderr, run.stderr[-2000:]
     assert "Traceback" not in run.stderr
     (tmp_path / "empty.jsonl").write_text("\n")
-    run = subprocess.run([*base[:2], f"tasks={tmp_path / 'empty.jsonl'}", f"output={tmp_path}", "policies=cheapest"],
-                         capture_output=True, text=True, cwd=REPO, timeout=60)
+    run = subprocess.run(
+        [*base[:2], f"tasks={tmp_path / 'empty.jsonl'}", f"output={tmp_path}", "policies=cheapest"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
     assert run.returncode == 2 and "holds no task records" in run.stderr, run.stderr[-2000:]

@@ -101,12 +101,14 @@ def test_rollout_metrics_report_expert_choice_per_preference_profile():
         t.meta["preference_name"] = name
         return traj(t=t, counts=counts)
 
-    m = rollout_metrics([
-        profiled("cost_sensitive", {"answer": 1, "expert-small": 1}),
-        profiled("cost_sensitive", {"expert": 1, "answer": 1, "expert-small": 1, "expert-large": 1}),
-        profiled("accuracy_first", {"answer": 1, "expert-large": 1}),
-        traj(counts={"answer": 1, "expert-medium": 1}),  # no profile: in the overall shares only
-    ])
+    m = rollout_metrics(
+        [
+            profiled("cost_sensitive", {"answer": 1, "expert-small": 1}),
+            profiled("cost_sensitive", {"expert": 1, "answer": 1, "expert-small": 1, "expert-large": 1}),
+            profiled("accuracy_first", {"answer": 1, "expert-large": 1}),
+            traj(counts={"answer": 1, "expert-medium": 1}),  # no profile: in the overall shares only
+        ]
+    )
     assert m["rollout/expert_share/cost_sensitive/expert-small"] == pytest.approx(2 / 3)
     assert m["rollout/expert_share/cost_sensitive/expert-large"] == pytest.approx(1 / 3)
     assert m["rollout/expert_share/cost_sensitive/expert-medium"] == 0.0

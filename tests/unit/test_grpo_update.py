@@ -24,8 +24,14 @@ from nemo_orchestra.train.step import (
 from tests.unit.helpers import loss_cfg, traj
 
 VOCAB = 256
-TINY = ["model.hidden_size=64", "model.ffn_hidden_size=128", "model.num_attention_heads=4", "model.num_query_groups=2",
-        "model.head_dim=16", "model.num_layers=2"]
+TINY = [
+    "model.hidden_size=64",
+    "model.ffn_hidden_size=128",
+    "model.num_attention_heads=4",
+    "model.num_query_groups=2",
+    "model.head_dim=16",
+    "model.num_layers=2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +69,9 @@ def test_own_forward_old_logprobs_equal_a_separate_pass(policy, tis_cap):
     cfg = loss_cfg(tis_cap=tis_cap, kl_coef=0.1)
     on_policy = _batch(policy)
     assert on_policy.old_logprobs_T is None  # what pack leaves for the update to fill
-    separate = dataclasses.replace(on_policy, old_logprobs_T=forward_logprobs(policy.model, [on_policy], policy.device)[0])
+    separate = dataclasses.replace(
+        on_policy, old_logprobs_T=forward_logprobs(policy.model, [on_policy], policy.device)[0]
+    )
     g_own, m_own = _grads(policy, on_policy, cfg)
     g_sep, m_sep = _grads(policy, separate, cfg)
     assert max(float((a - b).abs().max()) for a, b in zip(g_own, g_sep)) < 1e-6

@@ -14,14 +14,23 @@ def _t(category, profile, alias, correct=True, cost=0.0):
 
 
 def test_breakdown_crosses_category_and_profile():
-    trajs = [_t("lookup", "accuracy_first", "expert-large", cost=0.004),
-             _t("lookup", "accuracy_first", "expert-large", correct=False, cost=0.004),
-             _t("lookup", "cost_sensitive", "expert-small", cost=0.001),
-             _t("reasoning", "cost_sensitive", "expert-medium", cost=0.002)]
+    trajs = [
+        _t("lookup", "accuracy_first", "expert-large", cost=0.004),
+        _t("lookup", "accuracy_first", "expert-large", correct=False, cost=0.004),
+        _t("lookup", "cost_sensitive", "expert-small", cost=0.001),
+        _t("reasoning", "cost_sensitive", "expert-medium", cost=0.002),
+    ]
     out = breakdown(trajs)
-    assert set(out) == {"all", "category/lookup", "category/reasoning", "preference/accuracy_first",
-                        "preference/cost_sensitive", "category/lookup/accuracy_first",
-                        "category/lookup/cost_sensitive", "category/reasoning/cost_sensitive"}
+    assert set(out) == {
+        "all",
+        "category/lookup",
+        "category/reasoning",
+        "preference/accuracy_first",
+        "preference/cost_sensitive",
+        "category/lookup/accuracy_first",
+        "category/lookup/cost_sensitive",
+        "category/reasoning/cost_sensitive",
+    }
     acc_first = out["category/lookup/accuracy_first"]
     assert acc_first["n"] == 2 and acc_first["accuracy"] == 0.5
     assert acc_first["cost_per_correct"] == pytest.approx(0.008)

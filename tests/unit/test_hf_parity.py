@@ -43,11 +43,13 @@ def test_logits_equal_transformers(models):
     (batch,) = pack([a, b], capacity=64)
     ours = forward_logprobs(gpt, batch, torch.device("cpu"))
     with torch.no_grad():
-        for t, (s, e) in zip([a, b] if batch.traj_index_B[0] == 0 else [b, a],
-                             zip(batch.cu_seqlens_B1[:-1].tolist(), batch.cu_seqlens_B1[1:].tolist())):
+        for t, (s, e) in zip(
+            [a, b] if batch.traj_index_B[0] == 0 else [b, a],
+            zip(batch.cu_seqlens_B1[:-1].tolist(), batch.cu_seqlens_B1[1:].tolist()),
+        ):
             logits = hf(torch.tensor([t.token_ids])).logits[0].float()
             lp = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(t.token_ids[1:])[:, None])[:, 0]
-            torch.testing.assert_close(ours[s:e - 1], lp, atol=2e-5, rtol=1e-5)
+            torch.testing.assert_close(ours[s : e - 1], lp, atol=2e-5, rtol=1e-5)
 
 
 def test_import_of_export_is_identity(models):

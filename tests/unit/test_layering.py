@@ -22,8 +22,12 @@ def _modules() -> dict[str, Path]:
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     """Modules of ``known`` that ``name`` imports anywhere in its file, except under ``if TYPE_CHECKING``."""
     tree = ast.parse(path.read_text())
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for n in ast.walk(node)}
+    skip = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
     out = set()
     for node in ast.walk(tree):
         if id(node) in skip:

@@ -55,7 +55,9 @@ def new_policy():
 @pytest.fixture(scope="module")
 def setup():
     cfg, policy = new_policy()
-    engine = start_engine("megatron", EngineContext(cfg.model, VOCAB, None, CPU, rollout=cfg.rollout, seed=3, model=policy.module))
+    engine = start_engine(
+        "megatron", EngineContext(cfg.model, VOCAB, None, CPU, rollout=cfg.rollout, seed=3, model=policy.module)
+    )
     return SimpleNamespace(cfg=cfg, policy=policy, gpt=policy.module, engine=engine, prompts=make_prompts())
 
 
@@ -67,7 +69,7 @@ def uncached_greedy(gpt, prompt: list[int], n: int) -> list[int]:
     for _ in range(n):
         logits = gpt(torch.tensor([seq]), torch.arange(len(seq))[None], None)
         seq.append(int(logits[0, -1].argmax()))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 def assert_logprobs(gpt, prompts, gens, temperature: float = 1.0) -> None:
@@ -113,8 +115,8 @@ def test_stop_ids_and_max_new_tokens(setup):
     stop = free.token_ids[4]
     k = free.token_ids.index(stop)
     (g,) = s.engine.generate(s.prompts[:1], 12, 0.0, 1.0, [stop, VOCAB + 7])
-    assert g.finished and g.token_ids == free.token_ids[:k + 1]
-    assert g.logprobs == pytest.approx(free.logprobs[:k + 1], abs=LP_TOL)
+    assert g.finished and g.token_ids == free.token_ids[: k + 1]
+    assert g.logprobs == pytest.approx(free.logprobs[: k + 1], abs=LP_TOL)
     (short,) = s.engine.generate(s.prompts[:1], 3, 0.0, 1.0, [])
     assert not short.finished and short.token_ids == free.token_ids[:3]
     # one row stops early: the others decode on as before
@@ -139,7 +141,7 @@ def test_sampling_is_seeded_nucleus_with_logprobs_at_the_temperature(setup):
     with torch.no_grad():  # every sampled token is inside its step's nucleus
         for p, g in zip(s.prompts, gens):
             seq = p + g.token_ids
-            logits = s.gpt(torch.tensor([seq]), torch.arange(len(seq))[None], None)[0, len(p) - 1:-1]
+            logits = s.gpt(torch.tensor([seq]), torch.arange(len(seq))[None], None)[0, len(p) - 1 : -1]
             probs = torch.softmax(logits / temperature, -1)
             for probs_V, t in zip(probs, g.token_ids):
                 assert float(probs_V[probs_V > probs_V[t]].sum()) < top_p
@@ -209,11 +211,15 @@ def test_trainer_pushes_no_weights_into_it(setup, monkeypatch):
     trainer.loop.close()
 
 
-@pytest.mark.parametrize("layout, message", [
-    (dict(pipeline_model_parallel_size=2), "does not support pipeline parallelism .*vllm.*hf"),
-    (dict(sequence_parallel=True), "does not support parallel.sequence_parallel"),
-    (dict(fp8="hybrid"), "does not support model.fp8"),
-], ids=["pp", "sequence_parallel", "fp8"])
+@pytest.mark.parametrize(
+    "layout, message",
+    [
+        (dict(pipeline_model_parallel_size=2), "does not support pipeline parallelism .*vllm.*hf"),
+        (dict(sequence_parallel=True), "does not support parallel.sequence_parallel"),
+        (dict(fp8="hybrid"), "does not support model.fp8"),
+    ],
+    ids=["pp", "sequence_parallel", "fp8"],
+)
 def test_refused_layouts_name_the_alternatives(layout, message):
     config = dict(pipeline_model_parallel_size=1, sequence_parallel=False, fp8=None, tensor_model_parallel_size=1)
     model = SimpleNamespace(config=SimpleNamespace(**{**config, **layout}))
@@ -244,8 +250,10 @@ def _tp_rank(rank: int, world: int, port: int, out_dir: str) -> None:
 
     def run(engine):
         with ThreadPoolExecutor(max_workers=1) as thread:
-            calls = [thread.submit(engine.generate, prompts, 10, 0.0, 1.0, []),
-                     thread.submit(engine.generate, prompts, 10, 1.0, 0.9, [])]
+            calls = [
+                thread.submit(engine.generate, prompts, 10, 0.0, 1.0, []),
+                thread.submit(engine.generate, prompts, 10, 1.0, 0.9, []),
+            ]
             return [[vars(g) for g in c.result()] for c in calls]
 
     ps.initialize_model_parallel(tensor_model_parallel_size=1)

@@ -88,15 +88,20 @@ def test_activation_recompute_changes_no_gradient():
 
     base = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128"]
     info = init_distributed(load_config(base).parallel, seed=3)
-    (batch,) = pack([traj(ids=list(range(5, 18)), mask=[1] * 13), traj(ids=list(range(30, 37)), mask=[1] * 7)],
-                    capacity=64)
+    (batch,) = pack(
+        [traj(ids=list(range(5, 18)), mask=[1] * 13), traj(ids=list(range(30, 37)), mask=[1] * 7)], capacity=64
+    )
     grads = {}
     for recompute in ("false", "true"):
         cfg = load_config(base + [f"parallel.activation_recompute={recompute}"])
         torch.manual_seed(0)
         gpt = build_gpt_model(cfg.model, cfg.parallel, 128, info.device).train()
-        logits = gpt(batch.input_ids_T[None], batch.position_ids_T[None], None,
-                     packed_seq_params=packed_params(batch, info.device))
+        logits = gpt(
+            batch.input_ids_T[None],
+            batch.position_ids_T[None],
+            None,
+            packed_seq_params=packed_params(batch, info.device),
+        )
         (-(token_logprobs(logits, batch.target_ids_T) * batch.loss_mask_T).sum()).backward()
         grads[recompute] = {n: p.grad.clone() for n, p in gpt.named_parameters()}
         assert gpt.config.recompute_granularity == ("full" if recompute == "true" else None)

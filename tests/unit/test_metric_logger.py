@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cfg(**kw) -> LoggerConfig:
-    base = dict(tensorboard=True, wandb=False, wandb_project="nemo-orchestra-test", wandb_run_name=None,
-                wandb_mode="offline")
+    base = dict(
+        tensorboard=True, wandb=False, wandb_project="nemo-orchestra-test", wandb_run_name=None, wandb_mode="offline"
+    )
     return LoggerConfig(**{**base, **kw})
 
 
@@ -32,8 +33,13 @@ def _scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
 
 
 def _step(i: int) -> dict:
-    return {"reward/mean": 0.25 * i, "loss/kl": 1.0 / i, "train/step_skipped": 0, "data/task_ids": [f"t{i}", "u"],
-            "note": "text"}
+    return {
+        "reward/mean": 0.25 * i,
+        "loss/kl": 1.0 / i,
+        "train/step_skipped": 0,
+        "data/task_ids": [f"t{i}", "u"],
+        "note": "text",
+    }
 
 
 def test_tensorboard_gets_every_number_of_metrics_jsonl(tmp_path):
@@ -78,8 +84,15 @@ def test_other_ranks_write_nothing(tmp_path):
 
 
 def test_summary_line_is_compact():
-    line = summary_line({"reward/mean": 0.41234, "reward/outcome": 0.5, "rollout/cost_mean": 0.000312345,
-                         "time/step_s": 12.3456, "data/task_ids": ["a"]})
+    line = summary_line(
+        {
+            "reward/mean": 0.41234,
+            "reward/outcome": 0.5,
+            "rollout/cost_mean": 0.000312345,
+            "time/step_s": 12.3456,
+            "data/task_ids": ["a"],
+        }
+    )
     assert line == "reward=0.412 acc=0.5 cost=0.000312 s=12.3"
 
 
@@ -107,10 +120,10 @@ def _wandb_records(path):
         if block - pos % block < 7:
             pos += block - pos % block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0:
             break
-        buf = data[pos + 7:pos + 7 + length] if kind in (1, 2) else buf + data[pos + 7:pos + 7 + length]
+        buf = data[pos + 7 : pos + 7 + length] if kind in (1, 2) else buf + data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
             rec = pb.Record()
@@ -137,11 +150,18 @@ def test_wandb_offline_logs_the_same_scalars(tmp_path, monkeypatch):
     records = _wandb_records(run_file)
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     assert (run.project, run.display_name, run.run_id) == (
-        "nemo-orchestra-test", "my_run", (run_dir / WANDB_ID_FILE).read_text())
-    history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
-               for r in records if r.WhichOneof("record_type") == "history"]
+        "nemo-orchestra-test",
+        "my_run",
+        (run_dir / WANDB_ID_FILE).read_text(),
+    )
+    history = [
+        {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+    ]
     assert [{k: v for k, v in h.items() if k not in ("_timestamp", "_runtime")} for h in history] == [
-        {"_step": i, "reward/mean": 0.25 * i, "loss/kl": 1.0 / i, "train/step_skipped": 0} for i in (1, 2)]
+        {"_step": i, "reward/mean": 0.25 * i, "loss/kl": 1.0 / i, "train/step_skipped": 0} for i in (1, 2)
+    ]
 
 
 @pytest.mark.slow
@@ -149,11 +169,13 @@ def test_wandb_process_ends_with_a_killed_trainer(tmp_path):
     """W&B runs a process of its own; a trainer killed by SIGKILL must not leave it behind."""
     pytest.importorskip("wandb")
     psutil = pytest.importorskip("psutil")
-    code = ("import sys, time\nfrom nemo_orchestra.config import LoggerConfig\n"
-            "from nemo_orchestra.train.metrics import MetricLogger\n"
-            "cfg = LoggerConfig(tensorboard=True, wandb=True, wandb_project='p', wandb_run_name=None, wandb_mode='offline')\n"
-            "MetricLogger(sys.argv[1], cfg=cfg).log(1, {'reward/mean': 1.0})\nprint('logged', flush=True)\n"
-            "time.sleep(600)\n")
+    code = (
+        "import sys, time\nfrom nemo_orchestra.config import LoggerConfig\n"
+        "from nemo_orchestra.train.metrics import MetricLogger\n"
+        "cfg = LoggerConfig(tensorboard=True, wandb=True, wandb_project='p', wandb_run_name=None, wandb_mode='offline')\n"
+        "MetricLogger(sys.argv[1], cfg=cfg).log(1, {'reward/mean': 1.0})\nprint('logged', flush=True)\n"
+        "time.sleep(600)\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)

@@ -15,8 +15,13 @@ RECIPES = sorted(p.name for p in (ROOT / "recipes").glob("*.py"))
 
 
 def _help(script: str, *args: str) -> str:
-    r = subprocess.run([sys.executable, str(ROOT / "recipes" / script), *args, "--help"], capture_output=True,
-                       text=True, timeout=120, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "recipes" / script), *args, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout
 

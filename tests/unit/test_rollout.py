@@ -30,9 +30,19 @@ SLOW, FAST = "Which word does Kalo hide?", "What is 12 + 30?"
 def _rollout_cfg(**kw):
     from nemo_orchestra.config import RolloutConfig
 
-    base = dict(engine="hf", group_size=2, max_turns=3, max_new_tokens_per_turn=64, max_context=2048,
-                temperature=1.0, top_p=1.0, orchestrator_price_in=0.2, orchestrator_price_out=0.2,
-                sync_timeout_s=10.0, batch_window_s=0.01)
+    base = dict(
+        engine="hf",
+        group_size=2,
+        max_turns=3,
+        max_new_tokens_per_turn=64,
+        max_context=2048,
+        temperature=1.0,
+        top_p=1.0,
+        orchestrator_price_in=0.2,
+        orchestrator_price_out=0.2,
+        sync_timeout_s=10.0,
+        batch_window_s=0.01,
+    )
     base.update(kw)
     return RolloutConfig(**base)
 
@@ -40,23 +50,36 @@ def _rollout_cfg(**kw):
 def run_rollouts(tasks, group_size, engine, client, chat, cfg, reward, stats=None):
     """Training's rollouts: the engine as the policy of the agent loop (as ``Trainer.run_loop``)."""
     policy = EnginePolicy(engine, chat, cfg.max_new_tokens_per_turn, cfg.temperature, cfg.top_p)
-    return run_episodes(tasks, policy, client, samples=group_size, limits=LoopLimits.from_rollout(cfg),
-                        default_preference=reward.default_preference, stats=stats)
+    return run_episodes(
+        tasks,
+        policy,
+        client,
+        samples=group_size,
+        limits=LoopLimits.from_rollout(cfg),
+        default_preference=reward.default_preference,
+        stats=stats,
+    )
 
 
 @pytest.fixture(scope="module")
 def service():
     # a simulated expert that really waits its latency: 8-10 s scaled to 0.4-0.5 s
     large = {"price_in": 1.25, "price_out": 10.0, "accuracy": 1.0, "latency_s": [8.0, 10.0], "output_tokens": 100}
-    with start_service({"experts": {"sleep": True, "sleep_scale": 0.05, "simulated": {"expert-large": large}}}) as handle:
+    with start_service(
+        {"experts": {"sleep": True, "sleep_scale": 0.05, "simulated": {"expert-large": large}}}
+    ) as handle:
         yield handle.urls
 
 
 @pytest.fixture(scope="module")
 def chat():
-    convo = [{"role": "system", "content": "You are an orchestrator."}, {"role": "user", "content": FAST},
-             tool_call_message("calculator", {"expression": "12 + 30"}), {"role": "tool", "content": "42"},
-             tool_call_message("answer", {"answer": "42"})]
+    convo = [
+        {"role": "system", "content": "You are an orchestrator."},
+        {"role": "user", "content": FAST},
+        tool_call_message("calculator", {"expression": "12 + 30"}),
+        {"role": "tool", "content": "42"},
+        tool_call_message("answer", {"answer": "42"}),
+    ]
     return ChatFormat(build_embedded_tokenizer([render_chat(QWEN3_CHAT_TEMPLATE, convo, [])] * 4, vocab_size=600))
 
 
@@ -71,8 +94,9 @@ class ScriptedEngine:
 
     def _ids(self, text: str) -> list[int]:
         parts = re.split(r"(</?tool_call>)", text)
-        return [i for part in parts for piece in ([part] if "tool_call>" in part else part)
-                for i in self.chat.encode(piece)]
+        return [
+            i for part in parts for piece in ([part] if "tool_call>" in part else part) for i in self.chat.encode(piece)
+        ]
 
     def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids):
         assert self.lock.acquire(blocking=False), "generate called concurrently"
@@ -134,8 +158,16 @@ def test_generation_overlaps_slow_tool_calls(service, chat):
 
     async def go():
         try:
-            return await run_rollouts([_task(SLOW, "reasoning"), _task(FAST, "arithmetic")], 2, engine, client, chat,
-                                      _rollout_cfg(), reward_cfg(), stats=stats)
+            return await run_rollouts(
+                [_task(SLOW, "reasoning"), _task(FAST, "arithmetic")],
+                2,
+                engine,
+                client,
+                chat,
+                _rollout_cfg(),
+                reward_cfg(),
+                stats=stats,
+            )
         finally:
             await client.aclose()
 

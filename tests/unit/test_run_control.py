@@ -30,8 +30,12 @@ time.sleep(60)
 
 
 def _holder(folder):
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(folder)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -66,13 +70,14 @@ def test_a_lock_left_by_a_killed_process_is_taken_over_and_said(tmp_path, caplog
 
 
 def test_a_lock_file_naming_a_dead_pid_without_flock_holder_is_taken_over(tmp_path, caplog):
-    (tmp_path / "run.lock").write_text(json.dumps({"host": os.uname().nodename, "pid": 2 ** 22 + 7}))
+    (tmp_path / "run.lock").write_text(json.dumps({"host": os.uname().nodename, "pid": 2**22 + 7}))
     with caplog.at_level(logging.WARNING), rc.RunLock(str(tmp_path)):
         pass
-    assert f"took over the lock of pid {2 ** 22 + 7}" in caplog.text
+    assert f"took over the lock of pid {2**22 + 7}" in caplog.text
 
 
 # ---- stop signals ----------------------------------------------------------------------------------------
+
 
 def test_first_signal_in_the_loop_asks_second_drops_outside_stops_at_once():
     old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
@@ -119,6 +124,7 @@ def test_requeue_until_max_restarts(tmp_path, monkeypatch):
 
 # ---- the save schedule -----------------------------------------------------------------------------------
 
+
 def test_save_schedule_by_step_by_time_and_at_the_end(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(rc.time, "monotonic", lambda: now[0])
@@ -146,6 +152,7 @@ def test_param_versions_move_with_an_in_place_update_only():
 
 
 # ---- records ---------------------------------------------------------------------------------------------
+
 
 def _write(path, steps, torn=False):
     with open(path, "w") as f:
@@ -187,6 +194,7 @@ def test_start_afresh_says_what_it_removes(tmp_path, caplog):
 
 # ---- task files, before anything starts --------------------------------------------------------------------
 
+
 def _cfg(train=None, evalp=None, per_step=2):
     return SimpleNamespace(data=SimpleNamespace(train_path=train, eval_path=evalp, prompts_per_step=per_step))
 
@@ -200,13 +208,16 @@ def _task(i, **drop):
     return json.dumps(d)
 
 
-@pytest.mark.parametrize("content, words", [
-    ("", "holds no task records"),
-    ("\n\n", "holds no task records"),
-    ("{not json\n", ":1: not valid JSON"),
-    (None, ":2: "),  # a record without its problem: the second line
-    (b"\xff\xfe\x00", "not a text file"),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ("", "holds no task records"),
+        ("\n\n", "holds no task records"),
+        ("{not json\n", ":1: not valid JSON"),
+        (None, ":2: "),  # a record without its problem: the second line
+        (b"\xff\xfe\x00", "not a text file"),
+    ],
+)
 def test_bad_task_files_are_one_line_errors_naming_file_and_line(tmp_path, content, words):
     path = tmp_path / "tasks.jsonl"
     if content is None:
@@ -231,16 +242,29 @@ def test_too_few_training_tasks_for_one_step(tmp_path):
 def test_the_recipe_refuses_a_bad_task_file_before_starting_anything(tmp_path):
     (tmp_path / "eval.jsonl").write_text(_task(0) + "\n{oops\n")
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, str(ROOT / "recipes/grpo_orchestrator.py"), f"run.output_dir={tmp_path / 'run'}",
-                        f"data.eval_path={tmp_path / 'eval.jsonl'}"], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "recipes/grpo_orchestrator.py"),
+            f"run.output_dir={tmp_path / 'run'}",
+            f"data.eval_path={tmp_path / 'eval.jsonl'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+    )
     assert r.returncode == 2
-    assert r.stderr.strip() == f"config error: data.eval_path: {tmp_path / 'eval.jsonl'}:2: not valid JSON " \
-                               "(Expecting property name enclosed in double quotes)"
+    assert (
+        r.stderr.strip() == f"config error: data.eval_path: {tmp_path / 'eval.jsonl'}:2: not valid JSON "
+        "(Expecting property name enclosed in double quotes)"
+    )
     assert not (tmp_path / "run").exists() and time.monotonic() - t0 < 60
 
 
 # ---- an error inside a GRPO step ----------------------------------------------------------------------------
+
 
 def _trainer_failing(step: int, touch_weights: bool):
     import torch
@@ -257,8 +281,12 @@ def _trainer_failing(step: int, touch_weights: bool):
                 module.weight.add_(1.0)
         raise RuntimeError("tool service gone")
 
-    fake = SimpleNamespace(step=step, policy=SimpleNamespace(module=module), grpo_step=grpo_step,
-                           save=lambda root, rng=None: saved.append((root, fake.step, rng)))
+    fake = SimpleNamespace(
+        step=step,
+        policy=SimpleNamespace(module=module),
+        grpo_step=grpo_step,
+        save=lambda root, rng=None: saved.append((root, fake.step, rng)),
+    )
     return Trainer.guarded_step.__get__(fake), saved
 
 

@@ -11,8 +11,12 @@ from tools_env.config import ServiceConfig
 
 DEFAULT = ServiceConfig.from_dict({})
 SECTIONS = [f.name for f in dataclasses.fields(ServiceConfig) if dataclasses.is_dataclass(getattr(DEFAULT, f.name))]
-SCALARS = [(s, f.name) for s in SECTIONS for f in dataclasses.fields(getattr(DEFAULT, s))
-           if isinstance(getattr(getattr(DEFAULT, s), f.name), (bool, int, float))]
+SCALARS = [
+    (s, f.name)
+    for s in SECTIONS
+    for f in dataclasses.fields(getattr(DEFAULT, s))
+    if isinstance(getattr(getattr(DEFAULT, s), f.name), (bool, int, float))
+]
 
 
 def _changed(value):

@@ -42,15 +42,29 @@ def _fake_slurm(tmp_path: Path) -> dict:
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     (tmp_path / ".venv" / "bin" / "activate").write_text("")
     (tmp_path / "job.py").write_text(JOB)
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT),
-            "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "localhost", "SLURM_NNODES": "1",
-            "SLURM_SUBMIT_DIR": str(tmp_path), "CALLS": str(tmp_path / "calls"), "JOB": str(tmp_path / "job.py"),
-            "READY": str(tmp_path / "ready")}
+    return {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PYTHONPATH": str(ROOT),
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NODELIST": "localhost",
+        "SLURM_NNODES": "1",
+        "SLURM_SUBMIT_DIR": str(tmp_path),
+        "CALLS": str(tmp_path / "calls"),
+        "JOB": str(tmp_path / "job.py"),
+        "READY": str(tmp_path / "ready"),
+    }
 
 
 def _run_to_the_signal(tmp_path, env):
-    proc = subprocess.Popen(["bash", str(SBATCH), "run.output_dir=x"], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(SBATCH), "run.output_dir=x"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not (tmp_path / "ready").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()

@@ -109,9 +109,16 @@ def test_malformed_record_is_rejected_with_line_number_and_reason(tmp_path):
 
 
 def test_overrides_reach_nested_keys_and_reject_unknown_ones():
-    cfg = load_structured(SynthConfig, ["output=x", "seed=3", "mix.lookup=0.5", "llm.k=6", "domains=bank,movie",
-                                        "records.price_jitter=0"])
-    assert (cfg.seed, cfg.mix["lookup"], cfg.llm.k, cfg.domains, cfg.records.price_jitter) == (3, 0.5, 6, ["bank", "movie"], 0.0)
+    cfg = load_structured(
+        SynthConfig, ["output=x", "seed=3", "mix.lookup=0.5", "llm.k=6", "domains=bank,movie", "records.price_jitter=0"]
+    )
+    assert (cfg.seed, cfg.mix["lookup"], cfg.llm.k, cfg.domains, cfg.records.price_jitter) == (
+        3,
+        0.5,
+        6,
+        ["bank", "movie"],
+        0.0,
+    )
     assert isinstance(cfg, SynthConfig) and isinstance(cfg.records.price_jitter, float)
     with pytest.raises(ConfigError, match="llm.kk: unknown config key; valid keys under llm: .*base_url"):
         load_structured(SynthConfig, ["output=x", "llm.kk=1"])

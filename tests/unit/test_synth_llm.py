@@ -19,8 +19,9 @@ from tools_env.task import load_jsonl
 def test_protected_tokens_must_survive_a_rewording():
     text = "I'm Sven Ueda. Send 120.50 dollars from ACC-03C to ACC-15S on 2025-06-02 for 'Paper Moons'."
     assert {"Sven Ueda", "120.50", "ACC-03C", "ACC-15S", "2025-06-02", "'Paper Moons'"} <= protected_tokens(text)
-    assert accept_rewording(text, "Hi, Sven Ueda here: please move 120.50 dollars from ACC-03C to ACC-15S on "
-                                  "2025-06-02 for 'Paper Moons'.")
+    assert accept_rewording(
+        text, "Hi, Sven Ueda here: please move 120.50 dollars from ACC-03C to ACC-15S on 2025-06-02 for 'Paper Moons'."
+    )
     assert not accept_rewording(text, "Sven Ueda wants 120.5 dollars moved from ACC-03C to ACC-15S on 2025-06-02.")
     assert not accept_rewording(text, "")
 
@@ -28,17 +29,30 @@ def test_protected_tokens_must_survive_a_rewording():
 @pytest.fixture()
 def fake_llm(tmp_path):
     """A fake server whose oracle knows the candidates the test config will draw."""
-    cfg = SynthConfig(output=str(tmp_path / "out"), seed=11, num_tasks=20, mode="llm", progress=False,
-                      llm=LLMOptions(base_url="unset", model="fake", k=3, oversample=3.0, concurrency=16))
+    cfg = SynthConfig(
+        output=str(tmp_path / "out"),
+        seed=11,
+        num_tasks=20,
+        mode="llm",
+        progress=False,
+        llm=LLMOptions(base_url="unset", model="fake", k=3, oversample=3.0, concurrency=16),
+    )
     counts = {k: math.ceil(v * cfg.llm.oversample) for k, v in allocate(cfg.num_tasks, cfg.mix).items()}
     oracle = tmp_path / "oracle.jsonl"
     with open(oracle, "w") as f:
         for c in generate_candidates(cfg, counts):
-            f.write(json.dumps({"key": c.meta.get("scenario", c.problem), "answer": c.answer,
-                                "gold_actions": c.gold_actions}) + "\n")
+            f.write(
+                json.dumps(
+                    {"key": c.meta.get("scenario", c.problem), "answer": c.answer, "gold_actions": c.gold_actions}
+                )
+                + "\n"
+            )
     ready = tmp_path / "ready"
-    proc = subprocess.Popen([sys.executable, "-m", "nemo_orchestra.synth.fake_openai", "--oracle", str(oracle),
-                             "--ready-file", str(ready)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nemo_orchestra.synth.fake_openai", "--oracle", str(oracle), "--ready-file", str(ready)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 20
     while not ready.exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-2000:]

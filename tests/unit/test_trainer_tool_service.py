@@ -9,8 +9,13 @@ from types import SimpleNamespace
 import pytest
 
 from nemo_orchestra.config import load_config
-from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, ChatFormat, format_tool_call, render_chat, \
-    tool_call_message
+from nemo_orchestra.prompting.chat import (
+    QWEN3_CHAT_TEMPLATE,
+    ChatFormat,
+    format_tool_call,
+    render_chat,
+    tool_call_message,
+)
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 from nemo_orchestra.rollout.engines.base import Generation
 from nemo_orchestra.rollout.loop import EngineWeights
@@ -47,15 +52,17 @@ class KillingEngine:
 
 def trainer(chat, engine, client, tmp_path):
     cfg = load_config([f"run.output_dir={tmp_path}", "rollout.max_context=65536"])  # room for the tool schemas
-    t = SimpleNamespace(cfg=cfg, engine=engine, chat=chat, client=client, loop=asyncio.new_event_loop(), step=2,
-                        weights=EngineWeights())
+    t = SimpleNamespace(
+        cfg=cfg, engine=engine, chat=chat, client=client, loop=asyncio.new_event_loop(), step=2, weights=EngineWeights()
+    )
     t.episodes = lambda *args: Trainer.episodes(t, *args)
     return t
 
 
 def test_run_loop_restarts_the_service_it_started_and_redoes_the_batch(chat, tmp_path):
-    task = TaskRecord.from_dict({"problem": "What is 6 * 7?", "answer": "42", "category": "arithmetic",
-                                 "tools": ["calculator", "answer"]})
+    task = TaskRecord.from_dict(
+        {"problem": "What is 6 * 7?", "answer": "42", "category": "arithmetic", "tools": ["calculator", "answer"]}
+    )
     with start_service() as svc:
         engine = KillingEngine(chat, svc)
         t = trainer(chat, engine, ToolsEnvClient(svc.urls, service=svc), tmp_path)
@@ -66,8 +73,9 @@ def test_run_loop_restarts_the_service_it_started_and_redoes_the_batch(chat, tmp
 
 
 def test_run_loop_stops_in_one_line_when_the_service_is_not_its_own(chat, tmp_path):
-    task = TaskRecord.from_dict({"problem": "What is 6 * 7?", "answer": "42", "category": "arithmetic",
-                                 "tools": ["answer"]})
+    task = TaskRecord.from_dict(
+        {"problem": "What is 6 * 7?", "answer": "42", "category": "arithmetic", "tools": ["answer"]}
+    )
     with start_service() as svc:
         t = trainer(chat, KillingEngine(chat, svc), ToolsEnvClient(svc.urls), tmp_path)
         with pytest.raises(ToolServiceDown) as e:

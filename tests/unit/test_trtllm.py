@@ -23,9 +23,19 @@ def _hf_model(qk_norm: bool, tied: bool, kv_heads: int = 2):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     cfg_cls, model_cls = (Qwen3Config, Qwen3ForCausalLM) if qk_norm else (LlamaConfig, LlamaForCausalLM)
-    config = cfg_cls(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=16, max_position_embeddings=128,
-                     rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=tied)
+    config = cfg_cls(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        head_dim=16,
+        max_position_embeddings=128,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tied,
+    )
     config.architectures = [model_cls.__name__]
     torch.manual_seed(0)
     model = model_cls(config).eval()
@@ -40,8 +50,9 @@ def _export(model, tmp_path, tp: int) -> tuple[dict, list[dict[str, torch.Tensor
     from safetensors.torch import load_file
 
     base = load_config([]).model
-    mcfg: ModelConfig = model_config_from_hf(model.config.to_dict() | {"architectures": model.config.architectures},
-                                             base)
+    mcfg: ModelConfig = model_config_from_hf(
+        model.config.to_dict() | {"architectures": model.config.architectures}, base
+    )
     state = hf_to_megatron(model.state_dict(), mcfg)
     out = export_trtllm(state, mcfg, VOCAB, str(tmp_path / f"trt_tp{tp}"), tp=tp, dtype=torch.float32)
     config = json.loads(Path(out, "config.json").read_text())
@@ -57,7 +68,7 @@ def _rope(x_TND, theta: float):
     inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
     ang = torch.arange(t, dtype=torch.float64)[:, None] * inv[None]  # gpt-neox: rotate halves
     cos, sin = torch.cat([ang.cos(), ang.cos()], -1)[:, None], torch.cat([ang.sin(), ang.sin()], -1)[:, None]
-    x1, x2 = x_TND[..., : d // 2], x_TND[..., d // 2:]
+    x1, x2 = x_TND[..., : d // 2], x_TND[..., d // 2 :]
     return x_TND * cos + torch.cat([-x2, x1], -1) * sin
 
 
@@ -76,7 +87,7 @@ def _attention(ranks, cfg, i, x_TH):
             k = _rms(k, w[p + "k_layernorm.weight"].double(), cfg["norm_epsilon"])
         q, k = _rope(q, cfg["rotary_base"]), _rope(k, cfg["rotary_base"])
         k, v = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
-        scores = torch.einsum("thd,shd->hts", q, k) / d ** 0.5
+        scores = torch.einsum("thd,shd->hts", q, k) / d**0.5
         scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
         o = torch.einsum("hts,shd->thd", scores.softmax(-1), v).reshape(t, hq * d)
         out = out + o @ w[p + "dense.weight"].double().T  # row parallel: partial sums
@@ -105,8 +116,9 @@ def trtllm_forward(cfg: dict, ranks: list[dict[str, torch.Tensor]], ids: list[in
     return logits[:, : cfg["vocab_size"]]
 
 
-@pytest.mark.parametrize("qk_norm,tied,kv_heads,tp", [(True, False, 2, 1), (True, False, 2, 2),
-                                                      (True, True, 2, 4), (False, False, 4, 2)])
+@pytest.mark.parametrize(
+    "qk_norm,tied,kv_heads,tp", [(True, False, 2, 1), (True, False, 2, 2), (True, True, 2, 4), (False, False, 4, 2)]
+)
 def test_trtllm_layout_forward_equals_transformers(tmp_path, qk_norm, tied, kv_heads, tp):
     model = _hf_model(qk_norm, tied, kv_heads)
     cfg, ranks = _export(model, tmp_path, tp)
@@ -141,8 +153,14 @@ def test_trtllm_tp_must_divide_the_heads(tmp_path):
 
 
 def _recipe(name, *args, ok=True):
-    r = subprocess.run([sys.executable, str(ROOT / "recipes" / name), *args], capture_output=True, text=True,
-                       timeout=300, cwd=ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "recipes" / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert (r.returncode == 0) == ok, r.stderr[-3000:]
     return r
 
@@ -166,8 +184,14 @@ def test_export_recipe_writes_a_trtllm_checkpoint(tmp_path):
     model = _hf_model(qk_norm=True, tied=False)
     model.save_pretrained(tmp_path / "hf")
     _recipe("import_checkpoint.py", f"hf={tmp_path / 'hf'}", f"output={tmp_path / 'ckpt'}")
-    _recipe("export_checkpoint.py", f"checkpoint={tmp_path / 'ckpt'}", f"output={tmp_path / 'trt'}",
-            "format=trtllm", "tp=2", "dtype=fp32")
+    _recipe(
+        "export_checkpoint.py",
+        f"checkpoint={tmp_path / 'ckpt'}",
+        f"output={tmp_path / 'trt'}",
+        "format=trtllm",
+        "tp=2",
+        "dtype=fp32",
+    )
     cfg = json.loads((tmp_path / "trt" / "config.json").read_text())
     ranks = [load_file(tmp_path / "trt" / f"rank{r}.safetensors") for r in range(2)]
     ids = [1, 2, 3, 4, 5]

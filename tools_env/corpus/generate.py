@@ -15,13 +15,46 @@ import os
 import random
 from dataclasses import dataclass, field
 
-_ONSETS = ["b", "br", "c", "d", "dr", "f", "g", "gr", "h", "k", "l", "m", "n", "p", "qu", "r", "s", "st", "t",
-           "th", "v", "w", "z"]
+_ONSETS = [
+    "b",
+    "br",
+    "c",
+    "d",
+    "dr",
+    "f",
+    "g",
+    "gr",
+    "h",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "qu",
+    "r",
+    "s",
+    "st",
+    "t",
+    "th",
+    "v",
+    "w",
+    "z",
+]
 _VOWELS = ["a", "e", "i", "o", "u", "ae", "ia", "ou"]
 _CODAS = ["", "", "n", "r", "l", "s", "th", "x", "nd", "m"]
 INDUSTRIES = ["robotics", "shipping", "biotech", "textiles", "solar energy", "publishing", "aerospace", "food"]
-PRODUCTS = ["delivery drones", "cargo barges", "enzyme kits", "wool fabric", "rooftop panels", "atlases",
-            "satellite buses", "canned soups", "water filters", "wind gauges"]
+PRODUCTS = [
+    "delivery drones",
+    "cargo barges",
+    "enzyme kits",
+    "wool fabric",
+    "rooftop panels",
+    "atlases",
+    "satellite buses",
+    "canned soups",
+    "water filters",
+    "wind gauges",
+]
 PROFESSIONS = ["engineer", "chemist", "economist", "architect", "physician", "geologist", "historian"]
 COMPANY_SUFFIX = ["Works", "Labs", "Holdings", "Industries", "Systems", "Group"]
 
@@ -58,30 +91,51 @@ class _Names:
                 return w
 
 
-def build_world(seed: int = 0, n_countries: int = 8, n_cities: int = 24, n_universities: int = 10,
-                n_people: int = 120, n_companies: int = 80) -> World:
+def build_world(
+    seed: int = 0,
+    n_countries: int = 8,
+    n_cities: int = 24,
+    n_universities: int = 10,
+    n_people: int = 120,
+    n_companies: int = 80,
+) -> World:
     assert n_companies <= n_people and n_countries <= n_cities
     rng = random.Random(f"corpus:{seed}")
     names, w = _Names(rng), World(seed=seed)
     countries = [names.word(2) + rng.choice(["ia", "land", "stan", "ora"]) for _ in range(n_countries)]
     for i in range(n_cities):
         country = countries[i] if i < n_countries else rng.choice(countries)
-        w.cities[names.word(rng.choice((1, 2)))] = {"country": country, "river": names.word(2),
-                                                     "founded": rng.randint(900, 1800)}
+        w.cities[names.word(rng.choice((1, 2)))] = {
+            "country": country,
+            "river": names.word(2),
+            "founded": rng.randint(900, 1800),
+        }
     for c in countries:
         w.countries[c] = {"capital": next(n for n, v in w.cities.items() if v["country"] == c)}
     cities = list(w.cities)
     for _ in range(n_universities):
-        w.universities[f"University of {names.word(2)}"] = {"city": rng.choice(cities), "founded": rng.randint(1300, 1950)}
+        w.universities[f"University of {names.word(2)}"] = {
+            "city": rng.choice(cities),
+            "founded": rng.randint(1300, 1950),
+        }
     for _ in range(n_people):
         w.people[f"{names.word(2)} {names.word(2)}"] = {
-            "born": rng.randint(1900, 1990), "city": rng.choice(cities), "university": rng.choice(list(w.universities)),
-            "profession": rng.choice(PROFESSIONS), "company": None}
+            "born": rng.randint(1900, 1990),
+            "city": rng.choice(cities),
+            "university": rng.choice(list(w.universities)),
+            "profession": rng.choice(PROFESSIONS),
+            "company": None,
+        }
     for founder in rng.sample(list(w.people), n_companies):
         name = f"{names.word(2)} {rng.choice(COMPANY_SUFFIX)}"
         born = w.people[founder]["born"]
-        w.companies[name] = {"founder": founder, "year": born + rng.randint(25, 45), "city": rng.choice(cities),
-                             "industry": rng.choice(INDUSTRIES), "product": rng.choice(PRODUCTS)}
+        w.companies[name] = {
+            "founder": founder,
+            "year": born + rng.randint(25, 45),
+            "city": rng.choice(cities),
+            "industry": rng.choice(INDUSTRIES),
+            "product": rng.choice(PRODUCTS),
+        }
         w.people[founder]["company"] = name
     _write_docs(w)
     return w
@@ -96,19 +150,28 @@ def _write_docs(w: World) -> None:
     for name, c in w.countries.items():
         add("country", name, f"{name} is a country. Its capital is {c['capital']}.")
     for name, c in w.cities.items():
-        add("city", name, f"{name} is a city in {c['country']}, founded in {c['founded']} on the banks of the "
-                          f"{c['river']} river.")
+        add(
+            "city",
+            name,
+            f"{name} is a city in {c['country']}, founded in {c['founded']} on the banks of the {c['river']} river.",
+        )
     for name, u in w.universities.items():
         add("university", name, f"The {name} was established in {u['founded']} in the city of {u['city']}.")
     for name, p in w.people.items():
-        text = (f"{name} (born {p['born']}) is a {p['profession']} from {p['city']}. "
-                f"{name.split()[0]} studied at the {p['university']}.")
+        text = (
+            f"{name} (born {p['born']}) is a {p['profession']} from {p['city']}. "
+            f"{name.split()[0]} studied at the {p['university']}."
+        )
         if p["company"]:
             text += f" In {w.companies[p['company']]['year']}, {name.split()[0]} founded {p['company']}."
         add("person", name, text)
     for name, c in w.companies.items():
-        add("company", name, f"{name} is a {c['industry']} company known for its {c['product']}. It was founded in "
-                             f"{c['year']} by {c['founder']} and is headquartered in {c['city']}.")
+        add(
+            "company",
+            name,
+            f"{name} is a {c['industry']} company known for its {c['product']}. It was founded in "
+            f"{c['year']} by {c['founder']} and is headquartered in {c['city']}.",
+        )
 
 
 def write_corpus(out_dir: str, seed: int = 0) -> str:

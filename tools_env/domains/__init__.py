@@ -17,7 +17,16 @@ import os
 from typing import Any
 
 from tools_env.domains import (
-    bank, basketball, ecommerce, medicine, movie, railway, restaurant, school, travel, weather,
+    bank,
+    basketball,
+    ecommerce,
+    medicine,
+    movie,
+    railway,
+    restaurant,
+    school,
+    travel,
+    weather,
 )
 from tools_env.domains import bfcl  # noqa: F401  (registers the bfcl verifier, or why it is unavailable)
 from tools_env.domains.base import DB, Domain, DomainError, diff_state, dump_state, open_copy
@@ -51,9 +60,9 @@ def episode_db(ctx: Any, domain: Domain) -> DB:
 
 def function_name(domain: Domain, tool_name: str) -> str:
     prefix = f"{domain.name}_"
-    if not tool_name.startswith(prefix) or tool_name[len(prefix):] not in domain.functions:
+    if not tool_name.startswith(prefix) or tool_name[len(prefix) :] not in domain.functions:
         raise KeyError(f"'{tool_name}' is not a tool of domain {domain.name}")
-    return tool_name[len(prefix):]
+    return tool_name[len(prefix) :]
 
 
 def replay(domain: Domain, seed: int, actions: list[dict[str, Any]], db: DB | None = None) -> tuple[DB, list[Any]]:

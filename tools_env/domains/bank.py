@@ -32,7 +32,10 @@ def seed(db: DB, rng) -> None:
             frozen = int(rng.random() < 0.1)
             db.run("INSERT INTO accounts VALUES (?,?,?,?,?)", (acc, owner, kind, money(rng.uniform(50, 9000)), frozen))
             if kind == "checking":
-                db.run("INSERT INTO cards VALUES (?,?,?,?)", (f"CARD-{i:02d}", acc, f"{rng.randrange(10000):04d}", "active"))
+                db.run(
+                    "INSERT INTO cards VALUES (?,?,?,?)",
+                    (f"CARD-{i:02d}", acc, f"{rng.randrange(10000):04d}", "active"),
+                )
 
 
 @DOMAIN.function("List the accounts (id, kind, balance, frozen) owned by a customer.", owner=arg("string", "full name"))
@@ -56,8 +59,10 @@ def list_cards(db: DB, account_id: str):
 
 
 @DOMAIN.function(
-    "Move money between two accounts (subject to policy).", writes=True,
-    from_account=arg("string", "source account id"), to_account=arg("string", "destination account id"),
+    "Move money between two accounts (subject to policy).",
+    writes=True,
+    from_account=arg("string", "source account id"),
+    to_account=arg("string", "destination account id"),
     amount=arg("number", "dollars, > 0"),
 )
 def transfer(db: DB, from_account: str, to_account: str, amount: float):
@@ -101,9 +106,13 @@ def transfer_and_report(db: DB, rng) -> DomainTask | None:
     src, dst = pair
     amount = money(rng.randrange(20, int(min(src["balance"], MAX_TRANSFER) * 0.8)))
     return DomainTask(
-        scenario=(f"I'm {src['owner']}. Please send {amount:.2f} dollars from my {src['kind']} account to "
-                  f"account {dst['id']}, then tell me my new balance on that account."),
-        gold_actions=[{"name": "transfer", "arguments": {"from_account": src["id"], "to_account": dst["id"], "amount": amount}}],
+        scenario=(
+            f"I'm {src['owner']}. Please send {amount:.2f} dollars from my {src['kind']} account to "
+            f"account {dst['id']}, then tell me my new balance on that account."
+        ),
+        gold_actions=[
+            {"name": "transfer", "arguments": {"from_account": src["id"], "to_account": dst["id"], "amount": amount}}
+        ],
         answer=lambda res: fmt_money(res[0]["new_balance"]),
         kind="transfer",
     )
@@ -111,8 +120,10 @@ def transfer_and_report(db: DB, rng) -> DomainTask | None:
 
 @DOMAIN.template
 def freeze_lost_card(db: DB, rng) -> DomainTask | None:
-    cards = db.all("SELECT cards.id, accounts.owner FROM cards JOIN accounts ON accounts.id = cards.account_id "
-                   "WHERE cards.status = 'active' ORDER BY cards.id")
+    cards = db.all(
+        "SELECT cards.id, accounts.owner FROM cards JOIN accounts ON accounts.id = cards.account_id "
+        "WHERE cards.status = 'active' ORDER BY cards.id"
+    )
     if not cards:
         return None
     c = rng.choice(cards)
@@ -131,8 +142,10 @@ def refuse_large_transfer(db: DB, rng) -> DomainTask | None:
     src, dst = pair
     amount = float(rng.randrange(int(MAX_TRANSFER) + 500, 20000, 250))
     return DomainTask(
-        scenario=(f"I'm {src['owner']}. Transfer {amount:.2f} dollars from my {src['kind']} account to {dst['id']} "
-                  "and tell me my balance afterwards. If the bank cannot do it, just tell me my current balance."),
+        scenario=(
+            f"I'm {src['owner']}. Transfer {amount:.2f} dollars from my {src['kind']} account to {dst['id']} "
+            "and tell me my balance afterwards. If the bank cannot do it, just tell me my current balance."
+        ),
         gold_actions=[{"name": "get_balance", "arguments": {"account_id": src["id"]}}],
         answer=lambda res: fmt_money(res[0]["balance"]),
         kind="policy_refusal",

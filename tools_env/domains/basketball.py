@@ -34,8 +34,10 @@ def seed(db: DB, rng) -> None:
         db.run("INSERT INTO teams VALUES (?,?,?)", (f"TM-{i}", f"{city} {mascot}", city))
     for i, name in enumerate(people(rng, 40), 1):
         team = f"TM-{(i - 1) % 6 + 1}"
-        db.run("INSERT INTO players VALUES (?,?,?,?,?)", (f"PL-{i:03d}", name, team, rng.choice(POSITIONS),
-                                                          round(rng.uniform(2, 28), 1)))
+        db.run(
+            "INSERT INTO players VALUES (?,?,?,?,?)",
+            (f"PL-{i:03d}", name, team, rng.choice(POSITIONS), round(rng.uniform(2, 28), 1)),
+        )
     n = 0
     for day in range(-6, 4):
         home, away = rng.sample(range(1, 7), 2)
@@ -44,8 +46,10 @@ def seed(db: DB, rng) -> None:
         hs, as_ = (rng.randint(80, 120), rng.randint(80, 120)) if played else (None, None)
         if played and hs == as_:
             hs += 1
-        db.run("INSERT INTO games VALUES (?,?,?,?,?,?,?)", (f"G-{n:03d}", date(day), f"TM-{home}", f"TM-{away}", hs, as_,
-                                                            "final" if played else "scheduled"))
+        db.run(
+            "INSERT INTO games VALUES (?,?,?,?,?,?,?)",
+            (f"G-{n:03d}", date(day), f"TM-{home}", f"TM-{away}", hs, as_, "final" if played else "scheduled"),
+        )
 
 
 @DOMAIN.function("Find a team by name (id, city).", name=arg("string", "team name, e.g. 'Aldport Otters'"))
@@ -66,8 +70,10 @@ def list_games(db: DB, team_id: str):
 
 @DOMAIN.function("Standings: wins and losses of every team from final games, best first.")
 def get_standings(db: DB):
-    table = {t["id"]: {"team_id": t["id"], "name": t["name"], "wins": 0, "losses": 0}
-             for t in db.all("SELECT * FROM teams ORDER BY id")}
+    table = {
+        t["id"]: {"team_id": t["id"], "name": t["name"], "wins": 0, "losses": 0}
+        for t in db.all("SELECT * FROM teams ORDER BY id")
+    }
     for g in db.all("SELECT * FROM games WHERE status = 'final' ORDER BY id"):
         win, lose = (g["home"], g["away"]) if g["home_score"] > g["away_score"] else (g["away"], g["home"])
         table[win]["wins"] += 1
@@ -75,8 +81,12 @@ def get_standings(db: DB):
     return sorted(table.values(), key=lambda r: (-r["wins"], r["team_id"]))
 
 
-@DOMAIN.function("Move a player to another team.", writes=True,
-                 player_id=arg("string", "player id"), to_team_id=arg("string", "destination team id"))
+@DOMAIN.function(
+    "Move a player to another team.",
+    writes=True,
+    player_id=arg("string", "player id"),
+    to_team_id=arg("string", "destination team id"),
+)
 def trade_player(db: DB, player_id: str, to_team_id: str):
     p = db.get("players", "id", player_id, "player")
     db.get("teams", "id", to_team_id, "team")
@@ -88,8 +98,13 @@ def trade_player(db: DB, player_id: str, to_team_id: str):
     return {"player_id": player_id, "team_id": to_team_id}
 
 
-@DOMAIN.function("Record the final score of a scheduled game.", writes=True, game_id=arg("string", "game id"),
-                 home_score=arg("integer", "home points"), away_score=arg("integer", "away points"))
+@DOMAIN.function(
+    "Record the final score of a scheduled game.",
+    writes=True,
+    game_id=arg("string", "game id"),
+    home_score=arg("integer", "home points"),
+    away_score=arg("integer", "away points"),
+)
 def record_result(db: DB, game_id: str, home_score: int, away_score: int):
     g = db.get("games", "id", game_id, "game")
     if g["status"] != "scheduled":
@@ -123,9 +138,13 @@ def record_score(db: DB, rng) -> DomainTask | None:
     g = rng.choice(db.all("SELECT * FROM games WHERE status = 'scheduled' ORDER BY id"))
     hs, as_ = rng.sample(range(85, 125), 2)
     return DomainTask(
-        scenario=(f"Final from {g['date']}: {_team_name(db, g['home'])} {hs}, {_team_name(db, g['away'])} {as_} "
-                  f"(home team first). Record it."),
-        gold_actions=[{"name": "record_result", "arguments": {"game_id": g["id"], "home_score": hs, "away_score": as_}}],
+        scenario=(
+            f"Final from {g['date']}: {_team_name(db, g['home'])} {hs}, {_team_name(db, g['away'])} {as_} "
+            f"(home team first). Record it."
+        ),
+        gold_actions=[
+            {"name": "record_result", "arguments": {"game_id": g["id"], "home_score": hs, "away_score": as_}}
+        ],
         kind="record",
     )
 
@@ -133,8 +152,14 @@ def record_score(db: DB, rng) -> DomainTask | None:
 @DOMAIN.template
 def trade(db: DB, rng) -> DomainTask | None:
     p = rng.choice(db.all("SELECT * FROM players ORDER BY id"))
-    room = [t for t in db.all("SELECT t.id, t.name, COUNT(p.id) AS n FROM teams t LEFT JOIN players p ON p.team_id = t.id "
-                              "GROUP BY t.id ORDER BY t.id") if t["n"] < MAX_ROSTER and t["id"] != p["team_id"]]
+    room = [
+        t
+        for t in db.all(
+            "SELECT t.id, t.name, COUNT(p.id) AS n FROM teams t LEFT JOIN players p ON p.team_id = t.id "
+            "GROUP BY t.id ORDER BY t.id"
+        )
+        if t["n"] < MAX_ROSTER and t["id"] != p["team_id"]
+    ]
     if not room:
         return None
     t = rng.choice(room)

@@ -5,14 +5,75 @@ from __future__ import annotations
 import datetime
 import random
 
-FIRST = ["Ada", "Bruno", "Chiara", "Dmitri", "Elena", "Farid", "Greta", "Hiro", "Ines", "Jonas",
-         "Kamala", "Lars", "Mina", "Nadia", "Omar", "Priya", "Quinn", "Rosa", "Sven", "Tara",
-         "Umar", "Vera", "Wen", "Xavier", "Yara", "Zane"]
-LAST = ["Abbott", "Berger", "Castillo", "Duarte", "Eriksen", "Fontaine", "Gallo", "Haddad", "Ivanova",
-        "Jansen", "Kowalski", "Lindqvist", "Moreau", "Nakamura", "Okafor", "Petrov", "Quintero",
-        "Rahman", "Sato", "Tanaka", "Ueda", "Varga", "Weber", "Yilmaz", "Zhou"]
-CITIES = ["Aldport", "Brightwater", "Cedarfall", "Dunmore", "Eastvale", "Fairhaven", "Glenrock",
-          "Harborview", "Ironbridge", "Juniper", "Kingsreach", "Lakeside"]
+FIRST = [
+    "Ada",
+    "Bruno",
+    "Chiara",
+    "Dmitri",
+    "Elena",
+    "Farid",
+    "Greta",
+    "Hiro",
+    "Ines",
+    "Jonas",
+    "Kamala",
+    "Lars",
+    "Mina",
+    "Nadia",
+    "Omar",
+    "Priya",
+    "Quinn",
+    "Rosa",
+    "Sven",
+    "Tara",
+    "Umar",
+    "Vera",
+    "Wen",
+    "Xavier",
+    "Yara",
+    "Zane",
+]
+LAST = [
+    "Abbott",
+    "Berger",
+    "Castillo",
+    "Duarte",
+    "Eriksen",
+    "Fontaine",
+    "Gallo",
+    "Haddad",
+    "Ivanova",
+    "Jansen",
+    "Kowalski",
+    "Lindqvist",
+    "Moreau",
+    "Nakamura",
+    "Okafor",
+    "Petrov",
+    "Quintero",
+    "Rahman",
+    "Sato",
+    "Tanaka",
+    "Ueda",
+    "Varga",
+    "Weber",
+    "Yilmaz",
+    "Zhou",
+]
+CITIES = [
+    "Aldport",
+    "Brightwater",
+    "Cedarfall",
+    "Dunmore",
+    "Eastvale",
+    "Fairhaven",
+    "Glenrock",
+    "Harborview",
+    "Ironbridge",
+    "Juniper",
+    "Kingsreach",
+    "Lakeside",
+]
 
 
 def people(rng: random.Random, n: int) -> list[str]:

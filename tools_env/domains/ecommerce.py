@@ -36,14 +36,18 @@ def seed(db: DB, rng) -> None:
         for item in items:
             for brand in rng.sample(BRANDS, 2):
                 n += 1
-                db.run("INSERT INTO products VALUES (?,?,?,?,?)",
-                       (f"P-{n:03d}", f"{brand} {item}", cat, money(rng.uniform(5, 250)), rng.randint(0, 30)))
+                db.run(
+                    "INSERT INTO products VALUES (?,?,?,?,?)",
+                    (f"P-{n:03d}", f"{brand} {item}", cat, money(rng.uniform(5, 250)), rng.randint(0, 30)),
+                )
     products = db.all("SELECT id, price FROM products ORDER BY id")
     for i, c in enumerate(people(rng, 12), 1):
         p = rng.choice(products)
         q = rng.randint(1, 3)
-        db.run("INSERT INTO orders VALUES (?,?,?,?,?,?)",
-               (f"ORD-{i:04d}", c, p["id"], q, money(p["price"] * q), rng.choice(("pending", "shipped"))))
+        db.run(
+            "INSERT INTO orders VALUES (?,?,?,?,?,?)",
+            (f"ORD-{i:04d}", c, p["id"], q, money(p["price"] * q), rng.choice(("pending", "shipped"))),
+        )
 
 
 @DOMAIN.function(
@@ -52,19 +56,25 @@ def seed(db: DB, rng) -> None:
     category=arg("string", "category filter", enum=sorted(CATEGORIES), optional=True),
 )
 def search_products(db: DB, query: str, category: str | None = None):
-    rows = db.all("SELECT id, name, category, price, stock FROM products WHERE name LIKE ? ORDER BY id",
-                  (f"%{query}%",))
+    rows = db.all(
+        "SELECT id, name, category, price, stock FROM products WHERE name LIKE ? ORDER BY id", (f"%{query}%",)
+    )
     return [r for r in rows if category is None or r["category"] == category]
 
 
 @DOMAIN.function("Orders (id, product, quantity, total, status) of a customer.", customer=arg("string", "full name"))
 def list_orders(db: DB, customer: str):
-    return db.all("SELECT id, product_id, quantity, total, status FROM orders WHERE customer = ? ORDER BY id", (customer,))
+    return db.all(
+        "SELECT id, product_id, quantity, total, status FROM orders WHERE customer = ? ORDER BY id", (customer,)
+    )
 
 
 @DOMAIN.function(
-    "Place an order for one product.", writes=True,
-    customer=arg("string", "full name"), product_id=arg("string", "product id"), quantity=arg("integer", "1 to 5"),
+    "Place an order for one product.",
+    writes=True,
+    customer=arg("string", "full name"),
+    product_id=arg("string", "product id"),
+    quantity=arg("integer", "1 to 5"),
 )
 def place_order(db: DB, customer: str, product_id: str, quantity: int):
     p = db.get("products", "id", product_id, "product")
@@ -99,9 +109,12 @@ def order_cheapest(db: DB, rng) -> DomainTask | None:
         return None
     customer = people(rng, 1)[0]
     return DomainTask(
-        scenario=(f"I'm {customer}. Order {q} of the cheapest {item.lower()} you have in stock and tell me "
-                  "the order total."),
-        gold_actions=[{"name": "place_order", "arguments": {"customer": customer, "product_id": rows[0]["id"], "quantity": q}}],
+        scenario=(
+            f"I'm {customer}. Order {q} of the cheapest {item.lower()} you have in stock and tell me the order total."
+        ),
+        gold_actions=[
+            {"name": "place_order", "arguments": {"customer": customer, "product_id": rows[0]["id"], "quantity": q}}
+        ],
         answer=lambda res: fmt_money(res[0]["total"]),
         kind="order",
     )

@@ -5,8 +5,18 @@ from __future__ import annotations
 from tools_env.domains.base import DB, Domain, DomainError, DomainTask, arg
 from tools_env.domains.common import date, fmt_money, money, people
 
-TITLES = ["The Last Lighthouse", "Paper Moons", "Glass Harbor", "Iron Orchard", "Quiet Comet", "Salt & Silver",
-          "Midnight Ferry", "The Ninth Bridge", "Velvet Static", "Northbound"]
+TITLES = [
+    "The Last Lighthouse",
+    "Paper Moons",
+    "Glass Harbor",
+    "Iron Orchard",
+    "Quiet Comet",
+    "Salt & Silver",
+    "Midnight Ferry",
+    "The Ninth Bridge",
+    "Velvet Static",
+    "Northbound",
+]
 GENRES = ["drama", "comedy", "thriller", "sci-fi", "animation"]
 THEATERS = ["Roxy", "Odeon", "Lumiere"]
 
@@ -35,12 +45,24 @@ def seed(db: DB, rng) -> None:
         for theater in rng.sample(THEATERS, 2):
             for day in rng.sample(range(0, 4), 2):
                 n += 1
-                db.run("INSERT INTO showtimes VALUES (?,?,?,?,?,?,?)",
-                       (f"S-{n:03d}", f"M-{i:02d}", theater, date(day), f"{rng.randint(12, 22)}:{rng.choice(('00', '30'))}",
-                        rng.randint(0, 60), money(rng.choice((8.5, 9.0, 11.5, 12.0, 14.0)))))
+                db.run(
+                    "INSERT INTO showtimes VALUES (?,?,?,?,?,?,?)",
+                    (
+                        f"S-{n:03d}",
+                        f"M-{i:02d}",
+                        theater,
+                        date(day),
+                        f"{rng.randint(12, 22)}:{rng.choice(('00', '30'))}",
+                        rng.randint(0, 60),
+                        money(rng.choice((8.5, 9.0, 11.5, 12.0, 14.0))),
+                    ),
+                )
     shows = db.all("SELECT id FROM showtimes ORDER BY id")
     for i, c in enumerate(people(rng, 10), 1):
-        db.run("INSERT INTO tickets VALUES (?,?,?,?,?)", (f"T-{i:04d}", rng.choice(shows)["id"], c, rng.randint(1, 3), "paid"))
+        db.run(
+            "INSERT INTO tickets VALUES (?,?,?,?,?)",
+            (f"T-{i:04d}", rng.choice(shows)["id"], c, rng.randint(1, 3), "paid"),
+        )
 
 
 @DOMAIN.function("Find films by (part of) title (id, title, genre, minutes).", title=arg("string", "title words"))
@@ -48,11 +70,15 @@ def search_movies(db: DB, title: str):
     return db.all("SELECT * FROM movies WHERE title LIKE ? ORDER BY id", (f"%{title}%",))
 
 
-@DOMAIN.function("Showtimes of a film (id, theater, date, time, seats left, price).", movie_id=arg("string", "movie id"))
+@DOMAIN.function(
+    "Showtimes of a film (id, theater, date, time, seats left, price).", movie_id=arg("string", "movie id")
+)
 def list_showtimes(db: DB, movie_id: str):
     db.get("movies", "id", movie_id, "movie")
-    return db.all("SELECT id, theater, date, time, seats_left, price FROM showtimes WHERE movie_id = ? "
-                  "ORDER BY date, time, id", (movie_id,))
+    return db.all(
+        "SELECT id, theater, date, time, seats_left, price FROM showtimes WHERE movie_id = ? ORDER BY date, time, id",
+        (movie_id,),
+    )
 
 
 @DOMAIN.function("Tickets of a customer (id, showtime, seats, status).", customer=arg("string", "full name"))
@@ -61,8 +87,11 @@ def list_tickets(db: DB, customer: str):
 
 
 @DOMAIN.function(
-    "Buy seats for a showtime.", writes=True,
-    showtime_id=arg("string", "showtime id"), customer=arg("string", "full name"), seats=arg("integer", "1 to 6"),
+    "Buy seats for a showtime.",
+    writes=True,
+    showtime_id=arg("string", "showtime id"),
+    customer=arg("string", "full name"),
+    seats=arg("integer", "1 to 6"),
 )
 def buy_tickets(db: DB, showtime_id: str, customer: str, seats: int):
     s = db.get("showtimes", "id", showtime_id, "showtime")
@@ -92,14 +121,21 @@ def refund_ticket(db: DB, ticket_id: str):
 @DOMAIN.template
 def buy_for_show(db: DB, rng) -> DomainTask | None:
     seats = rng.randint(1, 4)
-    rows = db.all("SELECT showtimes.*, movies.title FROM showtimes JOIN movies ON movies.id = movie_id "
-                  "WHERE seats_left >= ? ORDER BY showtimes.id", (seats,))
+    rows = db.all(
+        "SELECT showtimes.*, movies.title FROM showtimes JOIN movies ON movies.id = movie_id "
+        "WHERE seats_left >= ? ORDER BY showtimes.id",
+        (seats,),
+    )
     s = rng.choice(rows)
     customer = people(rng, 1)[0]
     return DomainTask(
-        scenario=(f"I'm {customer}. Get me {seats} seat(s) for '{s['title']}' at the {s['theater']} on {s['date']} "
-                  f"at {s['time']}, and tell me the total."),
-        gold_actions=[{"name": "buy_tickets", "arguments": {"showtime_id": s["id"], "customer": customer, "seats": seats}}],
+        scenario=(
+            f"I'm {customer}. Get me {seats} seat(s) for '{s['title']}' at the {s['theater']} on {s['date']} "
+            f"at {s['time']}, and tell me the total."
+        ),
+        gold_actions=[
+            {"name": "buy_tickets", "arguments": {"showtime_id": s["id"], "customer": customer, "seats": seats}}
+        ],
         answer=lambda res: fmt_money(res[0]["total"]),
         kind="buy",
     )
@@ -107,14 +143,19 @@ def buy_for_show(db: DB, rng) -> DomainTask | None:
 
 @DOMAIN.template
 def refund(db: DB, rng) -> DomainTask | None:
-    rows = db.all("SELECT tickets.id, customer, date FROM tickets JOIN showtimes ON showtimes.id = showtime_id "
-                  "WHERE status = 'paid' ORDER BY tickets.id")
+    rows = db.all(
+        "SELECT tickets.id, customer, date FROM tickets JOIN showtimes ON showtimes.id = showtime_id "
+        "WHERE status = 'paid' ORDER BY tickets.id"
+    )
     t = rng.choice(rows)
     future = t["date"] > date(0)
     return DomainTask(
-        scenario=(f"This is {t['customer']}. I can't make it to my movie; please refund my ticket if possible. "
-                  "Answer 'refunded' or 'not refundable'."),
-        gold_actions=[{"name": "refund_ticket", "arguments": {"ticket_id": t["id"]}}] if future
+        scenario=(
+            f"This is {t['customer']}. I can't make it to my movie; please refund my ticket if possible. "
+            "Answer 'refunded' or 'not refundable'."
+        ),
+        gold_actions=[{"name": "refund_ticket", "arguments": {"ticket_id": t["id"]}}]
+        if future
         else [{"name": "list_tickets", "arguments": {"customer": t["customer"]}}],
         answer=lambda res: "refunded" if future else "not refundable",
         kind="refund" if future else "policy_refusal",
@@ -124,13 +165,17 @@ def refund(db: DB, rng) -> DomainTask | None:
 @DOMAIN.template
 def cheapest_show(db: DB, rng) -> DomainTask | None:
     m = rng.choice(db.all("SELECT * FROM movies ORDER BY id"))
-    rows = db.all("SELECT * FROM showtimes WHERE movie_id = ? AND seats_left >= 2 ORDER BY price, date, time", (m["id"],))
+    rows = db.all(
+        "SELECT * FROM showtimes WHERE movie_id = ? AND seats_left >= 2 ORDER BY price, date, time", (m["id"],)
+    )
     if not rows or (len(rows) > 1 and rows[0]["price"] == rows[1]["price"]):
         return None
     customer = people(rng, 1)[0]
     return DomainTask(
         scenario=f"{customer} here: two seats for '{m['title']}' at whichever showtime is cheapest, please. Which theater is it?",
-        gold_actions=[{"name": "buy_tickets", "arguments": {"showtime_id": rows[0]["id"], "customer": customer, "seats": 2}}],
+        gold_actions=[
+            {"name": "buy_tickets", "arguments": {"showtime_id": rows[0]["id"], "customer": customer, "seats": 2}}
+        ],
         answer=lambda res: rows[0]["theater"],
         kind="buy",
     )

@@ -30,8 +30,18 @@ def seed(db: DB, rng) -> None:
             for _ in range(rng.randint(2, 3)):
                 n += 1
                 depart = f"{rng.randint(6, 21):02d}:{rng.choice(('00', '15', '30', '45'))}"
-                db.run("INSERT INTO trains VALUES (?,?,?,?,?,?,?)",
-                       (f"TR-{n:03d}", origin, dest, date(day + 1), depart, rng.randint(0, 40), money(rng.uniform(15, 120))))
+                db.run(
+                    "INSERT INTO trains VALUES (?,?,?,?,?,?,?)",
+                    (
+                        f"TR-{n:03d}",
+                        origin,
+                        dest,
+                        date(day + 1),
+                        depart,
+                        rng.randint(0, 40),
+                        money(rng.uniform(15, 120)),
+                    ),
+                )
     trains = db.all("SELECT id FROM trains WHERE seats_left > 2 ORDER BY id")
     for i, p in enumerate(people(rng, 10), 1):
         db.run("INSERT INTO bookings VALUES (?,?,?,?,?)", (f"BK-{i:04d}", p, rng.choice(trains)["id"], 1, "confirmed"))
@@ -39,12 +49,16 @@ def seed(db: DB, rng) -> None:
 
 @DOMAIN.function(
     "Trains between two cities on a date (id, depart time, seats left, price).",
-    origin=arg("string", "departure city"), destination=arg("string", "arrival city"),
+    origin=arg("string", "departure city"),
+    destination=arg("string", "arrival city"),
     date=arg("string", "YYYY-MM-DD"),
 )
 def search_trains(db: DB, origin: str, destination: str, date: str):
-    return db.all("SELECT id, depart, seats_left, price FROM trains WHERE origin = ? AND destination = ? AND date = ? "
-                  "ORDER BY depart, id", (origin, destination, date))
+    return db.all(
+        "SELECT id, depart, seats_left, price FROM trains WHERE origin = ? AND destination = ? AND date = ? "
+        "ORDER BY depart, id",
+        (origin, destination, date),
+    )
 
 
 @DOMAIN.function("Bookings (id, train, seats, status) held by a passenger.", passenger=arg("string", "full name"))
@@ -53,8 +67,11 @@ def list_bookings(db: DB, passenger: str):
 
 
 @DOMAIN.function(
-    "Book seats on a train.", writes=True,
-    train_id=arg("string", "train id"), passenger=arg("string", "full name"), seats=arg("integer", "1 to 4"),
+    "Book seats on a train.",
+    writes=True,
+    train_id=arg("string", "train id"),
+    passenger=arg("string", "full name"),
+    seats=arg("integer", "1 to 4"),
 )
 def book_ticket(db: DB, train_id: str, passenger: str, seats: int):
     train = db.get("trains", "id", train_id, "train")
@@ -79,8 +96,11 @@ def cancel_booking(db: DB, booking_id: str):
 
 
 def _route_with_seats(db: DB, rng, seats: int):
-    rows = db.all("SELECT origin, destination, date FROM trains WHERE seats_left >= ? GROUP BY origin, destination, date "
-                  "HAVING COUNT(*) >= 2 ORDER BY origin, destination, date", (seats,))
+    rows = db.all(
+        "SELECT origin, destination, date FROM trains WHERE seats_left >= ? GROUP BY origin, destination, date "
+        "HAVING COUNT(*) >= 2 ORDER BY origin, destination, date",
+        (seats,),
+    )
     return rng.choice(rows) if rows else None
 
 
@@ -90,15 +110,21 @@ def book_cheapest(db: DB, rng) -> DomainTask | None:
     r = _route_with_seats(db, rng, seats)
     if r is None:
         return None
-    trains = db.all("SELECT * FROM trains WHERE origin=? AND destination=? AND date=? AND seats_left >= ? "
-                    "ORDER BY price, id", (r["origin"], r["destination"], r["date"], seats))
+    trains = db.all(
+        "SELECT * FROM trains WHERE origin=? AND destination=? AND date=? AND seats_left >= ? ORDER BY price, id",
+        (r["origin"], r["destination"], r["date"], seats),
+    )
     if len(trains) > 1 and trains[0]["price"] == trains[1]["price"]:
         return None
     passenger = people(rng, 1)[0]
     return DomainTask(
-        scenario=(f"My name is {passenger}. Book {seats} seat(s) on the cheapest train from {r['origin']} to "
-                  f"{r['destination']} on {r['date']} that still has room, and tell me the total price."),
-        gold_actions=[{"name": "book_ticket", "arguments": {"train_id": trains[0]["id"], "passenger": passenger, "seats": seats}}],
+        scenario=(
+            f"My name is {passenger}. Book {seats} seat(s) on the cheapest train from {r['origin']} to "
+            f"{r['destination']} on {r['date']} that still has room, and tell me the total price."
+        ),
+        gold_actions=[
+            {"name": "book_ticket", "arguments": {"train_id": trains[0]["id"], "passenger": passenger, "seats": seats}}
+        ],
         answer=lambda res: fmt_money(res[0]["total_price"]),
         kind="book",
     )
@@ -109,12 +135,17 @@ def book_earliest(db: DB, rng) -> DomainTask | None:
     r = _route_with_seats(db, rng, 1)
     if r is None:
         return None
-    t = db.one("SELECT * FROM trains WHERE origin=? AND destination=? AND date=? AND seats_left >= 1 "
-               "ORDER BY depart, id LIMIT 1", (r["origin"], r["destination"], r["date"]))
+    t = db.one(
+        "SELECT * FROM trains WHERE origin=? AND destination=? AND date=? AND seats_left >= 1 "
+        "ORDER BY depart, id LIMIT 1",
+        (r["origin"], r["destination"], r["date"]),
+    )
     passenger = people(rng, 1)[0]
     return DomainTask(
-        scenario=(f"I'm {passenger}. I need one seat on the earliest available train from {r['origin']} to "
-                  f"{r['destination']} on {r['date']}. Please book it and tell me the train id."),
+        scenario=(
+            f"I'm {passenger}. I need one seat on the earliest available train from {r['origin']} to "
+            f"{r['destination']} on {r['date']}. Please book it and tell me the train id."
+        ),
         gold_actions=[{"name": "book_ticket", "arguments": {"train_id": t["id"], "passenger": passenger, "seats": 1}}],
         answer=lambda res: t["id"],
         kind="book",

@@ -30,17 +30,36 @@ DOMAIN = Domain(
 def seed(db: DB, rng) -> None:
     names = rng.sample([f"The {w} {n}" for w in WORDS for n in NOUNS], 20)
     for i, name in enumerate(names, 1):
-        db.run("INSERT INTO restaurants VALUES (?,?,?,?,?,?)",
-               (f"R-{i:02d}", name, rng.choice(CUISINES), rng.choice(CITIES[:5]), rng.randint(30, 50) / 10, rng.randint(10, 30)))
+        db.run(
+            "INSERT INTO restaurants VALUES (?,?,?,?,?,?)",
+            (
+                f"R-{i:02d}",
+                name,
+                rng.choice(CUISINES),
+                rng.choice(CITIES[:5]),
+                rng.randint(30, 50) / 10,
+                rng.randint(10, 30),
+            ),
+        )
     for i, c in enumerate(people(rng, 30), 1):
-        db.run("INSERT INTO reservations VALUES (?,?,?,?,?,?,?)",
-               (f"RS-{i:04d}", f"R-{rng.randint(1, 20):02d}", c, date(rng.randint(1, 3)), rng.choice(SLOTS),
-                rng.randint(2, 8), "booked"))
+        db.run(
+            "INSERT INTO reservations VALUES (?,?,?,?,?,?,?)",
+            (
+                f"RS-{i:04d}",
+                f"R-{rng.randint(1, 20):02d}",
+                c,
+                date(rng.randint(1, 3)),
+                rng.choice(SLOTS),
+                rng.randint(2, 8),
+                "booked",
+            ),
+        )
 
 
 @DOMAIN.function(
     "Restaurants in a city, optionally of one cuisine (id, name, cuisine, rating).",
-    city=arg("string", "city"), cuisine=arg("string", "cuisine", enum=CUISINES, optional=True),
+    city=arg("string", "city"),
+    cuisine=arg("string", "cuisine", enum=CUISINES, optional=True),
 )
 def search_restaurants(db: DB, city: str, cuisine: str | None = None):
     rows = db.all("SELECT id, name, cuisine, rating FROM restaurants WHERE city = ? ORDER BY rating DESC, id", (city,))
@@ -49,23 +68,37 @@ def search_restaurants(db: DB, city: str, cuisine: str | None = None):
 
 def _free(db: DB, restaurant_id: str, date_: str, time: str) -> int:
     r = db.get("restaurants", "id", restaurant_id, "restaurant")
-    taken = db.one("SELECT COALESCE(SUM(party), 0) AS n FROM reservations WHERE restaurant_id=? AND date=? AND time=? "
-                   "AND status='booked'", (restaurant_id, date_, time))["n"]
+    taken = db.one(
+        "SELECT COALESCE(SUM(party), 0) AS n FROM reservations WHERE restaurant_id=? AND date=? AND time=? "
+        "AND status='booked'",
+        (restaurant_id, date_, time),
+    )["n"]
     return max(0, r["seats"] - taken)
 
 
 @DOMAIN.function(
     "Free seats at a restaurant for a date and slot.",
-    restaurant_id=arg("string", "restaurant id"), date=arg("string", "YYYY-MM-DD"), time=arg("string", "slot", enum=SLOTS),
+    restaurant_id=arg("string", "restaurant id"),
+    date=arg("string", "YYYY-MM-DD"),
+    time=arg("string", "slot", enum=SLOTS),
 )
 def check_availability(db: DB, restaurant_id: str, date: str, time: str):
-    return {"restaurant_id": restaurant_id, "date": date, "time": time, "free_seats": _free(db, restaurant_id, date, time)}
+    return {
+        "restaurant_id": restaurant_id,
+        "date": date,
+        "time": time,
+        "free_seats": _free(db, restaurant_id, date, time),
+    }
 
 
 @DOMAIN.function(
-    "Reserve a table.", writes=True,
-    restaurant_id=arg("string", "restaurant id"), customer=arg("string", "full name"), date=arg("string", "YYYY-MM-DD"),
-    time=arg("string", "slot", enum=SLOTS), party=arg("integer", "1 to 8 people"),
+    "Reserve a table.",
+    writes=True,
+    restaurant_id=arg("string", "restaurant id"),
+    customer=arg("string", "full name"),
+    date=arg("string", "YYYY-MM-DD"),
+    time=arg("string", "slot", enum=SLOTS),
+    party=arg("integer", "1 to 8 people"),
 )
 def make_reservation(db: DB, restaurant_id: str, customer: str, date: str, time: str, party: int):
     if not 1 <= party <= 8:
@@ -75,14 +108,18 @@ def make_reservation(db: DB, restaurant_id: str, customer: str, date: str, time:
     if _free(db, restaurant_id, date, time) < party:
         raise DomainError("not enough free seats for that slot")
     rid = db.next_id("reservations", "RS-")
-    db.run("INSERT INTO reservations VALUES (?,?,?,?,?,?,?)", (rid, restaurant_id, customer, date, time, party, "booked"))
+    db.run(
+        "INSERT INTO reservations VALUES (?,?,?,?,?,?,?)", (rid, restaurant_id, customer, date, time, party, "booked")
+    )
     return {"reservation_id": rid}
 
 
 @DOMAIN.function("Reservations of a customer.", customer=arg("string", "full name"))
 def list_reservations(db: DB, customer: str):
-    return db.all("SELECT id, restaurant_id, date, time, party, status FROM reservations WHERE customer = ? ORDER BY id",
-                  (customer,))
+    return db.all(
+        "SELECT id, restaurant_id, date, time, party, status FROM reservations WHERE customer = ? ORDER BY id",
+        (customer,),
+    )
 
 
 @DOMAIN.function("Cancel a reservation.", writes=True, reservation_id=arg("string", "reservation id"))
@@ -105,10 +142,22 @@ def book_best_rated(db: DB, rng) -> DomainTask | None:
         return None
     customer = people(rng, 1)[0]
     return DomainTask(
-        scenario=(f"I'm {customer}. Book a table for {party} at the best-rated {cuisine} restaurant in {city} on "
-                  f"{day} at {slot}. What's the restaurant called?"),
-        gold_actions=[{"name": "make_reservation", "arguments": {"restaurant_id": rows[0]["id"], "customer": customer,
-                                                                 "date": day, "time": slot, "party": party}}],
+        scenario=(
+            f"I'm {customer}. Book a table for {party} at the best-rated {cuisine} restaurant in {city} on "
+            f"{day} at {slot}. What's the restaurant called?"
+        ),
+        gold_actions=[
+            {
+                "name": "make_reservation",
+                "arguments": {
+                    "restaurant_id": rows[0]["id"],
+                    "customer": customer,
+                    "date": day,
+                    "time": slot,
+                    "party": party,
+                },
+            }
+        ],
         answer=lambda res: rows[0]["name"],
         kind="reserve",
     )
@@ -116,8 +165,12 @@ def book_best_rated(db: DB, rng) -> DomainTask | None:
 
 @DOMAIN.template
 def cancel_mine(db: DB, rng) -> DomainTask | None:
-    r = rng.choice(db.all("SELECT reservations.*, restaurants.name FROM reservations JOIN restaurants "
-                          "ON restaurants.id = restaurant_id WHERE status='booked' ORDER BY reservations.id"))
+    r = rng.choice(
+        db.all(
+            "SELECT reservations.*, restaurants.name FROM reservations JOIN restaurants "
+            "ON restaurants.id = restaurant_id WHERE status='booked' ORDER BY reservations.id"
+        )
+    )
     return DomainTask(
         scenario=f"Hi, {r['customer']} speaking. Please cancel my reservation at {r['name']}.",
         gold_actions=[{"name": "cancel_reservation", "arguments": {"reservation_id": r["id"]}}],
@@ -131,7 +184,9 @@ def count_free(db: DB, rng) -> DomainTask | None:
     day, slot = date(rng.randint(1, 3)), rng.choice(SLOTS)
     return DomainTask(
         scenario=f"How many seats are still free at {r['name']} in {r['city']} on {day} at {slot}? Don't book anything.",
-        gold_actions=[{"name": "check_availability", "arguments": {"restaurant_id": r["id"], "date": day, "time": slot}}],
+        gold_actions=[
+            {"name": "check_availability", "arguments": {"restaurant_id": r["id"], "date": day, "time": slot}}
+        ],
         answer=lambda res: str(res[0]["free_seats"]),
         kind="read",
     )

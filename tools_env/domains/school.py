@@ -5,8 +5,20 @@ from __future__ import annotations
 from tools_env.domains.base import DB, Domain, DomainError, DomainTask, arg
 from tools_env.domains.common import people
 
-SUBJECTS = ["Algebra", "Biology", "Chemistry", "Drama", "Economics", "French", "Geography", "History",
-            "Latin", "Music", "Physics", "Robotics"]
+SUBJECTS = [
+    "Algebra",
+    "Biology",
+    "Chemistry",
+    "Drama",
+    "Economics",
+    "French",
+    "Geography",
+    "History",
+    "Latin",
+    "Music",
+    "Physics",
+    "Robotics",
+]
 MAX_COURSES = 4
 
 DOMAIN = Domain(
@@ -33,8 +45,10 @@ def seed(db: DB, rng) -> None:
     for level in (9, 10, 11):
         for subject in rng.sample(SUBJECTS, 6):
             n += 1
-            db.run("INSERT INTO courses VALUES (?,?,?,?,?)",
-                   (f"C-{n:02d}", f"{subject} {level}", level, rng.randint(3, 8), rng.choice(teachers)))
+            db.run(
+                "INSERT INTO courses VALUES (?,?,?,?,?)",
+                (f"C-{n:02d}", f"{subject} {level}", level, rng.randint(3, 8), rng.choice(teachers)),
+            )
     for i, name in enumerate(people(rng, 30), 1):
         level = rng.choice((9, 10, 11))
         db.run("INSERT INTO students VALUES (?,?,?)", (f"ST-{i:03d}", name, level))
@@ -52,19 +66,27 @@ def find_student(db: DB, name: str):
 
 @DOMAIN.function("Courses of a grade level with seats taken and capacity.", grade_level=arg("integer", "9, 10 or 11"))
 def list_courses(db: DB, grade_level: int):
-    return db.all("SELECT c.id, c.title, c.capacity, COUNT(e.student_id) AS enrolled FROM courses c "
-                  "LEFT JOIN enrollments e ON e.course_id = c.id WHERE c.grade_level = ? GROUP BY c.id ORDER BY c.id",
-                  (grade_level,))
+    return db.all(
+        "SELECT c.id, c.title, c.capacity, COUNT(e.student_id) AS enrolled FROM courses c "
+        "LEFT JOIN enrollments e ON e.course_id = c.id WHERE c.grade_level = ? GROUP BY c.id ORDER BY c.id",
+        (grade_level,),
+    )
 
 
-@DOMAIN.function("A student's courses and recorded scores (null: no grade yet).", student_id=arg("string", "student id"))
+@DOMAIN.function(
+    "A student's courses and recorded scores (null: no grade yet).", student_id=arg("string", "student id")
+)
 def get_transcript(db: DB, student_id: str):
     db.get("students", "id", student_id, "student")
     return db.all("SELECT course_id, score FROM enrollments WHERE student_id = ? ORDER BY course_id", (student_id,))
 
 
-@DOMAIN.function("Enroll a student in a course.", writes=True,
-                 student_id=arg("string", "student id"), course_id=arg("string", "course id"))
+@DOMAIN.function(
+    "Enroll a student in a course.",
+    writes=True,
+    student_id=arg("string", "student id"),
+    course_id=arg("string", "course id"),
+)
 def enroll(db: DB, student_id: str, course_id: str):
     s = db.get("students", "id", student_id, "student")
     c = db.get("courses", "id", course_id, "course")
@@ -80,8 +102,12 @@ def enroll(db: DB, student_id: str, course_id: str):
     return {"student_id": student_id, "course_id": course_id, "status": "enrolled"}
 
 
-@DOMAIN.function("Drop a course that has no grade yet.", writes=True,
-                 student_id=arg("string", "student id"), course_id=arg("string", "course id"))
+@DOMAIN.function(
+    "Drop a course that has no grade yet.",
+    writes=True,
+    student_id=arg("string", "student id"),
+    course_id=arg("string", "course id"),
+)
 def drop_course(db: DB, student_id: str, course_id: str):
     e = db.one("SELECT * FROM enrollments WHERE student_id=? AND course_id=?", (student_id, course_id))
     if e is None:
@@ -97,8 +123,12 @@ def enroll_open(db: DB, rng) -> DomainTask | None:
     s = rng.choice(db.all("SELECT * FROM students ORDER BY id"))
     if db.one("SELECT COUNT(*) AS n FROM enrollments WHERE student_id=?", (s["id"],))["n"] >= MAX_COURSES:
         return None
-    open_ = [c for c in list_courses(db, s["grade_level"]) if c["enrolled"] < c["capacity"]
-             and not db.one("SELECT 1 FROM enrollments WHERE student_id=? AND course_id=?", (s["id"], c["id"]))]
+    open_ = [
+        c
+        for c in list_courses(db, s["grade_level"])
+        if c["enrolled"] < c["capacity"]
+        and not db.one("SELECT 1 FROM enrollments WHERE student_id=? AND course_id=?", (s["id"], c["id"]))
+    ]
     if not open_:
         return None
     c = rng.choice(open_)
@@ -111,26 +141,34 @@ def enroll_open(db: DB, rng) -> DomainTask | None:
 
 @DOMAIN.template
 def drop_ungraded(db: DB, rng) -> DomainTask | None:
-    rows = db.all("SELECT e.student_id, e.course_id, s.name, c.title FROM enrollments e JOIN students s ON s.id = e.student_id "
-                  "JOIN courses c ON c.id = e.course_id WHERE e.score IS NULL ORDER BY e.student_id, e.course_id")
+    rows = db.all(
+        "SELECT e.student_id, e.course_id, s.name, c.title FROM enrollments e JOIN students s ON s.id = e.student_id "
+        "JOIN courses c ON c.id = e.course_id WHERE e.score IS NULL ORDER BY e.student_id, e.course_id"
+    )
     r = rng.choice(rows)
     return DomainTask(
         scenario=f"{r['name']} wants to drop {r['title']}. Please take care of it.",
-        gold_actions=[{"name": "drop_course", "arguments": {"student_id": r["student_id"], "course_id": r["course_id"]}}],
+        gold_actions=[
+            {"name": "drop_course", "arguments": {"student_id": r["student_id"], "course_id": r["course_id"]}}
+        ],
         kind="drop",
     )
 
 
 @DOMAIN.template
 def average_score(db: DB, rng) -> DomainTask | None:
-    rows = db.all("SELECT s.id, s.name FROM students s JOIN enrollments e ON e.student_id = s.id "
-                  "WHERE e.score IS NOT NULL GROUP BY s.id ORDER BY s.id")
+    rows = db.all(
+        "SELECT s.id, s.name FROM students s JOIN enrollments e ON e.student_id = s.id "
+        "WHERE e.score IS NOT NULL GROUP BY s.id ORDER BY s.id"
+    )
     if not rows:
         return None
     s = rng.choice(rows)
     return DomainTask(
         scenario=f"What is the average recorded score of {s['name']} (graded courses only)? Change nothing.",
         gold_actions=[{"name": "get_transcript", "arguments": {"student_id": s["id"]}}],
-        answer=lambda res: f"{sum(r['score'] for r in res[0] if r['score'] is not None) / sum(1 for r in res[0] if r['score'] is not None):.1f}",
+        answer=lambda res: (
+            f"{sum(r['score'] for r in res[0] if r['score'] is not None) / sum(1 for r in res[0] if r['score'] is not None):.1f}"
+        ),
         kind="read",
     )

@@ -31,14 +31,18 @@ def seed(db: DB, rng) -> None:
         for dest in rng.sample([c for c in CITIES[:6] if c != origin], 3):
             for day in rng.sample(range(1, 6), 2):
                 n += 1
-                db.run("INSERT INTO flights VALUES (?,?,?,?,?,?)",
-                       (f"FL-{n:03d}", origin, dest, date(day), money(rng.uniform(60, 600)), rng.randint(0, 9)))
+                db.run(
+                    "INSERT INTO flights VALUES (?,?,?,?,?,?)",
+                    (f"FL-{n:03d}", origin, dest, date(day), money(rng.uniform(60, 600)), rng.randint(0, 9)),
+                )
     n = 0
     for city in CITIES[:6]:
         for word in rng.sample(HOTEL_WORDS, 3):
             n += 1
-            db.run("INSERT INTO hotels VALUES (?,?,?,?,?)",
-                   (f"H-{n:02d}", f"{word} {city} Hotel", city, money(rng.uniform(70, 320)), rng.randint(0, 5)))
+            db.run(
+                "INSERT INTO hotels VALUES (?,?,?,?,?)",
+                (f"H-{n:02d}", f"{word} {city} Hotel", city, money(rng.uniform(70, 320)), rng.randint(0, 5)),
+            )
     flights = db.all("SELECT * FROM flights WHERE seats_left > 0 ORDER BY id")
     for i, t in enumerate(people(rng, 8), 1):
         f = rng.choice(flights)
@@ -47,12 +51,15 @@ def seed(db: DB, rng) -> None:
 
 @DOMAIN.function(
     "Flights between two cities, optionally on a date (id, date, price, seats left).",
-    origin=arg("string", "from city"), destination=arg("string", "to city"),
+    origin=arg("string", "from city"),
+    destination=arg("string", "to city"),
     date=arg("string", "YYYY-MM-DD", optional=True),
 )
 def search_flights(db: DB, origin: str, destination: str, date: str | None = None):
-    rows = db.all("SELECT id, date, price, seats_left FROM flights WHERE origin=? AND destination=? ORDER BY date, id",
-                  (origin, destination))
+    rows = db.all(
+        "SELECT id, date, price, seats_left FROM flights WHERE origin=? AND destination=? ORDER BY date, id",
+        (origin, destination),
+    )
     return [r for r in rows if date is None or r["date"] == date]
 
 
@@ -62,9 +69,12 @@ def search_hotels(db: DB, city: str):
 
 
 @DOMAIN.function(
-    "Book a trip: a flight and optionally a hotel.", writes=True,
-    traveler=arg("string", "full name"), flight_id=arg("string", "flight id"),
-    hotel_id=arg("string", "hotel id", optional=True), nights=arg("integer", "1 to 14 with a hotel", optional=True),
+    "Book a trip: a flight and optionally a hotel.",
+    writes=True,
+    traveler=arg("string", "full name"),
+    flight_id=arg("string", "flight id"),
+    hotel_id=arg("string", "hotel id", optional=True),
+    nights=arg("integer", "1 to 14 with a hotel", optional=True),
 )
 def book_trip(db: DB, traveler: str, flight_id: str, hotel_id: str | None = None, nights: int = 0):
     f = db.get("flights", "id", flight_id, "flight")
@@ -85,13 +95,17 @@ def book_trip(db: DB, traveler: str, flight_id: str, hotel_id: str | None = None
         nights = 0
     tid = db.next_id("trips", "TP-")
     db.run("UPDATE flights SET seats_left = seats_left - 1 WHERE id = ?", (flight_id,))
-    db.run("INSERT INTO trips VALUES (?,?,?,?,?,?,?)", (tid, traveler, flight_id, hotel_id, nights, money(total), "booked"))
+    db.run(
+        "INSERT INTO trips VALUES (?,?,?,?,?,?,?)", (tid, traveler, flight_id, hotel_id, nights, money(total), "booked")
+    )
     return {"trip_id": tid, "total": money(total)}
 
 
 @DOMAIN.function("Trips of a traveler.", traveler=arg("string", "full name"))
 def list_trips(db: DB, traveler: str):
-    return db.all("SELECT id, flight_id, hotel_id, nights, total, status FROM trips WHERE traveler = ? ORDER BY id", (traveler,))
+    return db.all(
+        "SELECT id, flight_id, hotel_id, nights, total, status FROM trips WHERE traveler = ? ORDER BY id", (traveler,)
+    )
 
 
 @DOMAIN.function("Cancel a booked trip.", writes=True, trip_id=arg("string", "trip id"))
@@ -109,17 +123,30 @@ def cancel_trip(db: DB, trip_id: str):
 @DOMAIN.template
 def cheapest_package(db: DB, rng) -> DomainTask | None:
     f = rng.choice(db.all("SELECT * FROM flights WHERE seats_left > 0 ORDER BY id"))
-    same_day = db.all("SELECT * FROM flights WHERE origin=? AND destination=? AND date=? AND seats_left > 0 ORDER BY price",
-                      (f["origin"], f["destination"], f["date"]))
+    same_day = db.all(
+        "SELECT * FROM flights WHERE origin=? AND destination=? AND date=? AND seats_left > 0 ORDER BY price",
+        (f["origin"], f["destination"], f["date"]),
+    )
     hotels = db.all("SELECT * FROM hotels WHERE city=? AND rooms_left > 0 ORDER BY nightly, id", (f["destination"],))
     if not hotels or same_day[0]["id"] != f["id"]:
         return None
     nights, traveler = rng.randint(1, 5), people(rng, 1)[0]
     return DomainTask(
-        scenario=(f"I'm {traveler}. Book me the cheapest flight from {f['origin']} to {f['destination']} on {f['date']} "
-                  f"and the cheapest hotel there with a free room for {nights} night(s). What's the trip total?"),
-        gold_actions=[{"name": "book_trip", "arguments": {"traveler": traveler, "flight_id": f["id"],
-                                                          "hotel_id": hotels[0]["id"], "nights": nights}}],
+        scenario=(
+            f"I'm {traveler}. Book me the cheapest flight from {f['origin']} to {f['destination']} on {f['date']} "
+            f"and the cheapest hotel there with a free room for {nights} night(s). What's the trip total?"
+        ),
+        gold_actions=[
+            {
+                "name": "book_trip",
+                "arguments": {
+                    "traveler": traveler,
+                    "flight_id": f["id"],
+                    "hotel_id": hotels[0]["id"],
+                    "nights": nights,
+                },
+            }
+        ],
         answer=lambda res: fmt_money(res[0]["total"]),
         kind="book",
     )
@@ -128,8 +155,15 @@ def cheapest_package(db: DB, rng) -> DomainTask | None:
 @DOMAIN.template
 def flight_only(db: DB, rng) -> DomainTask | None:
     f = rng.choice(db.all("SELECT * FROM flights WHERE seats_left > 0 ORDER BY id"))
-    if len(db.all("SELECT id FROM flights WHERE origin=? AND destination=? AND date=?",
-                  (f["origin"], f["destination"], f["date"]))) != 1:
+    if (
+        len(
+            db.all(
+                "SELECT id FROM flights WHERE origin=? AND destination=? AND date=?",
+                (f["origin"], f["destination"], f["date"]),
+            )
+        )
+        != 1
+    ):
         return None
     traveler = people(rng, 1)[0]
     return DomainTask(

@@ -31,15 +31,22 @@ def seed(db: DB, rng) -> None:
         base = rng.randint(8, 26)
         for day in range(7):
             high = base + rng.randint(-4, 6)
-            db.run("INSERT INTO forecasts VALUES (?,?,?,?,?)",
-                   (city, date(day), rng.choice(CONDITIONS), high, high - rng.randint(4, 12)))
+            db.run(
+                "INSERT INTO forecasts VALUES (?,?,?,?,?)",
+                (city, date(day), rng.choice(CONDITIONS), high, high - rng.randint(4, 12)),
+            )
     for i, u in enumerate(people(rng, 10), 1):
-        db.run("INSERT INTO subscriptions VALUES (?,?,?,?,?)",
-               (f"SUB-{i:04d}", u, rng.choice(CITIES), rng.choice(ALERT_KINDS), "active"))
+        db.run(
+            "INSERT INTO subscriptions VALUES (?,?,?,?,?)",
+            (f"SUB-{i:04d}", u, rng.choice(CITIES), rng.choice(ALERT_KINDS), "active"),
+        )
 
 
-@DOMAIN.function("Forecast for a city on a date (condition, high, low in C).",
-                 city=arg("string", "city"), date=arg("string", "YYYY-MM-DD"))
+@DOMAIN.function(
+    "Forecast for a city on a date (condition, high, low in C).",
+    city=arg("string", "city"),
+    date=arg("string", "YYYY-MM-DD"),
+)
 def get_forecast(db: DB, city: str, date: str):
     row = db.one("SELECT condition, high_c, low_c FROM forecasts WHERE city=? AND date=?", (city, date))
     if row is None:
@@ -60,8 +67,13 @@ def list_subscriptions(db: DB, user: str):
     return db.all("SELECT id, city, kind, status FROM subscriptions WHERE user = ? ORDER BY id", (user,))
 
 
-@DOMAIN.function("Subscribe a user to alerts of one kind for a city.", writes=True,
-                 user=arg("string", "full name"), city=arg("string", "city"), kind=arg("string", "alert kind", enum=ALERT_KINDS))
+@DOMAIN.function(
+    "Subscribe a user to alerts of one kind for a city.",
+    writes=True,
+    user=arg("string", "full name"),
+    city=arg("string", "city"),
+    kind=arg("string", "alert kind", enum=ALERT_KINDS),
+)
 def subscribe(db: DB, user: str, city: str, kind: str):
     if not db.one("SELECT 1 FROM forecasts WHERE city = ?", (city,)):
         raise DomainError(f"unknown city {city!r}")

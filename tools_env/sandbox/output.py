@@ -33,7 +33,7 @@ class _Capture(asyncio.SubprocessProtocol):
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         room = self.cap - len(self.out[1]) - len(self.out[2])
-        self.out[fd] += data[:max(room, 0)]
+        self.out[fd] += data[: max(room, 0)]
         if len(data) > room:
             self.truncated = True
             _done(self.overflow)
@@ -74,8 +74,15 @@ def _read_status(fd: int) -> list[str]:
     return data.decode("utf-8", "replace").splitlines()
 
 
-def _result(proto: _Capture, rc: int | None, reason: str | None, status: list[str], oom: bool,
-            wall_s: float, limits: SandboxLimits) -> SandboxResult:
+def _result(
+    proto: _Capture,
+    rc: int | None,
+    reason: str | None,
+    status: list[str],
+    oom: bool,
+    wall_s: float,
+    limits: SandboxLimits,
+) -> SandboxResult:
     stderr = proto.out[2].decode("utf-8", "replace")
     errors = [line[6:] for line in status if line.startswith("error ")]
     if reason is None:
@@ -90,6 +97,11 @@ def _result(proto: _Capture, rc: int | None, reason: str | None, status: list[st
             reason = "signal"
     killed_by_us = reason in ("wall_time", "output_limit")
     return SandboxResult(
-        stdout=proto.out[1].decode("utf-8", "replace"), stderr=stderr,
-        exit_code=None if killed_by_us else rc, timed_out=reason in ("wall_time", "cpu_time"),
-        killed_reason=reason, wall_s=round(wall_s, 3), truncated=proto.truncated)
+        stdout=proto.out[1].decode("utf-8", "replace"),
+        stderr=stderr,
+        exit_code=None if killed_by_us else rc,
+        timed_out=reason in ("wall_time", "cpu_time"),
+        killed_reason=reason,
+        wall_s=round(wall_s, 3),
+        truncated=proto.truncated,
+    )

@@ -37,15 +37,17 @@ def _check_workdir(workdir: str, plan: _Plan) -> tuple[str, str | None]:
         return wd, None
     closed = next((d for d in _ancestors(wd) if not os.stat(d).st_mode & stat.S_IXOTH), None)
     if closed is not None and not plan.layers["mountns"]:
-        raise ValueError(f"sandbox workdir {workdir!r}: {closed} is not searchable by others, "
-                         "so the sandbox uid cannot reach the workdir")
+        raise ValueError(
+            f"sandbox workdir {workdir!r}: {closed} is not searchable by others, "
+            "so the sandbox uid cannot reach the workdir"
+        )
     if closed is not None and os.path.realpath(plan.python).startswith(closed + "/"):
         raise ValueError(f"sandbox workdir {workdir!r} and the sandbox python share the private directory {closed}")
     return wd, closed
 
 
 def _ancestors(path: str) -> list[str]:
-    """"/a/b/c" -> ["/", "/a", "/a/b"]"""
+    """ "/a/b/c" -> ["/", "/a", "/a/b"]"""
     out = []
     while path != "/":
         path = os.path.dirname(path)
@@ -119,22 +121,47 @@ def _realpath(path: str) -> str:
     return os.path.realpath(path)
 
 
-def _launch_spec(plan: _Plan, wd: str, uid: int | None, limits: SandboxLimits, nproc: int,
-                 closed_parent: str | None = None, probe: bool = False) -> dict:
+def _launch_spec(
+    plan: _Plan,
+    wd: str,
+    uid: int | None,
+    limits: SandboxLimits,
+    nproc: int,
+    closed_parent: str | None = None,
+    probe: bool = False,
+) -> dict:
     ly = plan.layers
     cpu = math.ceil(limits.cpu_time_s)
     mb = 1 << 20
-    flags = [name for name, on in (("net", not limits.network), ("strict", _strict(plan, limits.network)),
-                                   ("probe", probe)) if on]
+    flags = [
+        name
+        for name, on in (("net", not limits.network), ("strict", _strict(plan, limits.network)), ("probe", probe))
+        if on
+    ]
     return {
-        "workdir": wd, "closed_parent": closed_parent, "python": plan.python, "probe": probe,
+        "workdir": wd,
+        "closed_parent": closed_parent,
+        "python": plan.python,
+        "probe": probe,
         "mask_run": not any(p.startswith("/run/") for p in (wd + "/", _realpath(plan.python))),  # host sockets
-        "bootstrap": _BOOTSTRAP, "flags": ",".join(flags),
-        "uid": uid, "userns": ly["userns"], "netns": ly["netns"] and not limits.network, "pidns": ly["pidns"],
-        "mountns": ly["mountns"], "proc": ly["proc"], "nnp": ly["nnp"], "shm_mb": min(64, limits.memory_mb),
-        "rlimits": {"RLIMIT_CPU": [cpu, cpu + 1], "RLIMIT_AS": [limits.memory_mb * mb] * 2,
-                    "RLIMIT_FSIZE": [limits.file_size_mb * mb] * 2, "RLIMIT_NOFILE": [256, 256],
-                    "RLIMIT_CORE": [0, 0], "RLIMIT_NPROC": [nproc, nproc]},
+        "bootstrap": _BOOTSTRAP,
+        "flags": ",".join(flags),
+        "uid": uid,
+        "userns": ly["userns"],
+        "netns": ly["netns"] and not limits.network,
+        "pidns": ly["pidns"],
+        "mountns": ly["mountns"],
+        "proc": ly["proc"],
+        "nnp": ly["nnp"],
+        "shm_mb": min(64, limits.memory_mb),
+        "rlimits": {
+            "RLIMIT_CPU": [cpu, cpu + 1],
+            "RLIMIT_AS": [limits.memory_mb * mb] * 2,
+            "RLIMIT_FSIZE": [limits.file_size_mb * mb] * 2,
+            "RLIMIT_NOFILE": [256, 256],
+            "RLIMIT_CORE": [0, 0],
+            "RLIMIT_NPROC": [nproc, nproc],
+        },
     }
 
 
@@ -143,8 +170,18 @@ def _launcher_argv(spec: dict) -> list[str]:
 
 
 def _sandbox_env(wd: str, marker: str) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": wd, "TMPDIR": wd, "USER": "sandbox",
-            "LOGNAME": "sandbox", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "MPLBACKEND": "Agg",
-            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-            "MALLOC_ARENA_MAX": "2",  # glibc reserves 64 MB of address space per thread arena
-            _MARKER_VAR: marker}
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": wd,
+        "TMPDIR": wd,
+        "USER": "sandbox",
+        "LOGNAME": "sandbox",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "MPLBACKEND": "Agg",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "MALLOC_ARENA_MAX": "2",  # glibc reserves 64 MB of address space per thread arena
+        _MARKER_VAR: marker,
+    }

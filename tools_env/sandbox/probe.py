@@ -18,8 +18,15 @@ from tools_env.sandbox.cleanup import _kill_strays
 from tools_env.sandbox.limits import SandboxLimits
 from tools_env.sandbox.output import _read_status
 from tools_env.sandbox.plan import _Plan, _strict
-from tools_env.sandbox.prepare import (_ancestors, _launch_spec, _launcher_argv, _next_uid, _nproc_limit,
-                                       _sandbox_env, _take_ownership)
+from tools_env.sandbox.prepare import (
+    _ancestors,
+    _launch_spec,
+    _launcher_argv,
+    _next_uid,
+    _nproc_limit,
+    _sandbox_env,
+    _take_ownership,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -65,19 +72,29 @@ def _get_plan() -> _Plan:
 
 
 def _key_layers(plan: _Plan) -> dict[str, bool]:
-    return {"uid_drop or user_namespace": plan.layers["uid_drop"] or plan.layers["userns"],
-            "network_namespace": plan.layers["netns"], "mount_namespace": plan.layers["mountns"],
-            "pid_namespace": plan.layers["pidns"], "private_proc": plan.layers["proc"],
-            "cgroup": plan.cgroup_base is not None, "python": plan.python_ok}
+    return {
+        "uid_drop or user_namespace": plan.layers["uid_drop"] or plan.layers["userns"],
+        "network_namespace": plan.layers["netns"],
+        "mount_namespace": plan.layers["mountns"],
+        "pid_namespace": plan.layers["pidns"],
+        "private_proc": plan.layers["proc"],
+        "cgroup": plan.cgroup_base is not None,
+        "python": plan.python_ok,
+    }
 
 
 def _probe(disabled: set[str]) -> _Plan:
     """Run the launcher once in probe mode: it tries every layer, reports which it entered, then
     execs the bootstrap, which reports that the interpreter and the audit hook work."""
     root = os.geteuid() == 0
-    want = {"uid_drop": root and "uid" not in disabled, "userns": not root and "userns" not in disabled,
-            "netns": "netns" not in disabled, "pidns": "pidns" not in disabled,
-            "mountns": "mountns" not in disabled, "nnp": True}
+    want = {
+        "uid_drop": root and "uid" not in disabled,
+        "userns": not root and "userns" not in disabled,
+        "netns": "netns" not in disabled,
+        "pidns": "pidns" not in disabled,
+        "mountns": "mountns" not in disabled,
+        "nnp": True,
+    }
     want["proc"] = want["mountns"]
     python = _sandbox_python(want["uid_drop"])
     plan = _Plan(root, python, want, False, None)
@@ -90,8 +107,16 @@ def _probe(disabled: set[str]) -> _Plan:
         r, w = os.pipe()
         spec["status_fd"] = w
         try:
-            subprocess.run(_launcher_argv(spec), input=b"", capture_output=True, pass_fds=(w,), timeout=60,
-                           start_new_session=True, env=_sandbox_env(wd, marker), cwd=wd)
+            subprocess.run(
+                _launcher_argv(spec),
+                input=b"",
+                capture_output=True,
+                pass_fds=(w,),
+                timeout=60,
+                start_new_session=True,
+                env=_sandbox_env(wd, marker),
+                cwd=wd,
+            )
         except subprocess.TimeoutExpired:
             pass
         finally:

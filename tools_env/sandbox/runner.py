@@ -15,13 +15,21 @@ from tools_env.sandbox.limits import SandboxLimits
 from tools_env.sandbox.output import SandboxResult, _Capture, _read_status, _result
 from tools_env.sandbox.plan import _Plan
 from tools_env.sandbox.probe import _PLANS, _disabled, _get_plan
-from tools_env.sandbox.prepare import (_check_workdir, _launch_spec, _launcher_argv, _next_uid, _prepare,
-                                       _prepare_is_quick, _sandbox_env)
+from tools_env.sandbox.prepare import (
+    _check_workdir,
+    _launch_spec,
+    _launcher_argv,
+    _next_uid,
+    _prepare,
+    _prepare_is_quick,
+    _sandbox_env,
+)
 from tools_env.sandbox.warm import _ZYGOTES, _WarmRun, _ZygoteGone, _zygote_for
 
 
-async def run_python(code: str, workdir: str, limits: SandboxLimits = SandboxLimits(), *,
-                     warm: bool = True) -> SandboxResult:
+async def run_python(
+    code: str, workdir: str, limits: SandboxLimits = SandboxLimits(), *, warm: bool = True
+) -> SandboxResult:
     """Run `code` in the sandbox with `workdir` as its only writable place; never raises for what
     the code does. `warm=False` skips the zygote and starts fresh interpreters (the cold path,
     also the fallback when no zygote can be set up); the layers are the same either way."""
@@ -58,8 +66,9 @@ async def run_python(code: str, workdir: str, limits: SandboxLimits = SandboxLim
     return _result(proto, run.returncode(), reason, status, oom, wall_s, limits)
 
 
-async def _start_warm(key: str, plan: _Plan, spec: dict, marker: str, source: bytes, cgroup: _Cgroup | None,
-                      proto: _Capture) -> _WarmRun | None:
+async def _start_warm(
+    key: str, plan: _Plan, spec: dict, marker: str, source: bytes, cgroup: _Cgroup | None, proto: _Capture
+) -> _WarmRun | None:
     """The run as a child of the plan's zygote; None when there is no zygote (the cold path runs it).
     A zygote found dead when the run is sent is replaced once."""
     if key in _ZYGOTES and _ZYGOTES[key] is None:
@@ -95,16 +104,24 @@ class _ColdRun:
         self.transport.close()
 
 
-async def _start_cold(spec: dict, marker: str, source: bytes, cgroup: _Cgroup | None,
-                      proto: _Capture) -> tuple[_ColdRun, _Cgroup | None]:
+async def _start_cold(
+    spec: dict, marker: str, source: bytes, cgroup: _Cgroup | None, proto: _Capture
+) -> tuple[_ColdRun, _Cgroup | None]:
     """Start the launcher, put it in the run's cgroup (or drop the cgroup), hand it the code."""
     loop = asyncio.get_running_loop()
     status_r, spec["status_fd"] = os.pipe()
     try:
         transport, _ = await loop.subprocess_exec(
-            lambda: proto, *_launcher_argv(spec), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, pass_fds=(spec["status_fd"],), start_new_session=True,
-            env=_sandbox_env(spec["workdir"], marker), cwd=spec["workdir"])
+            lambda: proto,
+            *_launcher_argv(spec),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(spec["status_fd"],),
+            start_new_session=True,
+            env=_sandbox_env(spec["workdir"], marker),
+            cwd=spec["workdir"],
+        )
     except BaseException:
         os.close(status_r)
         raise
@@ -119,8 +136,9 @@ async def _start_cold(spec: dict, marker: str, source: bytes, cgroup: _Cgroup | 
     return _ColdRun(transport, status_r), cgroup
 
 
-async def _finish(run: _WarmRun | _ColdRun, proto: _Capture, cgroup: _Cgroup | None, uid: int | None,
-                  marker: str) -> tuple[list[str], bool]:
+async def _finish(
+    run: _WarmRun | _ColdRun, proto: _Capture, cgroup: _Cgroup | None, uid: int | None, marker: str
+) -> tuple[list[str], bool]:
     """Kill every process of the run, collect the rest of its output and its status lines.
     A cgroup that could be removed was empty: no process of the run is left anywhere, since they
     all descend from its first process, which joined it before anything else, and the run's uid
@@ -136,7 +154,8 @@ async def _finish(run: _WarmRun | _ColdRun, proto: _Capture, cgroup: _Cgroup | N
     return _read_status(run.status_r), oom
 
 
-def run_python_sync(code: str, workdir: str, limits: SandboxLimits = SandboxLimits(), *,
-                    warm: bool = True) -> SandboxResult:
+def run_python_sync(
+    code: str, workdir: str, limits: SandboxLimits = SandboxLimits(), *, warm: bool = True
+) -> SandboxResult:
     """`run_python` for callers without an event loop (not from inside a running loop)."""
     return asyncio.run(run_python(code, workdir, limits, warm=warm))

@@ -38,8 +38,15 @@ from tools_env.sandbox.cleanup import _MARKER_VAR, _kill_strays
 from tools_env.sandbox.limits import SandboxLimits
 from tools_env.sandbox.output import _Capture, _read_status
 from tools_env.sandbox.plan import _Plan
-from tools_env.sandbox.prepare import (_BOOTSTRAP, _ZYGOTE, _launch_spec, _next_uid, _nproc_limit, _sandbox_env,
-                                       _take_ownership)
+from tools_env.sandbox.prepare import (
+    _BOOTSTRAP,
+    _ZYGOTE,
+    _launch_spec,
+    _next_uid,
+    _nproc_limit,
+    _sandbox_env,
+    _take_ownership,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +63,7 @@ class _ZygoteGone(Exception):
 @dataclass
 class _RunFds:
     """This process's ends of one run's pipes."""
+
     out: int
     err: int
     status: int
@@ -72,9 +80,24 @@ class _Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = subprocess.Popen(
-                [plan.python, "-I", "-B", "-u", "-c", _BOOT, _ZYGOTE, _BOOTSTRAP, json.dumps({"sock": theirs.fileno()})],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                start_new_session=True, env=_sandbox_env("/", _MARKER_SLOT), cwd="/")
+                [
+                    plan.python,
+                    "-I",
+                    "-B",
+                    "-u",
+                    "-c",
+                    _BOOT,
+                    _ZYGOTE,
+                    _BOOTSTRAP,
+                    json.dumps({"sock": theirs.fileno()}),
+                ],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+                env=_sandbox_env("/", _MARKER_SLOT),
+                cwd="/",
+            )
         except BaseException:
             ours.close()
             raise
@@ -99,9 +122,12 @@ class _Zygote:
         """Ask for a child running `spec` in the (empty) cgroup directory `cgroup`; returns this
         side's pipe ends. Raises _ZygoteGone if the zygote did not take it."""
         assert len(env[_MARKER_VAR]) == len(_MARKER_SLOT)
-        job = {"spec": {k: v for k, v in spec.items() if k != "bootstrap"}, "env": env,
-               "cgroup": cgroup and os.path.join(cgroup, "cgroup.procs"),
-               "marker": None if spec["uid"] is not None else f"{_MARKER_VAR}={env[_MARKER_VAR]}"}
+        job = {
+            "spec": {k: v for k, v in spec.items() if k != "bootstrap"},
+            "env": env,
+            "cgroup": cgroup and os.path.join(cgroup, "cgroup.procs"),
+            "marker": None if spec["uid"] is not None else f"{_MARKER_VAR}={env[_MARKER_VAR]}",
+        }
         code_fd = os.memfd_create("sandbox-code")
         os.write(code_fd, code)
         os.lseek(code_fd, 0, os.SEEK_SET)
@@ -157,16 +183,16 @@ class _Zygote:
         entered = next((json.loads(line[7:]) for line in status if line.startswith("layers ")), {})
         got = {k: bool(entered.get(k)) for k in plan.layers}
         if "probe-ok" not in status or got != plan.layers:
-            raise RuntimeError(f"its probe run entered {got}, the cold probe {plan.layers} "
-                               f"(status {status}, exit {ended!r})")
+            raise RuntimeError(
+                f"its probe run entered {got}, the cold probe {plan.layers} (status {status}, exit {ended!r})"
+            )
 
 
 class _WarmRun:
     """This side of one run in a zygote's child: stdout/stderr feed the capture, the exit pipe
     gives the code's wait status (the child ends without one only when it is SIGKILLed)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, proto: _Capture, zygote: _Zygote, run_id: str,
-                 fds: _RunFds):
+    def __init__(self, loop: asyncio.AbstractEventLoop, proto: _Capture, zygote: _Zygote, run_id: str, fds: _RunFds):
         self.loop, self.proto, self.zygote, self.run_id, self.fds = loop, proto, zygote, run_id, fds
         self.status_r = fds.status
         self._rc: int | None = None
@@ -232,15 +258,15 @@ def _zygote_for(key: str, plan: _Plan, replace: _Zygote | None = None) -> _Zygot
         if current is not None and current.alive() and current is not replace:
             return current
         if current is not None:
-            logger.warning("sandbox: zygote %d is gone (exit %s); starting another", current.proc.pid,
-                           current.proc.poll())
+            logger.warning(
+                "sandbox: zygote %d is gone (exit %s); starting another", current.proc.pid, current.proc.poll()
+            )
             current.stop()
         try:
             _ZYGOTES[key] = _Zygote.start(plan)
         except Exception as e:
             _ZYGOTES[key] = None
-            logger.warning("sandbox: warm path unavailable, every run starts fresh interpreters "
-                           "(cold path): %s", e)
+            logger.warning("sandbox: warm path unavailable, every run starts fresh interpreters (cold path): %s", e)
         return _ZYGOTES[key]
 
 

@@ -47,10 +47,16 @@ class LLMJudge:
         prompt = JUDGE_PROMPT.format(problem=problem, gold=gold, pred=pred)
         try:
             content, _ = await chat_completion(
-                self._session, self.cfg.base_url, self.cfg.model, [{"role": "user", "content": prompt}],
+                self._session,
+                self.cfg.base_url,
+                self.cfg.model,
+                [{"role": "user", "content": prompt}],
                 api_key=os.environ.get(self.cfg.api_key_env) if self.cfg.api_key_env else None,
-                timeout_s=self.cfg.timeout_s, max_retries=self.cfg.max_retries, backoff_s=self.cfg.backoff_s,
-                params={"temperature": 0.0, "max_tokens": 8})
+                timeout_s=self.cfg.timeout_s,
+                max_retries=self.cfg.max_retries,
+                backoff_s=self.cfg.backoff_s,
+                params={"temperature": 0.0, "max_tokens": 8},
+            )
         except EndpointError as e:
             return False, f"judge endpoint failed: {e}"
         words = re.findall(r"[A-Za-z]+", content.upper())
@@ -67,9 +73,11 @@ class LLMJudge:
 @register_tool
 class Answer(Tool):
     name = "answer"
-    description = ("Submit the final answer: give 'answer' (your own), or 'model' (an expert alias from the "
-                   "expert table, billed at its price) to have that expert write it from the task and the tool "
-                   "results so far. This ends the task; call it once, when you are sure.")
+    description = (
+        "Submit the final answer: give 'answer' (your own), or 'model' (an expert alias from the "
+        "expert table, billed at its price) to have that expert write it from the task and the tool "
+        "results so far. This ends the task; call it once, when you are sure."
+    )
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         super().__init__(config)
@@ -77,8 +85,11 @@ class Answer(Tool):
         if judge is not None and not isinstance(judge, JudgeConfig):
             judge = JudgeConfig.from_dict(judge)
         self.judge = LLMJudge(judge) if judge is not None else None
-        self.writer = Expert({"experts": self.config["experts"], "seed": self.config.get("seed", 0)}) \
-            if self.config.get("experts") is not None else None
+        self.writer = (
+            Expert({"experts": self.config["experts"], "seed": self.config.get("seed", 0)})
+            if self.config.get("experts") is not None
+            else None
+        )
         aliases = self.writer.experts.aliases if self.writer is not None else []
         self.parameters = {
             "type": "object",
@@ -92,8 +103,9 @@ class Answer(Tool):
     def check_arguments(self, arguments: Any) -> dict[str, Any]:
         args = super().check_arguments(arguments)
         if ("answer" in args) == ("model" in args):
-            raise ToolArgumentError("answer: give either 'answer' (your final answer) or 'model' (an expert "
-                                    "alias that writes it)")
+            raise ToolArgumentError(
+                "answer: give either 'answer' (your final answer) or 'model' (an expert alias that writes it)"
+            )
         return args
 
     async def call(self, arguments: dict[str, Any], ctx: EpisodeContext) -> ToolResult:
@@ -109,16 +121,25 @@ class Answer(Tool):
         ctx.state["final_answer"] = answer
         follow_up = next_user_turn(answer, ctx.task, ctx)
         if follow_up is not None:  # a multi-turn task: the user's next turn, the episode goes on
-            return ToolResult(observation=follow_up, cost=0.0 if written is None else written.cost,
-                              latency_s=time.perf_counter() - t0, meta={"turn_ended": True})
+            return ToolResult(
+                observation=follow_up,
+                cost=0.0 if written is None else written.cost,
+                latency_s=time.perf_counter() - t0,
+                meta={"turn_ended": True},
+            )
         outcome = await verify(answer, ctx.task, ctx, self.judge)
         meta: dict[str, Any] = {"outcome": outcome}
         if written is None:
-            return ToolResult(observation="Answer submitted.", latency_s=time.perf_counter() - t0, done=True,
-                              meta=meta)
+            return ToolResult(observation="Answer submitted.", latency_s=time.perf_counter() - t0, done=True, meta=meta)
         meta.update(model=arguments["model"], answer=answer)
-        return ToolResult(observation=f"Answer submitted ({arguments['model']} wrote: {answer}).", cost=written.cost,
-                          latency_s=written.latency_s, usage=written.usage, done=True, meta=meta)
+        return ToolResult(
+            observation=f"Answer submitted ({arguments['model']} wrote: {answer}).",
+            cost=written.cost,
+            latency_s=written.latency_s,
+            usage=written.usage,
+            done=True,
+            meta=meta,
+        )
 
     async def aclose(self) -> None:
         if self.judge is not None:

@@ -30,10 +30,23 @@ class CalcError(ValueError):
 
 _CONSTANTS = {"pi": math.pi, "e": math.e, "tau": math.tau}
 _FUNCTIONS: dict[str, Callable[..., Number]] = {
-    "sqrt": math.sqrt, "log": math.log, "log2": math.log2, "log10": math.log10, "exp": math.exp,
-    "sin": math.sin, "cos": math.cos, "tan": math.tan, "asin": math.asin, "acos": math.acos,
-    "atan": math.atan, "abs": abs, "round": round, "floor": math.floor, "ceil": math.ceil,
-    "min": min, "max": max,
+    "sqrt": math.sqrt,
+    "log": math.log,
+    "log2": math.log2,
+    "log10": math.log10,
+    "exp": math.exp,
+    "sin": math.sin,
+    "cos": math.cos,
+    "tan": math.tan,
+    "asin": math.asin,
+    "acos": math.acos,
+    "atan": math.atan,
+    "abs": abs,
+    "round": round,
+    "floor": math.floor,
+    "ceil": math.ceil,
+    "min": min,
+    "max": max,
 }
 
 
@@ -66,8 +79,13 @@ def _mul(a: Number, b: Number) -> Number:
 
 
 _BINOPS: dict[type, Callable[[Number, Number], Number]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: _mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: _pow,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: _mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: _pow,
 }
 
 
@@ -100,8 +118,9 @@ def _eval(node: ast.AST) -> Number:
     if isinstance(node, ast.Call):
         name = node.func.id if isinstance(node.func, ast.Name) else None
         if name not in _FUNCTIONS or node.keywords:
-            raise CalcError(f"unsupported function {name or ast.unparse(node.func)!r}; "
-                            f"available: {', '.join(_FUNCTIONS)}")
+            raise CalcError(
+                f"unsupported function {name or ast.unparse(node.func)!r}; available: {', '.join(_FUNCTIONS)}"
+            )
         args = [_eval(a) for a in node.args]
         try:
             return _check_int(_FUNCTIONS[name](*args))

@@ -41,19 +41,28 @@ class DomainTool(Tool):
         finally:
             db.conn.close()
         cost = float(self.config.get("cost_per_call", 0.0))
-        return ToolResult(observation=observation, cost=cost, latency_s=time.perf_counter() - t0, error=error,
-                          meta={"domain": self.domain.name, "writes": self.function.writes})
+        return ToolResult(
+            observation=observation,
+            cost=cost,
+            latency_s=time.perf_counter() - t0,
+            error=error,
+            meta={"domain": self.domain.name, "writes": self.function.writes},
+        )
 
 
 def _make_tool(domain: Domain, fn: DomainFunction) -> type[DomainTool]:
     name = domain.tool_name(fn.name)
-    cls = type(name, (DomainTool,), {
-        "name": name,
-        "description": f"[{domain.name}: {domain.description}] {fn.description}",
-        "parameters": fn.parameters,
-        "domain": domain,
-        "function": fn,
-    })
+    cls = type(
+        name,
+        (DomainTool,),
+        {
+            "name": name,
+            "description": f"[{domain.name}: {domain.description}] {fn.description}",
+            "parameters": fn.parameters,
+            "domain": domain,
+            "function": fn,
+        },
+    )
     return register_tool(cls)
 
 

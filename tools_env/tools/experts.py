@@ -75,8 +75,9 @@ async def chat_completion(
         if remaining <= 0:
             break
         try:
-            async with session.post(url, json=payload, headers=headers,
-                                    timeout=aiohttp.ClientTimeout(total=remaining)) as resp:
+            async with session.post(
+                url, json=payload, headers=headers, timeout=aiohttp.ClientTimeout(total=remaining)
+            ) as resp:
                 text = await resp.text(errors="replace")
                 if resp.status == 200:
                     return _parse_completion(text)
@@ -94,8 +95,20 @@ async def chat_completion(
     raise EndpointError(f"gave up after {attempt + 1} attempt(s) in {loop.time() - start:.2f}s: {last}")
 
 
-_DISTRACTORS = ("Paris", "London", "1987", "George Washington", "oxygen", "Jupiter", "blue",
-                "Shakespeare", "Tokyo", "the Pacific Ocean", "carbon", "Einstein")
+_DISTRACTORS = (
+    "Paris",
+    "London",
+    "1987",
+    "George Washington",
+    "oxygen",
+    "Jupiter",
+    "blue",
+    "Shakespeare",
+    "Tokyo",
+    "the Pacific Ocean",
+    "carbon",
+    "Einstein",
+)
 
 
 def wrong_answer(gold: str, rng: random.Random) -> str:
@@ -178,16 +191,22 @@ class Expert(Tool):
         cacheable = ctx is None or not ctx.task.prices
         if cacheable and category in self._schema_cache:
             return self._schema_cache[category]
-        rows = ["| model | $ per 1M input tokens | $ per 1M output tokens | typical latency (s) |",
-                "| --- | --- | --- | --- |"]
+        rows = [
+            "| model | $ per 1M input tokens | $ per 1M output tokens | typical latency (s) |",
+            "| --- | --- | --- | --- |",
+        ]
         for alias in self.experts.aliases:
             p_in, p_out = self._prices(alias, ctx)
             label = f"{alias} (simulated)" if alias in self.experts.simulated else alias
             rows.append(f"| {label} | {p_in:g} | {p_out:g} | {self._latency_hint(alias, category)} |")
-        description = ("Ask a stronger model a question and get its answer. Models differ in price, "
-                       "latency and skill:\n" + "\n".join(rows))
-        schema = {"type": "function",
-                  "function": {"name": self.name, "description": description, "parameters": self.parameters}}
+        description = (
+            "Ask a stronger model a question and get its answer. Models differ in price, "
+            "latency and skill:\n" + "\n".join(rows)
+        )
+        schema = {
+            "type": "function",
+            "function": {"name": self.name, "description": description, "parameters": self.parameters},
+        }
         if cacheable:
             self._schema_cache[category] = schema
         return schema
@@ -198,22 +217,30 @@ class Expert(Tool):
             return await self._simulate(alias, self.experts.simulated[alias], arguments["query"], ctx)
         return await self._call_endpoint(alias, self.experts.endpoints[alias], arguments["query"], ctx)
 
-    async def _simulate(self, alias: str, sim: SimulatedExpertConfig, query: str,
-                        ctx: EpisodeContext, evidence: bool = False) -> ToolResult:
+    async def _simulate(
+        self, alias: str, sim: SimulatedExpertConfig, query: str, ctx: EpisodeContext, evidence: bool = False
+    ) -> ToolResult:
         task, category = ctx.task, ctx.task.category
         rng = random.Random(f"{self.seed}|{task.id}|{ctx.turn}|{task.meta.get('seed', '')}")
         correct = rng.random() < _pick(sim.accuracy, category) or evidence
         answer = task.answer if correct else wrong_answer(task.answer, rng)
         lo, hi = _pick(sim.latency_s, category)
         latency = lo if lo == hi else rng.uniform(lo, hi)
-        usage = {"prompt_tokens": len(query) // 4 + sim.prompt_overhead_tokens,
-                 "completion_tokens": _pick(sim.output_tokens, category)}
+        usage = {
+            "prompt_tokens": len(query) // 4 + sim.prompt_overhead_tokens,
+            "completion_tokens": _pick(sim.output_tokens, category),
+        }
         p_in, p_out = self._prices(alias, ctx)
         cost = (usage["prompt_tokens"] * p_in + usage["completion_tokens"] * p_out) / 1e6
         if self.experts.sleep:
             await asyncio.sleep(latency * self.experts.sleep_scale)
-        return ToolResult(observation=f"{alias}: The answer is {answer}.", cost=cost, latency_s=latency,
-                          usage=usage, meta={"model": alias, "simulated": True, "correct": correct, "answer": answer})
+        return ToolResult(
+            observation=f"{alias}: The answer is {answer}.",
+            cost=cost,
+            latency_s=latency,
+            usage=usage,
+            meta={"model": alias, "simulated": True, "correct": correct, "answer": answer},
+        )
 
     async def write_answer(self, alias: str, ctx: EpisodeContext) -> tuple[str | None, ToolResult]:
         """The final answer written by expert ``alias`` from the task and the episode's tool results
@@ -223,8 +250,13 @@ class Expert(Tool):
         earlier tool result already states the gold answer (it has the evidence in front of it).
         An endpoint writer gets the problem and the transcript and is asked for the answer alone."""
         transcript = ctx.state.get("transcript", [])
-        query = "\n\n".join([f"Task: {ctx.task.problem}", *(f"{name} returned: {obs}" for name, obs in transcript),
-                              "Reply with the final answer only."])
+        query = "\n\n".join(
+            [
+                f"Task: {ctx.task.problem}",
+                *(f"{name} returned: {obs}" for name, obs in transcript),
+                "Reply with the final answer only.",
+            ]
+        )
         if alias in self.experts.simulated:
             gold = normalize_answer(ctx.task.answer)
             evidence = bool(gold) and any(_states(obs, gold) for _, obs in transcript)
@@ -235,8 +267,7 @@ class Expert(Tool):
             return None, result
         return result.observation.split(": ", 1)[-1].strip(), result
 
-    async def _call_endpoint(self, alias: str, ep: EndpointExpertConfig, query: str,
-                             ctx: EpisodeContext) -> ToolResult:
+    async def _call_endpoint(self, alias: str, ep: EndpointExpertConfig, query: str, ctx: EpisodeContext) -> ToolResult:
         if self._session is None:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512))
         messages = [{"role": "user", "content": query}]
@@ -246,17 +277,30 @@ class Expert(Tool):
         t0 = time.perf_counter()
         try:
             content, usage = await chat_completion(
-                self._session, ep.base_url, ep.model, messages,
+                self._session,
+                ep.base_url,
+                ep.model,
+                messages,
                 api_key=os.environ.get(ep.api_key_env) if ep.api_key_env else None,
-                timeout_s=ep.timeout_s, max_retries=ep.max_retries, backoff_s=ep.backoff_s, params=params)
+                timeout_s=ep.timeout_s,
+                max_retries=ep.max_retries,
+                backoff_s=ep.backoff_s,
+                params=params,
+            )
         except EndpointError as e:
-            return ToolResult(observation=f"{alias}: error: {e}", latency_s=time.perf_counter() - t0,
-                              error=f"expert {alias}: {e}", meta={"model": alias})
+            return ToolResult(
+                observation=f"{alias}: error: {e}",
+                latency_s=time.perf_counter() - t0,
+                error=f"expert {alias}: {e}",
+                meta={"model": alias},
+            )
         latency = time.perf_counter() - t0
         meta: dict[str, Any] = {"model": alias}
         if len(usage) < 2:  # endpoint did not report usage: estimate it at ~4 characters per token
-            usage = {"prompt_tokens": sum(len(m["content"]) for m in messages) // 4,
-                     "completion_tokens": len(content) // 4}
+            usage = {
+                "prompt_tokens": sum(len(m["content"]) for m in messages) // 4,
+                "completion_tokens": len(content) // 4,
+            }
             meta["usage_estimated"] = True
         p_in, p_out = self._prices(alias, ctx)
         cost = (usage["prompt_tokens"] * p_in + usage["completion_tokens"] * p_out) / 1e6

@@ -84,6 +84,10 @@ class Python(Tool):
             error = "python: timed out"
         elif result.killed_reason:
             error = f"python: killed ({result.killed_reason})"
-        return ToolResult(observation=_format(result), cost=result.wall_s * self.cfg.price_per_s,
-                          latency_s=result.wall_s, error=error,
-                          meta={"exit_code": result.exit_code, "truncated": result.truncated})
+        return ToolResult(
+            observation=_format(result),
+            cost=result.wall_s * self.cfg.price_per_s,
+            latency_s=result.wall_s,
+            error=error,
+            meta={"exit_code": result.exit_code, "truncated": result.truncated},
+        )

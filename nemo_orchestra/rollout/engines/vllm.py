@@ -79,21 +79,42 @@ class VLLMEngine(GenerationEngine):
         kv = ctx.kv_cache_bytes
         if kv is None and r is not None and r.kv_cache_gb is not None:
             kv = int(r.kv_cache_gb * 1024**3)
-        return cls(ctx.model_cfg, ctx.vocab_size, ctx.tokenizer, ctx.device, init_state,
-                   sync_timeout_s=r.sync_timeout_s if r is not None else 60.0,
-                   max_model_len=r.max_context if r is not None else None, seed=ctx.seed, kv_cache_bytes=kv,
-                   sleep_mode=bool(r is not None and r.sleep_while_training and ctx.device.type == "cuda"),
-                   gpu_memory_utilization=r.gpu_memory_utilization if r is not None else None)
+        return cls(
+            ctx.model_cfg,
+            ctx.vocab_size,
+            ctx.tokenizer,
+            ctx.device,
+            init_state,
+            sync_timeout_s=r.sync_timeout_s if r is not None else 60.0,
+            max_model_len=r.max_context if r is not None else None,
+            seed=ctx.seed,
+            kv_cache_bytes=kv,
+            sleep_mode=bool(r is not None and r.sleep_while_training and ctx.device.type == "cuda"),
+            gpu_memory_utilization=r.gpu_memory_utilization if r is not None else None,
+        )
 
-    def __init__(self, model_cfg: ModelConfig, vocab_size: int, tokenizer, device: torch.device,
-                 init_state: dict[str, torch.Tensor], sync_timeout_s: float = 60.0, max_model_len: int | None = None,
-                 seed: int = 0, kv_cache_bytes: int | None = None, sleep_mode: bool = False,
-                 gpu_memory_utilization: float | None = None, transfer: str = "memory"):
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        vocab_size: int,
+        tokenizer,
+        device: torch.device,
+        init_state: dict[str, torch.Tensor],
+        sync_timeout_s: float = 60.0,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        kv_cache_bytes: int | None = None,
+        sleep_mode: bool = False,
+        gpu_memory_utilization: float | None = None,
+        transfer: str = "memory",
+    ):
         from vllm import LLM
 
         if device.type == "cpu" and model_cfg.head_dim < 64:
-            raise ValueError(f"rollout.engine=vllm on CPU needs model.head_dim >= 64 (vLLM's CPU attention), "
-                             f"got {model_cfg.head_dim}")
+            raise ValueError(
+                f"rollout.engine=vllm on CPU needs model.head_dim >= 64 (vLLM's CPU attention), "
+                f"got {model_cfg.head_dim}"
+            )
         assert transfer in TRANSFERS, transfer
         if sleep_mode and device.type != "cuda":
             raise ValueError("rollout.sleep_while_training: vLLM's sleep mode needs CUDA")
@@ -122,17 +143,23 @@ class VLLMEngine(GenerationEngine):
             self._shapes = _shapes(megatron_to_hf(init_state, model_cfg))
             cuda = {}
             if device.type == "cuda":
-                cuda = dict(enable_sleep_mode=sleep_mode, gpu_memory_utilization=self._engine_share(
-                    init_state, kv_bytes, gpu_memory_utilization))
+                cuda = dict(
+                    enable_sleep_mode=sleep_mode,
+                    gpu_memory_utilization=self._engine_share(init_state, kv_bytes, gpu_memory_utilization),
+                )
             with pinned_to(device):
                 self.llm = LLM(
-                    model=folder, dtype=str(self.dtype).removeprefix("torch."), seed=seed,
-                    max_model_len=max_model_len, kv_cache_memory_bytes=kv_bytes,
+                    model=folder,
+                    dtype=str(self.dtype).removeprefix("torch."),
+                    seed=seed,
+                    max_model_len=max_model_len,
+                    kv_cache_memory_bytes=kv_bytes,
                     logprobs_mode="processed_logprobs",
                     skip_tokenizer_init=True,  # token ids in and out: the tokenizer stays the trainer's
                     generation_config="vllm",  # no sampling defaults from generation_config.json
                     enforce_eager=device.type != "cuda",  # torch.compile on CPU costs minutes, gains little here
-                    worker_extension_cls=EXTENSION, **cuda,
+                    worker_extension_cls=EXTENSION,
+                    **cuda,
                     use_tqdm_on_load=False,  # the weights are one small local file: no progress bar of its own
                     enable_prefix_caching=True,  # a turn reuses its conversation's KV (reset at each weight sync)
                 )
@@ -151,8 +178,9 @@ class VLLMEngine(GenerationEngine):
         return per_token * max_model_len * KV_SEQUENCES
 
     # ---- generation -----------------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 stop_ids: list[int]) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, stop_ids: list[int]
+    ) -> list[Generation]:
         self._check_usable()
         if not prompts:
             return []
@@ -161,13 +189,22 @@ class VLLMEngine(GenerationEngine):
         from vllm.inputs import TokensPrompt
 
         if top_p < 1.0 and temperature > 0 and not self._warned_top_p:
-            log.warning("vllm engine: with top_p=%g the generator's logprobs are renormalized over the nucleus "
-                        "(the distribution sampled from), not the trainer's full-vocabulary logprobs", top_p)
+            log.warning(
+                "vllm engine: with top_p=%g the generator's logprobs are renormalized over the nucleus "
+                "(the distribution sampled from), not the trainer's full-vocabulary logprobs",
+                top_p,
+            )
             self._warned_top_p = True
         params = SamplingParams(
-            temperature=max(temperature, 0.0), top_p=top_p, top_k=0, max_tokens=max_new_tokens,
-            stop_token_ids=list(stop_ids), ignore_eos=True,  # stop at stop_ids only, as the hf engine does
-            logprobs=0, detokenize=False, skip_special_tokens=False,
+            temperature=max(temperature, 0.0),
+            top_p=top_p,
+            top_k=0,
+            max_tokens=max_new_tokens,
+            stop_token_ids=list(stop_ids),
+            ignore_eos=True,  # stop at stop_ids only, as the hf engine does
+            logprobs=0,
+            detokenize=False,
+            skip_special_tokens=False,
         )
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         results = []
@@ -205,8 +242,10 @@ class VLLMEngine(GenerationEngine):
             loaded = call_with_timeout(lambda: push(hf), timeout)
         except TimeoutError:
             self._failure = f"a weight sync did not finish within rollout.sync_timeout_s={timeout}s"
-            raise TimeoutError(f"vllm weight sync: no answer from the engine within rollout.sync_timeout_s="
-                               f"{timeout}s; the engine is unusable from now on") from None
+            raise TimeoutError(
+                f"vllm weight sync: no answer from the engine within rollout.sync_timeout_s="
+                f"{timeout}s; the engine is unusable from now on"
+            ) from None
         except Exception as e:
             self._failure = f"a weight sync failed ({e})"
             raise RuntimeError(f"vllm weight sync failed: {e}; the engine is unusable from now on") from e
@@ -239,7 +278,7 @@ class VLLMEngine(GenerationEngine):
         shm = self._segment(total)
         buf = torch.frombuffer(shm.buf, dtype=torch.uint8, count=total) if total else None
         for (name, _, _, off), n in zip(specs, sizes(specs)):
-            buf[off:off + n].view(self.dtype).copy_(hf[name].detach().reshape(-1))
+            buf[off : off + n].view(self.dtype).copy_(hf[name].detach().reshape(-1))
         del buf  # no view of the segment may outlive a sync
         loaded = self._rpc("nemo_reload_shared", shm.name, specs)
         self.llm.reset_prefix_cache()
@@ -265,7 +304,7 @@ class VLLMEngine(GenerationEngine):
             specs, total = layout(bucket, self.dtype)
             flat = torch.empty(total, dtype=torch.uint8, device=self.device)
             for (name, _, _, off), n in zip(specs, sizes(specs)):
-                flat[off:off + n].view(self.dtype).copy_(bucket[name].detach().reshape(-1))
+                flat[off : off + n].view(self.dtype).copy_(bucket[name].detach().reshape(-1))
             torch.cuda.synchronize(self.device)
             loaded += self._rpc("nemo_load_ipc_bucket", pickle.dumps((reduce_tensor(flat), specs)))
             del flat
@@ -295,18 +334,25 @@ class VLLMEngine(GenerationEngine):
     def _validate(self, hf: dict[str, torch.Tensor]) -> None:
         unknown = sorted(set(hf) - set(self._shapes))
         missing = sorted(set(self._shapes) - set(hf))
-        bad = [f"{k} {tuple(hf[k].shape)} (engine: {self._shapes[k]})"
-               for k in sorted(set(hf) & set(self._shapes)) if tuple(hf[k].shape) != self._shapes[k]]
-        problems = [f"{what}: {', '.join(items[:3])}{' ...' if len(items) > 3 else ''}"
-                    for what, items in (("unknown weights", unknown), ("missing weights", missing),
-                                        ("wrong shapes", bad)) if items]
+        bad = [
+            f"{k} {tuple(hf[k].shape)} (engine: {self._shapes[k]})"
+            for k in sorted(set(hf) & set(self._shapes))
+            if tuple(hf[k].shape) != self._shapes[k]
+        ]
+        problems = [
+            f"{what}: {', '.join(items[:3])}{' ...' if len(items) > 3 else ''}"
+            for what, items in (("unknown weights", unknown), ("missing weights", missing), ("wrong shapes", bad))
+            if items
+        ]
         if problems:
             raise ValueError("vllm weight sync rejected before reaching the engine: " + "; ".join(problems))
 
     def _check_usable(self) -> None:
         if self._failure is not None:
-            raise RuntimeError(f"vllm engine unusable: {self._failure}. A failed in-place reload leaves vLLM's "
-                               "model half loaded; restart the run (it resumes from its last checkpoint)")
+            raise RuntimeError(
+                f"vllm engine unusable: {self._failure}. A failed in-place reload leaves vLLM's "
+                "model half loaded; restart the run (it resumes from its last checkpoint)"
+            )
 
     def close(self) -> None:
         self._shm = None

@@ -50,8 +50,10 @@ class WeightSyncExtension:
         args = list(args)
         args[6] = torch.cuda.current_device()  # the sender's device index -> ours (the same GPU, pinned)
         flat = rebuild(*args)
-        weights = [(n, flat[off:off + _nbytes(shape, dtype)].view(_dtype(dtype)).view(shape))
-                   for n, shape, dtype, off in specs]
+        weights = [
+            (n, flat[off : off + _nbytes(shape, dtype)].view(_dtype(dtype)).view(shape))
+            for n, shape, dtype, off in specs
+        ]
         self.model_runner.model.load_weights(weights=iter(weights))
         torch.cuda.synchronize()
         return len(weights)
@@ -103,7 +105,7 @@ def _views(buf, specs: list) -> list:
     out = []
     for name, shape, dtype, off in specs:
         n = _nbytes(shape, dtype)
-        out.append((name, torch.frombuffer(buf[off:off + n], dtype=_dtype(dtype)).view(shape)))
+        out.append((name, torch.frombuffer(buf[off : off + n], dtype=_dtype(dtype)).view(shape)))
     return out
 
 

@@ -53,11 +53,13 @@ def episode_state(ctx: Any) -> BfclEpisode:
     if state is None:
         entry = (ctx.task.meta or {}).get("bfcl")
         if not isinstance(entry, dict):
-            raise ValueError(f"task {ctx.task.id} has no meta.bfcl entry "
-                             "(write BFCL tasks with recipes/import_bfcl.py)")
+            raise ValueError(
+                f"task {ctx.task.id} has no meta.bfcl entry (write BFCL tasks with recipes/import_bfcl.py)"
+            )
         cfg = entry["initial_config"], bool(entry.get("long_context", False))
-        state = BfclEpisode(entry, new_instances(entry["involved_classes"], *cfg),
-                            new_instances(entry["involved_classes"], *cfg))
+        state = BfclEpisode(
+            entry, new_instances(entry["involved_classes"], *cfg), new_instances(entry["involved_classes"], *cfg)
+        )
         ctx.state["bfcl"] = state
     return state
 
@@ -93,8 +95,10 @@ def check_turn(state: BfclEpisode, calls: list[str], truth_results: list[str]) -
     """Why the turn fails BFCL's checks, or None when it passes."""
     if not calls:
         if state.turn_results:
-            return ("the ground truth makes no call in this turn (the request cannot be done), "
-                    f"the policy made {len(state.turn_results)}")
+            return (
+                "the ground truth makes no call in this turn (the request cannot be done), "
+                f"the policy made {len(state.turn_results)}"
+            )
         return None
     if not state.turn_results:
         return f"no function call in this turn; the ground truth makes {len(calls)}"
@@ -108,8 +112,12 @@ def state_mismatch(instances: dict[str, Any], truth: dict[str, Any]) -> str | No
     parts = []
     for cls, want in truth.items():
         got_state, want_state = public_state(instances[cls]), public_state(want)
-        diffs = [d for attr, value in want_state.items() if got_state.get(attr) != value
-                 for d in _diff(got_state.get(attr), value, attr)]
+        diffs = [
+            d
+            for attr, value in want_state.items()
+            if got_state.get(attr) != value
+            for d in _diff(got_state.get(attr), value, attr)
+        ]
         if diffs:
             more = f"; {len(diffs) - MAX_DIFFS} more" if len(diffs) > MAX_DIFFS else ""
             shown = "; ".join(diffs[:MAX_DIFFS]) + more
@@ -145,8 +153,12 @@ def _diff(got: Any, want: Any, path: str, seen: frozenset = frozenset()) -> list
     if got == want:
         return []
     if isinstance(got, dict) and isinstance(want, dict):
-        return [d for k in sorted(set(got) | set(want), key=str) if got.get(k, _ABSENT) != want.get(k, _ABSENT)
-                for d in _diff(got.get(k, _ABSENT), want.get(k, _ABSENT), f"{path}[{k!r}]", seen)]
+        return [
+            d
+            for k in sorted(set(got) | set(want), key=str)
+            if got.get(k, _ABSENT) != want.get(k, _ABSENT)
+            for d in _diff(got.get(k, _ABSENT), want.get(k, _ABSENT), f"{path}[{k!r}]", seen)
+        ]
     if isinstance(got, list) and isinstance(want, list) and len(got) == len(want):
         return [d for i, (g, w) in enumerate(zip(got, want)) for d in _diff(g, w, f"{path}[{i}]", seen)]
     if type(got) is type(want) and hasattr(want, "__dict__") and id(want) not in seen:  # a file system node

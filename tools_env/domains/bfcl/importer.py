@@ -30,10 +30,12 @@ from tools_env.task import TaskRecord
 CATEGORIES = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_param")
 REFUSED = {
     "multi_turn_miss_func": "its entries add functions to the tool set in the middle of an episode; an "
-                            "episode's tool set is fixed when it is created",
+    "episode's tool set is fixed when it is created",
 }
-TURN_NOTE = ("This is turn 1 of {n}. Use the tools to do what is asked, then call `answer` with a short "
-             "reply to end the turn; the user's next request, if any, comes back as the result of that call.")
+TURN_NOTE = (
+    "This is turn 1 of {n}. Use the tools to do what is asked, then call `answer` with a short "
+    "reply to end the turn; the user's next request, if any, comes back as the result of that call."
+)
 
 
 def check_categories(categories: list[str]) -> None:
@@ -75,12 +77,29 @@ def to_record(entry: dict[str, Any], ground_truth: list[list[str]], category: st
             gold.append(call_as_action(call))
         if k + 1 < len(ground_truth):
             gold.append({"name": "answer", "arguments": {"answer": "done"}})
-    meta = {"bfcl": {"id": entry["id"], "category": category, "version": BFCL_VERSION,
-                     "involved_classes": list(entry["involved_classes"]), "initial_config": entry["initial_config"],
-                     "long_context": "long_context" in category, "turns": turns, "ground_truth": ground_truth}}
-    return TaskRecord(problem=f"{turns[0]}\n\n{TURN_NOTE.format(n=len(turns))}", answer="",
-                      category="function_calling", tools=tools + ["answer"], id=f"bfcl-{entry['id']}",
-                      verifier={"type": "bfcl"}, domain="bfcl", gold_actions=gold, meta=meta)
+    meta = {
+        "bfcl": {
+            "id": entry["id"],
+            "category": category,
+            "version": BFCL_VERSION,
+            "involved_classes": list(entry["involved_classes"]),
+            "initial_config": entry["initial_config"],
+            "long_context": "long_context" in category,
+            "turns": turns,
+            "ground_truth": ground_truth,
+        }
+    }
+    return TaskRecord(
+        problem=f"{turns[0]}\n\n{TURN_NOTE.format(n=len(turns))}",
+        answer="",
+        category="function_calling",
+        tools=tools + ["answer"],
+        id=f"bfcl-{entry['id']}",
+        verifier={"type": "bfcl"},
+        domain="bfcl",
+        gold_actions=gold,
+        meta=meta,
+    )
 
 
 def import_categories(output: str, categories: list[str], limit: int = 0) -> dict[str, Any]:
@@ -101,12 +120,19 @@ def import_categories(output: str, categories: list[str], limit: int = 0) -> dic
         every += records
     manifest = {
         "format": "nemo-orchestra tasks v1",
-        "source": {"package": "bfcl-eval", "version": BFCL_VERSION, "benchmark": "BFCL v4 multi-turn",
-                   "license": "Apache-2.0"},
+        "source": {
+            "package": "bfcl-eval",
+            "version": BFCL_VERSION,
+            "benchmark": "BFCL v4 multi-turn",
+            "license": "Apache-2.0",
+        },
         "content_hash": _content_hash(every),
-        "counts": {"total": len(every), "by_category": counts,
-                   "user_turns": sum(len(r.meta["bfcl"]["turns"]) for r in every),
-                   "ground_truth_calls": sum(len(t) for r in every for t in r.meta["bfcl"]["ground_truth"])},
+        "counts": {
+            "total": len(every),
+            "by_category": counts,
+            "user_turns": sum(len(r.meta["bfcl"]["turns"]) for r in every),
+            "ground_truth_calls": sum(len(t) for r in every for t in r.meta["bfcl"]["ground_truth"]),
+        },
         "classes": sorted({c for r in every for c in r.meta["bfcl"]["involved_classes"]}),
         "files": files,
         "service_tools": {},

@@ -6,8 +6,10 @@ import importlib
 from typing import Any
 
 BFCL_VERSION = "2026.3.23"
-EXTRA_HINT = (f"install the 'bfcl' extra: EXTRAS=test,bfcl bash scripts/setup.sh, or "
-              f"pip install --no-deps bfcl-eval=={BFCL_VERSION} mpmath")
+EXTRA_HINT = (
+    f"install the 'bfcl' extra: EXTRAS=test,bfcl bash scripts/setup.sh, or "
+    f"pip install --no-deps bfcl-eval=={BFCL_VERSION} mpmath"
+)
 
 
 class BfclUnavailable(ImportError):

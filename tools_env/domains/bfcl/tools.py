@@ -37,19 +37,27 @@ class BfclTool(Tool):
             return ToolResult(observation=f"error: {message}", error=message)
         observation = run_call(ctx, self.name, arguments)
         error = observation if observation.startswith("Error during execution") else None
-        return ToolResult(observation=observation, latency_s=time.perf_counter() - t0, error=error,
-                          meta={"domain": "bfcl", "class": self.bfcl_class})
+        return ToolResult(
+            observation=observation,
+            latency_s=time.perf_counter() - t0,
+            error=error,
+            meta={"domain": "bfcl", "class": self.bfcl_class},
+        )
 
 
 def _make_tool(class_name: str, doc: dict[str, Any]) -> type[BfclTool]:
     from tools_env.domains.bfcl.apis import json_schema
 
-    cls = type(f"bfcl_{doc['name']}", (BfclTool,), {
-        "name": doc["name"],
-        "description": doc["description"],
-        "parameters": json_schema(doc["parameters"]),
-        "bfcl_class": class_name,
-    })
+    cls = type(
+        f"bfcl_{doc['name']}",
+        (BfclTool,),
+        {
+            "name": doc["name"],
+            "description": doc["description"],
+            "parameters": json_schema(doc["parameters"]),
+            "bfcl_class": class_name,
+        },
+    )
     return register_tool(cls)
 
 
