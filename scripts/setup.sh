@@ -63,6 +63,8 @@ if ! "$PY" -c "import nemo_run" >/dev/null 2>&1; then
   "$PY" -m pip install --quiet --no-deps "leptonai==0.27.3"
   "$PY" -c "import nemo_run" >/dev/null 2>&1 || { echo "setup: nemo_run does not import" >&2; exit 1; }
 fi
+echo "setup: pip's dependency-conflict lines above about bfcl-eval and leptonai are expected: both are" \
+     "installed without their declared dependencies (see the comments in scripts/setup.sh)"
 "$PY" - <<'PYEOF'
 import torch, megatron.core, transformers
 from transformers import Qwen3ForCausalLM  # fails when a broken torchvision is installed
