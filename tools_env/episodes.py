@@ -29,6 +29,7 @@ import secrets
 import shutil
 import sys
 import tempfile
+import weakref
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -101,6 +102,8 @@ class EpisodeStore:
         self.worker_index = worker_index
         self.root = tempfile.mkdtemp(prefix=f"tools_env-w{worker_index}-", dir=cfg.workdir_root)
         os.chmod(self.root, 0o711)  # the sandbox's dropped uid must traverse it; nobody may list it
+        # removed at close(), or when a store nobody closed is collected or the process exits
+        self._remove_root = weakref.finalize(self, shutil.rmtree, self.root, True)
         self.episodes: dict[str, Episode] = {}
         self.tombstones: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._pending_rm: set[asyncio.Future] = set()
@@ -193,7 +196,7 @@ class EpisodeStore:
     async def close(self) -> None:
         if self._pending_rm:
             await asyncio.gather(*self._pending_rm, return_exceptions=True)
-        shutil.rmtree(self.root, ignore_errors=True)
+        self._remove_root()
 
     # ---- steps ---------------------------------------------------------------------------
 

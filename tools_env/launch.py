@@ -39,8 +39,11 @@ class ServiceHandle:
     """A running service: ``.urls`` (one per worker), ``.token``, ``.stop()``, ``.restart()``; a
     context manager."""
 
-    def __init__(self, process: subprocess.Popen, urls: list[str], token: str | None, tmpdir: str):
+    def __init__(
+        self, process: subprocess.Popen, urls: list[str], token: str | None, tmpdir: str, workdir: str | None = None
+    ):
         self.process, self.urls, self.token, self.tmpdir = process, urls, token, tmpdir
+        self.workdir = workdir  # the workers' episode folders, when this handle made their root
         self.log_path = os.path.join(tmpdir, "server.log")
         self.relaunch: Any = None  # start_service with this service's arguments (set by start_service)
         self.restarts = 0
@@ -56,6 +59,7 @@ class ServiceHandle:
         self.stop()
         fresh = self.relaunch()
         self.process, self.urls, self.tmpdir, self.log_path = fresh.process, fresh.urls, fresh.tmpdir, fresh.log_path
+        self.workdir = fresh.workdir
         self.restarts += 1
         return self.urls
 
@@ -79,6 +83,8 @@ class ServiceHandle:
                 self.process.wait(timeout_s)
         _signal_group(self.process.pid, signal.SIGKILL)  # stragglers of the group, if any
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+        if self.workdir:  # what workers killed before their own clean-up left
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> "ServiceHandle":
         return self
@@ -111,10 +117,16 @@ def start_service(
 
     ServiceConfig.from_dict(config or {})  # a bad config fails here, with its message, not in a log file
     tmpdir = tempfile.mkdtemp(prefix="tools_env-launch-")
+    workdir = None
+    served = dict(config or {})
+    if served.get("workdir_root") is None:  # the workers' episode folders under one root this handle removes
+        workdir = tempfile.mkdtemp(prefix="tools_env-work-")
+        os.chmod(workdir, 0o711)  # the sandbox's dropped uid must traverse it; nobody may list it
+        served["workdir_root"] = workdir
     config_path = os.path.join(tmpdir, "config.json")
     ready_path = os.path.join(tmpdir, "ready.json")
     with open(config_path, "w") as f:
-        json.dump(config or {}, f)
+        json.dump(served, f)
     env = dict(os.environ)
     env.pop("TOOLS_ENV_TOKEN", None)
     if token:
@@ -137,12 +149,15 @@ def start_service(
         "--log-level",
         log_level,
         "--exit-with-parent",
-    ]  # a launcher killed by SIGKILL (no cleanup runs) does not leave the service behind
+        "--orphan-cleanup",
+        tmpdir,
+    ] + (["--orphan-cleanup", workdir] if workdir else [])
+    # a launcher killed by SIGKILL (no cleanup runs) leaves neither the service nor its folders behind
     with open(os.path.join(tmpdir, "server.log"), "wb") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
         )
-    handle = ServiceHandle(proc, [], token, tmpdir)
+    handle = ServiceHandle(proc, [], token, tmpdir, workdir)
     handle.relaunch = lambda: start_service(
         config, host=host, port=port, workers=workers, token=token, timeout_s=timeout_s, log_level=log_level
     )
@@ -194,7 +209,7 @@ def supervise_workers(args: Any, token: str | None) -> int:
     """Start ``args.workers`` workers, write the ready file, and wait (until SIGTERM/SIGINT, a worker
     exits, or, with ``--exit-with-parent``, the process that started this one is gone); returns the
     exit code. The workers die with the supervisor (PR_SET_PDEATHSIG on Linux)."""
-    from tools_env.process import parent_gone
+    from tools_env.process import parent_gone, remove_if_orphaned
 
     env = dict(os.environ)
     if token:
@@ -279,4 +294,5 @@ def supervise_workers(args: Any, token: str | None) -> int:
             c.wait(10)
         except subprocess.TimeoutExpired:
             c.kill()
+    remove_if_orphaned(getattr(args, "parent_pid", None), getattr(args, "orphan_cleanup", []))
     return code

@@ -28,7 +28,7 @@ from aiohttp import web
 from tools_env import domains as _domains  # noqa: F401  (registers the db_state verifier)
 from tools_env import tools as _plugins  # noqa: F401  (registers the tool plug-ins)
 from tools_env.config import ServiceConfig
-from tools_env.process import parent_gone, write_ready_file
+from tools_env.process import parent_gone, remove_if_orphaned, write_ready_file
 from tools_env.episodes import EpisodeStore, ServiceError
 from tools_env.metrics import Metrics
 from tools_env.openapi import NO_AUTH_PATHS, openapi_document
@@ -295,6 +295,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="stop when the process that started this one exits, even by SIGKILL (launchers pass it)",
     )
+    p.add_argument(
+        "--orphan-cleanup",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="with --exit-with-parent: folders the starting process made for this service, removed when it is gone",
+    )
     p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
@@ -336,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
             parent_pid=args.parent_pid,
         )
     )
+    remove_if_orphaned(args.parent_pid, args.orphan_cleanup)  # nobody is left to stop() this service
     return 0
 
 

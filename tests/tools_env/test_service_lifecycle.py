@@ -112,19 +112,21 @@ def test_idle_episodes_expire_over_http():
 @pytest.mark.parametrize("workers", [1, 2])
 def test_the_service_stops_when_its_launcher_is_killed(workers):
     """A launcher killed by SIGKILL runs no cleanup (an OOM kill, SLURM's final kill): the service
-    it started notices it is orphaned and stops, workers and all, instead of running on."""
+    it started notices it is orphaned and stops, workers and all, instead of running on, and removes
+    the folders its launcher made for it."""
     code = (
         "import sys, time\n"
         "from tools_env.launch import start_service\n"
         f"svc = start_service(workers={workers})\n"
-        "print(svc.process.pid, ' '.join(svc.urls), flush=True)\n"
+        "print(svc.process.pid, svc.tmpdir, svc.workdir, ' '.join(svc.urls), flush=True)\n"
         "time.sleep(600)\n"
     )
     launcher = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": REPO_ROOT}
     )
     try:
-        pid, *urls = launcher.stdout.readline().split()
+        pid, tmpdir, workdir, *urls = launcher.stdout.readline().split()
+        assert os.path.isdir(tmpdir) and len(os.listdir(workdir)) == workers  # a worker's episode root each
         assert len(urls) == workers and all(http(f"{u}/healthz")[0] == 200 for u in urls)
     finally:
         launcher.kill()
@@ -141,3 +143,4 @@ def test_the_service_stops_when_its_launcher_is_killed(workers):
     for u in urls:
         with pytest.raises(OSError):
             http(f"{u}/healthz")
+    assert not os.path.exists(tmpdir) and not os.path.exists(workdir)
