@@ -211,7 +211,9 @@ def matmul_peak_tflops(params_dtype: str, n: int = 2048, seconds: float = 2.0) -
     """This machine's matmul throughput in the run's precision: the best of repeated n x n products."""
     import torch
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[params_dtype]
+    from nemo_orchestra.megatron.model import DTYPES
+
+    dtype = DTYPES[params_dtype]
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     a @ b  # warm-up
     best, t_end = float("inf"), time.perf_counter() + seconds

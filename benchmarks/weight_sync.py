@@ -30,7 +30,8 @@ def main() -> None:
     a = ap.parse_args()
 
     from nemo_orchestra.config import load_config
-    from nemo_orchestra.rollout.engines.vllm import DTYPES, VLLMEngine
+    from nemo_orchestra.megatron.model import DTYPES
+    from nemo_orchestra.rollout.engines.vllm import VLLMEngine
 
     cfg = load_config(
         [

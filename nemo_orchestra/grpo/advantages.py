@@ -32,14 +32,8 @@ def assign_advantages(
     adv = kernels.grouped_advantage(rewards, group_ids=group_ids, mode=cfg.mode, eps=cfg.eps, clip=cfg.clip)
     for t, a in zip(trajectories, adv.tolist()):  # one device-to-host copy
         t.advantage = a
-    groups, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    mean = torch.zeros(len(groups), device=device).index_add_(0, inverse, rewards) / counts
-    sq = torch.zeros(len(groups), device=device).index_add_(0, inverse, (rewards - mean[inverse]) ** 2)
-    std = torch.where(
-        counts > 1, (sq / (counts - 1).clamp(min=1)).sqrt(), torch.zeros_like(sq)
-    )  # Bessel, as the kernel
-    keep = (std > cfg.min_group_std + STD_TOLERANCE).tolist()
-    keep_groups = {g for g, k in zip(groups.tolist(), keep) if k}
+    # the filter reads the rewards the host already holds (dynamic sampling asks the same question)
+    keep_groups = informative_groups(trajectories, cfg.min_group_std)
     kept = [t for t in trajectories if t.group in keep_groups]
     # ToolOrchestra's rollout filters: such rollouts count in their group's statistics (as reward 0)
     # but are not trained on
@@ -48,7 +42,7 @@ def assign_advantages(
     dropped = {id(t) for t in malformed + unanswered}
     return [t for t in kept if id(t) not in dropped], {
         "advantage/groups_kept": len(keep_groups),
-        "advantage/groups_dropped": len(groups) - len(keep_groups),
+        "advantage/groups_dropped": len({t.group for t in trajectories}) - len(keep_groups),
         "advantage/abs_mean": float(adv.abs().mean()),
         "advantage/dropped_format_errors": len(malformed),
         "advantage/dropped_unanswered": len(unanswered),
@@ -56,7 +50,8 @@ def assign_advantages(
 
 
 def informative_groups(trajectories: Sequence[Trajectory], min_group_std: float) -> set[int]:
-    """The groups ``assign_advantages`` keeps: reward sample std above ``min_group_std``."""
+    """The groups ``assign_advantages`` keeps: reward sample std (Bessel's, as the kernel's) above
+    ``min_group_std``."""
     rewards: dict[int, list[float]] = {}
     for t in trajectories:
         rewards.setdefault(t.group, []).append(t.reward)

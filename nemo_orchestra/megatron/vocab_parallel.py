@@ -46,10 +46,11 @@ def _chunks(T: int, V: int, device: torch.device):
         yield s, min(T, s + step)
 
 
-def _scaled(logits_CV: torch.Tensor, temperature: float) -> torch.Tensor:
-    """z = logits / temperature in a new fp32 tensor (the caller's logits are never written)."""
+def _scaled(logits_CV: torch.Tensor, temperature: float, writable: bool = False) -> torch.Tensor:
+    """z = logits / temperature in fp32; a new tensor when ``writable`` (the caller's logits are never
+    written), else the logits themselves when they are fp32 already and the temperature is 1."""
     if temperature == 1.0:
-        return logits_CV.to(torch.float32, copy=True)
+        return logits_CV.to(torch.float32, copy=writable)
     return logits_CV.float() * (1.0 / temperature)
 
 
@@ -96,7 +97,12 @@ class _VocabParallelLogprob(torch.autograd.Function):
         g_T = grad_lp_T.float() / ctx.temperature
         for s, e in _chunks(T, V, logits_TV.device):
             # d logp_t / d logits_tv = (1[v = y_t] - p_tv) / temperature, scaled by the incoming gradient
-            g = _scaled(logits_TV[s:e], ctx.temperature).sub_(logz_T[s:e, None]).exp_().mul_(-g_T[s:e, None])
+            g = (
+                _scaled(logits_TV[s:e], ctx.temperature, writable=True)
+                .sub_(logz_T[s:e, None])
+                .exp_()
+                .mul_(-g_T[s:e, None])
+            )
             local = target_T[s:e] - lo
             rows = torch.nonzero((local >= 0) & (local < V))[:, 0]
             g[rows, local[rows]] += g_T[s:e][rows]

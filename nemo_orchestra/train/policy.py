@@ -15,6 +15,7 @@ import torch
 
 from nemo_orchestra.config import Config, OptimConfig
 from nemo_orchestra.megatron.model import (
+    DTYPES,
     build_gpt_model,
     check_same_architecture,
     check_vocab,
@@ -145,7 +146,7 @@ def build_optimizer(ddp, cfg: OptimConfig, distributed: bool, params_dtype: str,
         use_distributed_optimizer=distributed,
         bf16=params_dtype == "bf16",
         fp16=params_dtype == "fp16",
-        params_dtype={"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[params_dtype],
+        params_dtype=DTYPES[params_dtype],
     )
     with cuda_type_names():
         return get_megatron_optimizer(ocfg, [ddp])

@@ -130,35 +130,44 @@ class Trainer:
         """Step ``step``'s rollouts (group_size per prompt) and the engine's timings; with
         ``rollout.fill_informative_groups``, more prompts until the step has ``data.prompts_per_step``
         groups whose rewards differ (DAPO's dynamic sampling), at most ``rollout.max_extra_prompts``."""
-        r, n = self.cfg.rollout, self.cfg.data.prompts_per_step
+        r = self.cfg.rollout
         seed = f"{self.cfg.run.seed}/{step}/{self.dp_rank}"
         tasks = self.batch_tasks(step)
         stats: dict = {}
         t0 = time.perf_counter()
         trajs = await self.episodes(tasks, r.group_size, r.temperature, seed, stats)
-        drawn = 0
-        if r.fill_informative_groups:
-            used = {t.id for t in tasks}
-            pool = [t for t in self.tasks if t.id not in used]  # a fixed draw per step: the data order holds
-            random.Random(f"{seed}/extra").shuffle(pool)
-            while drawn < r.max_extra_prompts and drawn < len(pool):
-                assign_rewards(trajs, self.cfg.reward)
-                need = n - len(informative_groups(trajs, self.cfg.advantage.min_group_std))
-                if need <= 0:
-                    break
-                extra = pool[drawn : drawn + min(need, r.max_extra_prompts - drawn)]
-                more_stats: dict = {}
-                more = await self.episodes(extra, r.group_size, r.temperature, f"{seed}/extra{drawn}", more_stats)
-                offset = max(t.group for t in trajs) + 1
-                for t in more:
-                    t.group += offset
-                trajs += more
-                drawn += len(extra)
-                for k, v in more_stats.items():
-                    stats[k] += v
+        drawn = await self.fill_informative_groups(tasks, trajs, seed, stats) if r.fill_informative_groups else 0
         stats["prompts_drawn"] = len(tasks) + drawn
         stats["wall_s"] = time.perf_counter() - t0
         return trajs, stats
+
+    async def fill_informative_groups(
+        self, tasks: list[TaskRecord], trajs: list[Trajectory], seed: str, stats: dict
+    ) -> int:
+        """More prompts (appended to ``trajs``, their timings to ``stats``) until ``data.prompts_per_step``
+        groups are informative or ``rollout.max_extra_prompts`` are drawn; returns how many were drawn.
+        The extra prompts are a fixed draw per step, so the data order holds."""
+        r, n = self.cfg.rollout, self.cfg.data.prompts_per_step
+        used = {t.id for t in tasks}
+        pool = [t for t in self.tasks if t.id not in used]
+        random.Random(f"{seed}/extra").shuffle(pool)
+        drawn = 0
+        while drawn < min(r.max_extra_prompts, len(pool)):
+            assign_rewards(trajs, self.cfg.reward)
+            need = n - len(informative_groups(trajs, self.cfg.advantage.min_group_std))
+            if need <= 0:
+                break
+            extra = pool[drawn : drawn + min(need, r.max_extra_prompts - drawn)]
+            more_stats: dict = {}
+            more = await self.episodes(extra, r.group_size, r.temperature, f"{seed}/extra{drawn}", more_stats)
+            offset = max(t.group for t in trajs) + 1
+            for t in more:
+                t.group += offset
+            trajs += more
+            drawn += len(extra)
+            for k, v in more_stats.items():
+                stats[k] += v
+        return drawn
 
     def take_rollouts(self) -> tuple[list[Trajectory], dict, float]:
         """This step's rollouts, their engine timings and the seconds the trainer waited for them."""

@@ -21,28 +21,19 @@ TINY = [
 ]
 
 
-def test_grpo_benchmark_reports_every_phase(tmp_path):
+def bench(tmp_path, steps: int, *overrides: str):
+    """``benchmark.py grpo`` on the tiny run: (its stdout, its JSON report)."""
     out = tmp_path / "grpo.json"
+    args = ["--steps", str(steps), "--warmup", "0", "--out", str(out), f"run.output_dir={tmp_path / 'run'}"]
     p = subprocess.run(
-        [
-            sys.executable,
-            SCRIPT,
-            "grpo",
-            "--steps",
-            "2",
-            "--warmup",
-            "0",
-            "--out",
-            str(out),
-            f"run.output_dir={tmp_path / 'run'}",
-            *TINY,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+        [sys.executable, SCRIPT, "grpo", *args, *TINY, *overrides], capture_output=True, text=True, timeout=600
     )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    report = json.loads(out.read_text())
+    return p.stdout, json.loads(out.read_text())
+
+
+def test_grpo_benchmark_reports_every_phase(tmp_path):
+    stdout, report = bench(tmp_path, 2)
     s = report["per_step"]
     phases = ("rollout_wait_s", "reference_logprobs_s", "training_s", "weight_sync_s")  # the step's critical path
     assert all(s[k] > 0 for k in phases + ("generation_s", "environment_s")), s
@@ -55,7 +46,7 @@ def test_grpo_benchmark_reports_every_phase(tmp_path):
     # an untrained policy writes whole turns: 4 trajectories x 2 turns x 16 tokens at most
     assert 0 < s["generated_tokens_per_step"] <= 4 * 2 * 16
     assert s["tokens_per_s"] > 0 and report["measured_steps"] == 2 and len(report["steps"]) == 2
-    assert "generation" in p.stdout and "weight_sync" in p.stdout and "MFU" in p.stdout
+    assert "generation" in stdout and "weight_sync" in stdout and "MFU" in stdout
 
 
 def test_grpo_benchmark_rejects_a_bad_override(tmp_path):
@@ -66,29 +57,7 @@ def test_grpo_benchmark_rejects_a_bad_override(tmp_path):
 
 
 def test_grpo_benchmark_runs_rollouts_ahead_with_max_staleness(tmp_path):
-    out = tmp_path / "grpo.json"
-    p = subprocess.run(
-        [
-            sys.executable,
-            SCRIPT,
-            "grpo",
-            "--steps",
-            "3",
-            "--warmup",
-            "0",
-            "--out",
-            str(out),
-            f"run.output_dir={tmp_path / 'run'}",
-            *TINY,
-            "rollout.max_staleness=1",
-            "loss.tis_cap=2.0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    report = json.loads(out.read_text())
+    _, report = bench(tmp_path, 3, "rollout.max_staleness=1", "loss.tis_cap=2.0")
     assert report["config"]["max_staleness"] == 1
     steps = report["steps"]
     assert max(m["rollout/staleness_max"] for m in steps) == 1  # later steps' rollouts ran during training

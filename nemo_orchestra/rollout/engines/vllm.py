@@ -51,12 +51,12 @@ import torch
 from nemo_orchestra.config import ModelConfig
 from nemo_orchestra.hf.export import export_hf
 from nemo_orchestra.hf.qwen3 import megatron_to_hf
+from nemo_orchestra.megatron.model import DTYPES
 from nemo_orchestra.rollout.engines.base import EngineCapabilities, EngineContext, Generation, GenerationEngine
 from nemo_orchestra.rollout.engines.vllm_memory import buckets, close_segment, layout, pinned_to, remove, sizes
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 KV_SEQUENCES = 32  # without a plan or rollout.kv_cache_gb, the KV cache holds this many sequences of max_model_len
 BUCKET_BYTES = 512 * 1024**2  # CUDA IPC weight sync: the most bytes handed over at once
 TRANSFERS = ("memory", "file")
