@@ -81,3 +81,18 @@ def test_recipe_reports_bad_inputs_without_a_traceback(override, message, tmp_pa
     )
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["rollout.max_staleness=1"], "loss.tis_cap"),  # stale rollouts need the behaviour-policy correction
+        (["rollout.max_staleness=1", "loss.tis_cap=2.0", "rollout.engine=megatron"], "rollout.max_staleness"),
+        (["rollout.max_staleness=-1"], "rollout.max_staleness"),
+        (["rollout.max_extra_prompts=-1"], "rollout.max_extra_prompts"),
+    ],
+)
+def test_rollouts_ahead_refuse_what_they_cannot_correct(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(overrides)
+    assert load_config(["rollout.max_staleness=1", "loss.tis_cap=2.0"]).rollout.max_staleness == 1
