@@ -245,12 +245,16 @@ class SftConfig:
     lr: float = MISSING
     batch_size: int = MISSING
     num_episodes: int = MISSING  # scripted episodes run against the service to make the warm-start data
+    copy_episodes: int = MISSING  # copy lessons: a tool, then its result copied into the answer (data.warm_start)
+    copy_batch_size: int = MISSING  # copy lessons in each warm-start batch, besides batch_size scripted episodes
     min_lr_ratio: float = MISSING  # the learning rate decays from lr to lr * this along a cosine
 
     def validate(self) -> None:
         _check(self.steps >= 0, "sft.steps", "must be >= 0")
         _check(0.0 <= self.min_lr_ratio <= 1.0, "sft.min_lr_ratio", "must be in [0, 1]")
         _check(self.num_episodes >= 1, "sft.num_episodes", "must be >= 1")
+        _check(self.copy_episodes >= 0, "sft.copy_episodes", "must be >= 0")
+        _check(self.copy_batch_size >= 0, "sft.copy_batch_size", "must be >= 0")
 
 
 @dataclass

@@ -108,6 +108,30 @@ def make_task(rng: random.Random, category: str) -> TaskRecord:
     )
 
 
+def _wide_arithmetic(rng: random.Random) -> tuple[str, str, dict]:
+    """Operands of 1 to 4 digits: results of 1 to 8 characters, some negative."""
+    a, b = (rng.randint(0, 10 ** rng.randint(1, 4) - 1) for _ in range(2))
+    op = rng.choice(["+", "-", "*"])
+    value = {"+": a + b, "-": a - b, "*": a * b}[op]
+    return f"What is {a} {op} {b}?", str(value), {"type": "numeric", "abs_tol": 1e-6}
+
+
+def copy_tasks(n: int, seed: int) -> list[TaskRecord]:
+    """Tasks for the warm start's copy lessons (``data.warm_start``): arithmetic with operands of
+    1 to 4 digits, whose calculator results are 1 to 8 characters long, and the default lookups and
+    puzzles, whose answers an expert states inside a sentence. Categories in rotation."""
+    rng = random.Random(seed)
+    tasks = []
+    for i in range(n):
+        category = CATEGORIES[i % len(CATEGORIES)]
+        task = make_task(rng, category)
+        if category == "arithmetic":
+            task.problem, task.answer, task.verifier = _wide_arithmetic(rng)
+        task.id = f"copy-{seed}-{i:05d}"
+        tasks.append(task)
+    return tasks
+
+
 def generate_tasks(n: int, seed: int) -> list[TaskRecord]:
     """``n`` tasks, categories in rotation, deterministic in ``seed``; ids unique within the set."""
     rng = random.Random(seed)

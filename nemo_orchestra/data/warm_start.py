@@ -10,6 +10,15 @@ service, so observations are exactly what the policy will see; the assistant tur
 trained tokens. The learning rate decays along a cosine (``sft.min_lr_ratio``), so the policy
 ends on the data's even odds for each kind and preference. Which choices pay off under which
 plan is left for GRPO to find.
+
+Copy lessons (``sft.copy_episodes``): a small model does not learn from a few hundred examples to
+copy a problem's expression into the calculator call or a tool's result into its answer, so
+calculator-then-answer (free and exact) fails and GRPO learns to pay an expert instead. A copy
+lesson calls the calculator (or an expert) on the problem and then answers with what it returned;
+its calls are trained but not its plans, so the choice of actions keeps the even odds of the
+scripted episodes while the copies get many more examples. The copied spans vary in length (1 to 4
+digit operands and 1 to 8 character results in ``copy_tasks``' arithmetic, names inside an expert's
+sentence) and in position, so the model learns to find and copy them rather than a fixed offset.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ class ScriptedEpisode:
     task: TaskRecord
     tools: list[dict]
     turns: list[tuple[str, dict, str]]  # (tool name, arguments, observation) per turn
+    copy: bool = False  # a copy lesson: its calls are trained, not its plans
 
 
 def _aliases(tools: list[dict]) -> list[str]:
@@ -80,11 +90,26 @@ def _final(observation: str, tools: list[dict], rng: random.Random) -> dict:
 
 
 def answer_from(observation: str) -> str:
+    """The answer a tool result states: an expert's "...: The answer is X." or the whole result."""
     m = _ANSWER_RE.search(observation.strip())
     return (m.group(1) if m else observation).strip()
 
 
-async def scripted_episodes(tasks: list[TaskRecord], client, seed: int) -> list[ScriptedEpisode]:
+def _copy_choice(task: TaskRecord, tools: list[dict], rng: random.Random) -> tuple[str, dict]:
+    """A copy lesson's first call: the calculator on the problem's expression, else an expert."""
+    names, aliases = [t["function"]["name"] for t in tools], _aliases(tools)
+    m = _EXPR_RE.match(task.problem)
+    if "calculator" in names and m:
+        return "calculator", {"expression": m.group(1)}
+    if "expert" in names and aliases:
+        return "expert", {"model": rng.choice(aliases), "query": task.problem}
+    raise ValueError(f"sft: copy task {task.id!r} offers neither the calculator nor an expert; its tools: {names}")
+
+
+async def scripted_episodes(
+    tasks: list[TaskRecord], client, seed: int, copy: bool = False
+) -> list[ScriptedEpisode]:
+    """One scripted episode per task; ``copy``: copy lessons (a tool, then its result as the answer)."""
     rng = random.Random(seed)
     choices = [rng.random() for _ in tasks]
 
@@ -92,14 +117,14 @@ async def scripted_episodes(tasks: list[TaskRecord], client, seed: int) -> list[
         ep = await client.create_episode(task.to_dict())
         rng = random.Random(r)
         try:
-            name, args = _choose(task, ep["tools"], rng)
+            name, args = (_copy_choice if copy else _choose)(task, ep["tools"], rng)
             first = await client.step(ep["episode_id"], name, args)
             turns = [(name, args, str(first["observation"]))]
             if not first["done"]:
-                final_args = _final(turns[0][2], ep["tools"], rng)
+                final_args = {"answer": answer_from(turns[0][2])} if copy else _final(turns[0][2], ep["tools"], rng)
                 last = await client.step(ep["episode_id"], "answer", final_args)
                 turns.append(("answer", final_args, str(last["observation"])))
-            return ScriptedEpisode(task, ep["tools"], turns)
+            return ScriptedEpisode(task, ep["tools"], turns, copy=copy)
         finally:
             await client.delete_episode(ep["episode_id"])
 
@@ -121,7 +146,8 @@ def render_text(ep: ScriptedEpisode, template: str, reward_cfg: RewardConfig) ->
 
 def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfig) -> Trajectory:
     """Token ids built exactly as a rollout builds them: prompt, then (turn, observation)*."""
-    ids = chat.prompt_ids(task_messages(with_default_preference(ep.task, reward_cfg.default_preference)), ep.tools)
+    messages = task_messages(with_default_preference(ep.task, reward_cfg.default_preference))
+    ids = chat.prompt_ids(messages, [] if ep.copy else ep.tools)  # a copy lesson: short, without the tool schemas
     traj = Trajectory(
         task=ep.task,
         group=0,
@@ -131,9 +157,11 @@ def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfi
         prompt_len=len(ids),
     )
     for i, (name, args, obs) in enumerate(ep.turns):
-        turn = chat.encode(_plan(ep.task, name, args) + format_tool_call(name, args)) + [chat.end_of_turn_id]
+        plan = _plan(ep.task, name, args)
+        turn = chat.encode(plan + format_tool_call(name, args)) + [chat.end_of_turn_id]
+        chosen = _shared_prefix(turn, chat.encode(plan)) if ep.copy else 0  # a copy lesson trains no plan
         traj.token_ids += turn
-        traj.loss_mask += [1] * len(turn)
+        traj.loss_mask += [0] * chosen + [1] * (len(turn) - chosen)
         if i + 1 < len(ep.turns):
             suffix = chat.encode(chat.observation_suffix(obs))
             traj.token_ids += suffix
@@ -141,3 +169,11 @@ def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfi
     traj.gen_logprobs = [0.0] * len(traj.token_ids)
     traj.turns = len(ep.turns)
     return traj
+
+
+
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n

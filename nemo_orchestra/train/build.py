@@ -8,7 +8,7 @@ import os
 from contextlib import ExitStack
 
 from nemo_orchestra.config import Config, save_config, to_dict
-from nemo_orchestra.data.default_tasks import generate_tasks, plan_phrases
+from nemo_orchestra.data.default_tasks import copy_tasks, generate_tasks, plan_phrases
 from nemo_orchestra.data.warm_start import render_text, scripted_episodes, to_trajectory
 from nemo_orchestra.megatron.model import padded_vocab_size
 from nemo_orchestra.megatron.parallel import DistInfo, once_per_node
@@ -113,6 +113,13 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     sft_tasks = warm_start_tasks(cfg, tasks)
     log.info("scripted warm-start episodes: %d", len(sft_tasks))
     scripted = loop.run_until_complete(scripted_episodes(sft_tasks, client, cfg.run.seed))
+    if cfg.sft.copy_episodes and cfg.sft.copy_batch_size and not cfg.data.train_path and cfg.sft.steps:
+        n = min(cfg.sft.copy_episodes, cfg.sft.steps * cfg.sft.copy_batch_size)  # no more than the steps draw
+        lessons = copy_tasks(n, cfg.run.seed + 3)
+        copies = loop.run_until_complete(scripted_episodes(lessons, client, cfg.run.seed, copy=True))
+        log.info("copy lessons: %d", len(copies))
+    else:
+        copies = []
 
     if cfg.model.tokenizer:
         tokenizer = load_tokenizer(cfg.model.tokenizer)
@@ -157,6 +164,7 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
         tokenizer=tokenizer,
         vocab_size=vocab,
         sft_trajectories=[to_trajectory(ep, chat, cfg.reward) for ep in scripted],
+        copy_lessons=[to_trajectory(ep, chat, cfg.reward) for ep in copies],
         rank=info.rank,
         dp_rank=info.rank // (info.tp * info.pp),
         dp_size=info.dp,

@@ -73,6 +73,7 @@ class Trainer:
     tokenizer: object = None
     vocab_size: int = 0
     sft_trajectories: list[Trajectory] = field(default_factory=list)  # scripted warm-start data
+    copy_lessons: list[Trajectory] = field(default_factory=list)  # warm-start copy lessons (data.warm_start)
     rank: int = 0
     dp_rank: int = 0
     dp_size: int = 1
@@ -379,6 +380,7 @@ class Trainer:
             for i in bar:
                 set_lr(self.policy.optimizer, cosine_lr(sft.lr, sft.min_lr_ratio, i, sft.steps))
                 batch = rng.sample(sft_trajs, min(sft.batch_size, len(sft_trajs)))
+                batch += rng.sample(self.copy_lessons, min(sft.copy_batch_size, len(self.copy_lessons)))
                 m = train_step(self.policy, pack_for_step(batch, self.cfg.parallel), sft_loss_fn)
                 bar.set_postfix(nll=f"{m.get('loss/nll', float('nan')):.3f}")
             log.info("warm start done: %d steps, nll %.4f", sft.steps, m.get("loss/nll", float("nan")))

@@ -58,3 +58,49 @@ def test_sft_min_lr_ratio_outside_0_1_is_refused():
 
     with pytest.raises(ValueError, match="sft.min_lr_ratio"):
         load_config(["sft.min_lr_ratio=1.5"])
+
+
+def _episode(copy: bool):
+    from nemo_orchestra.data.warm_start import ScriptedEpisode
+
+    t = task(category="arithmetic")
+    t.problem, t.answer, t.meta = "What is 4821 * 37?", "178377", {"preference_name": "cost_sensitive"}
+    tools = [_tool("calculator", expression={"type": "string"}), ANSWER]
+    turns = [("calculator", {"expression": "4821 * 37"}, "178377"), ("answer", {"answer": "178377"}, "correct")]
+    return ScriptedEpisode(t, tools, turns, copy=copy)
+
+
+def test_copy_lessons_train_the_calls_but_not_the_plans():
+    """A copy lesson's loss covers the calls (the expression copied from the problem, the result copied
+    into the answer) and none of its plan tokens, so it adds copies without moving the choice of action;
+    a scripted episode trains its plans as well. The lesson's prompt leaves out the tool schemas."""
+    from nemo_orchestra.config import load_config
+    from nemo_orchestra.data.default_tasks import plan_phrases, plan_text
+    from nemo_orchestra.data.warm_start import render_text, to_trajectory
+    from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, ChatFormat
+    from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
+
+    reward = load_config([]).reward
+    corpus = [render_text(_episode(False), QWEN3_CHAT_TEMPLATE, reward)] * 4
+    chat = ChatFormat(build_embedded_tokenizer(corpus, vocab_size=500, phrases=plan_phrases()))
+    lesson, scripted = to_trajectory(_episode(True), chat, reward), to_trajectory(_episode(False), chat, reward)
+    assert lesson.token_ids[lesson.prompt_len :] == scripted.token_ids[scripted.prompt_len :]
+    assert lesson.prompt_len < scripted.prompt_len / 2  # no tool schemas in a lesson's prompt
+    trained = lambda t: chat.decode([i for i, m in zip(t.token_ids, t.loss_mask) if m])  # noqa: E731
+    assert "<think>" in trained(scripted) and "arithmetic, cheap: calculator" in trained(scripted)
+    assert "<think>" not in trained(lesson) and "cheap" not in trained(lesson)
+    assert '"expression": "4821 * 37"' in trained(lesson) and '"answer": "178377"' in trained(lesson)
+    plans = [plan_text("arithmetic", "cost_sensitive", n, a) for n, a, _ in _episode(True).turns]
+    masks = zip(lesson.loss_mask[lesson.prompt_len :], scripted.loss_mask[scripted.prompt_len :])
+    assert all(b or not a for a, b in masks)
+    assert sum(scripted.loss_mask) - sum(lesson.loss_mask) == sum(len(chat.encode(p)) for p in plans)
+
+
+def test_copy_tasks_vary_the_length_of_what_is_copied():
+    from nemo_orchestra.data.default_tasks import CATEGORIES, copy_tasks
+
+    tasks = copy_tasks(300, seed=5)
+    assert [t.category for t in tasks[:3]] == list(CATEGORIES) and len({t.id for t in tasks}) == 300
+    lengths = {len(t.answer) for t in tasks if t.category == "arithmetic"}
+    assert min(lengths) == 1 and max(lengths) >= 7 and any(t.answer.startswith("-") for t in tasks)
+    assert all("calculator" in t.tools for t in tasks if t.category == "arithmetic")

@@ -1,0 +1,106 @@
+"""Run the GRPO recipe once per seed and print the per-seed table of its held-out results.
+
+    python scripts/seed_sweep.py --seeds 1 2 3 4 5 [-- key=value ...]
+    python scripts/seed_sweep.py --table runs/seeds/seed-1 runs/seeds/seed-2    # table of finished runs
+
+Each run goes to <--root>/seed-<N> (run.resume=false) with the overrides given after ``--``. The
+table has, per seed: wall time, held-out accuracy and cost per correct answer before and after
+GRPO, the preference separation (expert-large's share of expert calls on accuracy-first tasks
+minus its share on cost-sensitive ones), and cost-sensitive arithmetic: accuracy and mean cost,
+which only the free calculator reaches (an expert call costs more than $0.0002).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COLUMNS = (
+    "| seed | time | accuracy | cost per correct $ | separation | arithmetic, cost-sensitive: accuracy, $ per task "
+    "| meets the targets |\n| --- | --- | --- | --- | --- | --- | --- |"
+)
+
+
+def _large_share(s: dict) -> float:
+    return s.get("expert_share/expert-large", 0.0)
+
+
+def summary(run_dir: str) -> dict:
+    """The figures of one finished run, from its eval.json (first and last held-out evaluation)."""
+    path = os.path.join(run_dir, "eval.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{run_dir}: no eval.json (the run did not finish its evaluation)")
+    with open(path) as f:
+        evals = json.load(f)
+    (_, before), (_, after) = list(evals.items())[0], list(evals.items())[-1]
+    arith = after.get("category/arithmetic/cost_sensitive", {})
+    out = {
+        "acc": (before["all"]["accuracy"], after["all"]["accuracy"]),
+        "cpc": (before["all"]["cost_per_correct"], after["all"]["cost_per_correct"]),
+        "separation": _large_share(after.get("preference/accuracy_first", {}))
+        - _large_share(after.get("preference/cost_sensitive", {})),
+        "calc": (arith.get("accuracy", math.nan), arith.get("cost_mean", math.nan)),
+    }
+    timing = os.path.join(run_dir, "wall_time_s")
+    out["time_s"] = float(open(timing).read()) if os.path.exists(timing) else math.nan
+    return out
+
+
+def meets(s: dict) -> bool:
+    """The default run's targets: accuracy +0.2, cost per correct down, separation >= 0.5, the
+    calculator at accuracy >= 0.8 for <= $0.0002 a task, within 10 minutes."""
+    (a0, a1), (c0, c1), (ca, cc) = s["acc"], s["cpc"], s["calc"]
+    return a1 - a0 >= 0.2 and c1 < c0 and s["separation"] >= 0.5 and ca >= 0.8 and cc <= 2e-4 and s["time_s"] <= 600
+
+
+def row(seed: str, s: dict) -> str:
+    (a0, a1), (c0, c1), (ca, cc) = s["acc"], s["cpc"], s["calc"]
+    minutes = f"{int(s['time_s'] // 60)} min {int(s['time_s'] % 60):02d} s" if s["time_s"] == s["time_s"] else "?"
+    return (
+        f"| {seed} | {minutes} | {a0:.3f} -> {a1:.3f} | {c0:.6f} -> {c1:.6f} | {s['separation']:+.2f} "
+        f"| {ca:.2f}, {cc:.6f} | {'yes' if meets(s) else 'no'} |"
+    )
+
+
+def table(runs: list[tuple[str, str]]) -> str:
+    return "\n".join([COLUMNS] + [row(seed, summary(d)) for seed, d in runs])
+
+
+def main(argv: list[str]) -> int:
+    own, overrides = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", nargs="*", default=[])
+    p.add_argument("--root", default="runs/seeds")
+    p.add_argument("--table", nargs="*", default=None, metavar="RUN_DIR")
+    args = p.parse_args(own)
+    if args.table is not None:
+        print(table([(os.path.basename(d.rstrip("/")), d) for d in args.table]))
+        return 0
+    if not args.seeds:
+        p.error("give --seeds or --table")
+    runs = []
+    for seed in args.seeds:
+        out = os.path.join(args.root, f"seed-{seed}")
+        cmd = [sys.executable, os.path.join(ROOT, "recipes", "grpo_orchestrator.py"), f"run.seed={seed}"]
+        cmd += [f"run.output_dir={out}", "run.resume=false", *overrides]
+        print(f"seed {seed}: {' '.join(cmd[1:])}", flush=True)
+        t0 = time.monotonic()
+        rc = subprocess.call(cmd)
+        if rc != 0:
+            print(f"seed {seed}: the run exited with {rc}; see {out}", file=sys.stderr)
+            return rc
+        with open(os.path.join(out, "wall_time_s"), "w") as f:
+            f.write(f"{time.monotonic() - t0:.1f}\n")
+        runs.append((seed, out))
+    print(table(runs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
