@@ -106,9 +106,7 @@ def _copy_choice(task: TaskRecord, tools: list[dict], rng: random.Random) -> tup
     raise ValueError(f"sft: copy task {task.id!r} offers neither the calculator nor an expert; its tools: {names}")
 
 
-async def scripted_episodes(
-    tasks: list[TaskRecord], client, seed: int, copy: bool = False
-) -> list[ScriptedEpisode]:
+async def scripted_episodes(tasks: list[TaskRecord], client, seed: int, copy: bool = False) -> list[ScriptedEpisode]:
     """One scripted episode per task; ``copy``: copy lessons (a tool, then its result as the answer)."""
     rng = random.Random(seed)
     choices = [rng.random() for _ in tasks]
@@ -169,7 +167,6 @@ def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfi
     traj.gen_logprobs = [0.0] * len(traj.token_ids)
     traj.turns = len(ep.turns)
     return traj
-
 
 
 def _shared_prefix(a: list[int], b: list[int]) -> int:
