@@ -387,6 +387,11 @@ class Config:
             "needs an engine that holds its own copy of the weights (vllm or hf): the megatron engine "
             "generates with the weights being trained",
         )
+        _check(
+            self.sft.copy_episodes == 0 or not self.data.train_path,
+            "sft.copy_episodes",
+            "copy lessons are made from the embedded default task set: set sft.copy_episodes=0 with data.train_path",
+        )
         return self
 
 

@@ -48,7 +48,11 @@ def summary(run_dir: str) -> dict:
         "calc": (arith.get("accuracy", math.nan), arith.get("cost_mean", math.nan)),
     }
     timing = os.path.join(run_dir, "wall_time_s")
-    out["time_s"] = float(open(timing).read()) if os.path.exists(timing) else math.nan
+    if os.path.exists(timing):
+        with open(timing) as f:
+            out["time_s"] = float(f.read())
+    else:
+        out["time_s"] = math.nan
     return out
 
 
@@ -61,7 +65,8 @@ def meets(s: dict) -> bool:
 
 def row(seed: str, s: dict) -> str:
     (a0, a1), (c0, c1), (ca, cc) = s["acc"], s["cpc"], s["calc"]
-    minutes = f"{int(s['time_s'] // 60)} min {int(s['time_s'] % 60):02d} s" if s["time_s"] == s["time_s"] else "?"
+    t = s["time_s"]
+    minutes = "?" if math.isnan(t) else f"{int(t // 60)} min {int(t % 60):02d} s"
     return (
         f"| {seed} | {minutes} | {a0:.3f} -> {a1:.3f} | {c0:.6f} -> {c1:.6f} | {s['separation']:+.2f} "
         f"| {ca:.2f}, {cc:.6f} | {'yes' if meets(s) else 'no'} |"
@@ -80,7 +85,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--table", nargs="*", default=None, metavar="RUN_DIR")
     args = p.parse_args(own)
     if args.table is not None:
-        print(table([(os.path.basename(d.rstrip("/")), d) for d in args.table]))
+        try:
+            print(table([(os.path.basename(d.rstrip("/")), d) for d in args.table]))
+        except (FileNotFoundError, KeyError, ValueError) as e:
+            print(f"seed_sweep: {e}", file=sys.stderr)
+            return 2
         return 0
     if not args.seeds:
         p.error("give --seeds or --table")

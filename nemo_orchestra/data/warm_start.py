@@ -59,8 +59,9 @@ def _aliases(tools: list[dict]) -> list[str]:
     return []
 
 
-def _choose(task: TaskRecord, tools: list[dict], rng: random.Random) -> tuple[str, dict]:
-    """The first action: the calculator, an expert, or the final answer written by an expert."""
+def _choose(task: TaskRecord, tools: list[dict], rng: random.Random, copy: bool = False) -> tuple[str, dict]:
+    """The first action: the calculator, an expert, or the final answer written by an expert. A copy
+    lesson's: a tool whose result it can copy, the calculator when the problem has an expression."""
     names, aliases = [t["function"]["name"] for t in tools], _aliases(tools)
     m = _EXPR_RE.match(task.problem)
     kinds = (
@@ -68,6 +69,8 @@ def _choose(task: TaskRecord, tools: list[dict], rng: random.Random) -> tuple[st
         + (["expert"] if "expert" in names and aliases else [])
         + (["calculator"] if "calculator" in names and m else [])
     )
+    if copy:
+        kinds = [k for k in ("calculator", "expert") if k in kinds][:1]
     if not kinds:
         raise ValueError(
             f"sft: task {task.id!r} offers none of what the scripted warm start uses (the calculator "
@@ -95,17 +98,6 @@ def answer_from(observation: str) -> str:
     return (m.group(1) if m else observation).strip()
 
 
-def _copy_choice(task: TaskRecord, tools: list[dict], rng: random.Random) -> tuple[str, dict]:
-    """A copy lesson's first call: the calculator on the problem's expression, else an expert."""
-    names, aliases = [t["function"]["name"] for t in tools], _aliases(tools)
-    m = _EXPR_RE.match(task.problem)
-    if "calculator" in names and m:
-        return "calculator", {"expression": m.group(1)}
-    if "expert" in names and aliases:
-        return "expert", {"model": rng.choice(aliases), "query": task.problem}
-    raise ValueError(f"sft: copy task {task.id!r} offers neither the calculator nor an expert; its tools: {names}")
-
-
 async def scripted_episodes(tasks: list[TaskRecord], client, seed: int, copy: bool = False) -> list[ScriptedEpisode]:
     """One scripted episode per task; ``copy``: copy lessons (a tool, then its result as the answer)."""
     rng = random.Random(seed)
@@ -115,7 +107,7 @@ async def scripted_episodes(tasks: list[TaskRecord], client, seed: int, copy: bo
         ep = await client.create_episode(task.to_dict())
         rng = random.Random(r)
         try:
-            name, args = (_copy_choice if copy else _choose)(task, ep["tools"], rng)
+            name, args = _choose(task, ep["tools"], rng, copy)
             first = await client.step(ep["episode_id"], name, args)
             turns = [(name, args, str(first["observation"]))]
             if not first["done"]:
@@ -157,9 +149,9 @@ def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfi
     for i, (name, args, obs) in enumerate(ep.turns):
         plan = _plan(ep.task, name, args)
         turn = chat.encode(plan + format_tool_call(name, args)) + [chat.end_of_turn_id]
-        chosen = _shared_prefix(turn, chat.encode(plan)) if ep.copy else 0  # a copy lesson trains no plan
+        untrained = _shared_prefix(turn, chat.encode(plan)) if ep.copy else 0  # a copy lesson trains no plan
         traj.token_ids += turn
-        traj.loss_mask += [0] * chosen + [1] * (len(turn) - chosen)
+        traj.loss_mask += [0] * untrained + [1] * (len(turn) - untrained)
         if i + 1 < len(ep.turns):
             suffix = chat.encode(chat.observation_suffix(obs))
             traj.token_ids += suffix

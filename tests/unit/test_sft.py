@@ -32,6 +32,17 @@ def test_choices_cover_every_usable_tool_and_only_those():
     assert all(_choose(t, tools, rng)[0] != "calculator" for _ in range(100))
 
 
+def test_a_copy_lesson_calls_a_tool_whose_result_it_can_copy():
+    t = task(category="arithmetic")
+    t.problem = "What is 4821 * 37?"
+    tools = [_tool("calculator"), _tool("expert"), ANSWER]
+    assert {_choose(t, tools, random.Random(i), copy=True)[0] for i in range(50)} == {"calculator"}
+    t.problem = "What is the capital of Kalo?"
+    assert {_choose(t, tools, random.Random(i), copy=True)[0] for i in range(50)} == {"expert"}
+    with pytest.raises(ValueError, match="offers none of"):
+        _choose(t, [_tool("calculator"), ANSWER], random.Random(0), copy=True)
+
+
 def test_without_writing_experts_the_final_answer_is_the_tool_result():
     tools = [_tool("calculator"), _tool("answer", answer={"type": "string"})]
     assert all(_final("42", tools, random.Random(i)) == {"answer": "42"} for i in range(20))
@@ -104,3 +115,11 @@ def test_copy_tasks_vary_the_length_of_what_is_copied():
     lengths = {len(t.answer) for t in tasks if t.category == "arithmetic"}
     assert min(lengths) == 1 and max(lengths) >= 7 and any(t.answer.startswith("-") for t in tasks)
     assert all("calculator" in t.tools for t in tasks if t.category == "arithmetic")
+
+
+def test_copy_lessons_with_a_task_file_are_refused_naming_the_key():
+    from nemo_orchestra.config import load_config
+
+    with pytest.raises(ValueError, match="sft.copy_episodes.*data.train_path"):
+        load_config(["sft.copy_episodes=64", "data.train_path=tasks.jsonl"])
+    assert load_config(["sft.copy_episodes=0", "data.train_path=tasks.jsonl"]).sft.copy_episodes == 0

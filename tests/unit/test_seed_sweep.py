@@ -1,0 +1,45 @@
+"""The per-seed table: figures read from a run's eval.json, the targets judged, bad folders refused."""
+
+import json
+
+from scripts.seed_sweep import main, meets, summary
+
+
+def _slice(acc, cpc, large=None, cost=0.0):
+    s = {"accuracy": acc, "cost_per_correct": cpc, "cost_mean": cost}
+    if large is not None:
+        s["expert_share/expert-large"] = large
+    return s
+
+
+def _run(tmp_path, name, large_acc_first, calc_acc, seconds):
+    d = tmp_path / name
+    d.mkdir()
+    after = {
+        "all": _slice(0.75, 0.0007),
+        "preference/accuracy_first": _slice(0.8, 0.001, large=large_acc_first),
+        "preference/cost_sensitive": _slice(0.7, 0.0005, large=0.1),
+        "category/arithmetic/cost_sensitive": _slice(calc_acc, 0.0001, cost=0.00008),
+    }
+    (d / "eval.json").write_text(json.dumps({"step 0": {"all": _slice(0.3, 0.0015)}, "step 80": after}))
+    (d / "wall_time_s").write_text(f"{seconds}\n")
+    return str(d)
+
+
+def test_summary_and_targets(tmp_path):
+    s = summary(_run(tmp_path, "a", large_acc_first=0.9, calc_acc=0.86, seconds=512.0))
+    assert s["acc"] == (0.3, 0.75) and s["cpc"] == (0.0015, 0.0007) and abs(s["separation"] - 0.8) < 1e-9
+    assert s["calc"] == (0.86, 0.00008) and s["time_s"] == 512.0 and meets(s)
+    assert not meets(summary(_run(tmp_path, "b", large_acc_first=0.5, calc_acc=0.86, seconds=512.0)))  # 0.4 apart
+    assert not meets(summary(_run(tmp_path, "c", large_acc_first=0.9, calc_acc=0.71, seconds=512.0)))
+    assert not meets(summary(_run(tmp_path, "d", large_acc_first=0.9, calc_acc=0.86, seconds=601.0)))
+
+
+def test_table_of_runs_and_a_clear_error_for_an_unfinished_one(tmp_path, capsys):
+    ok = _run(tmp_path, "seed-7", large_acc_first=0.9, calc_acc=0.86, seconds=545.0)
+    assert main(["--table", ok]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("| seed-7 | 9 min 05 s | 0.300 -> 0.750 |") and line.endswith("| yes |")
+    (tmp_path / "empty").mkdir()
+    assert main(["--table", ok, str(tmp_path / "empty")]) == 2
+    assert "no eval.json" in capsys.readouterr().err
