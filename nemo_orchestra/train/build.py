@@ -15,6 +15,7 @@ from nemo_orchestra.megatron.parallel import DistInfo, once_per_node
 from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, ChatFormat
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer, load_tokenizer
 from nemo_orchestra.rollout.engines import EngineContext, capabilities, check_engine, start_engine
+from nemo_orchestra.train.flops import slow_half_precision_warning
 from nemo_orchestra.train.memory_plan import memory_check
 from nemo_orchestra.train.metrics import MetricLogger
 from nemo_orchestra.train.policy import build_policy
@@ -132,6 +133,9 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     vocab = cfg.model.vocab_size or padded_vocab_size(len(tokenizer), cfg.parallel.tp)
     kv_cache_bytes = memory_check(cfg, vocab, info.dp * info.tp * info.pp, info.device)  # before any GPU memory
 
+    slow = slow_half_precision_warning(cfg.model.params_dtype, info.device)
+    if slow and info.is_main:
+        log.warning(slow)
     policy = build_policy(cfg, vocab, info.device)
     check_engine(cfg.rollout.engine)  # a missing vLLM stops the run now, not after the warm start
 
