@@ -245,7 +245,8 @@ class SftConfig:
     lr: float = MISSING
     batch_size: int = MISSING
     num_episodes: int = MISSING  # scripted episodes run against the service to make the warm-start data
-    copy_episodes: int = MISSING  # copy lessons: a tool, then its result copied into the answer (data.warm_start)
+    copy_episodes: Optional[int] = MISSING  # copy lessons: a tool, then its result copied into the answer
+    #   (data.warm_start); null: sft.num_episodes with the embedded default task set, none with data.train_path
     copy_batch_size: int = MISSING  # copy lessons in each warm-start batch, besides batch_size scripted episodes
     min_lr_ratio: float = MISSING  # the learning rate decays from lr to lr * this along a cosine
 
@@ -253,8 +254,15 @@ class SftConfig:
         _check(self.steps >= 0, "sft.steps", "must be >= 0")
         _check(0.0 <= self.min_lr_ratio <= 1.0, "sft.min_lr_ratio", "must be in [0, 1]")
         _check(self.num_episodes >= 1, "sft.num_episodes", "must be >= 1")
-        _check(self.copy_episodes >= 0, "sft.copy_episodes", "must be >= 0")
+        _check(self.copy_episodes is None or self.copy_episodes >= 0, "sft.copy_episodes", "must be >= 0 or null")
         _check(self.copy_batch_size >= 0, "sft.copy_batch_size", "must be >= 0")
+
+    def copy_lessons(self, train_path: Optional[str]) -> int:
+        """How many copy lessons the warm start makes: ``copy_episodes``, or for null
+        ``num_episodes`` with the embedded default task set and none with a task file; none when
+        the warm start draws none (no steps or ``copy_batch_size`` 0), and no more than it draws."""
+        n = self.copy_episodes if self.copy_episodes is not None else (0 if train_path else self.num_episodes)
+        return min(n, self.steps * self.copy_batch_size)
 
 
 @dataclass
@@ -388,9 +396,10 @@ class Config:
             "generates with the weights being trained",
         )
         _check(
-            self.sft.copy_episodes == 0 or not self.data.train_path,
+            not self.sft.copy_episodes or not self.data.train_path,
             "sft.copy_episodes",
-            "copy lessons are made from the embedded default task set: set sft.copy_episodes=0 with data.train_path",
+            "copy lessons are made from the embedded default task set: set sft.copy_episodes=0 (or null) with "
+            "data.train_path",
         )
         return self
 

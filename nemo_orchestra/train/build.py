@@ -114,8 +114,8 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     sft_tasks = warm_start_tasks(cfg, tasks)
     log.info("scripted warm-start episodes: %d", len(sft_tasks))
     scripted = loop.run_until_complete(scripted_episodes(sft_tasks, client, cfg.run.seed))
-    if cfg.sft.copy_episodes and cfg.sft.copy_batch_size and cfg.sft.steps:
-        n = min(cfg.sft.copy_episodes, cfg.sft.steps * cfg.sft.copy_batch_size)  # no more than the steps draw
+    n = cfg.sft.copy_lessons(cfg.data.train_path)
+    if n:
         lessons = copy_tasks(n, cfg.run.seed + 3)
         copies = loop.run_until_complete(scripted_episodes(lessons, client, cfg.run.seed, copy=True))
         log.info("copy lessons: %d", len(copies))
