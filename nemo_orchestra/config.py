@@ -201,7 +201,7 @@ class AdvantageConfig:
     eps: float = MISSING
     clip: Optional[float] = MISSING
     min_group_std: float = MISSING
-    drop_format_errors: bool = MISSING  # rollouts with a malformed tool call: out of the loss (ToolOrchestra's filter)
+    drop_format_errors: bool = MISSING  # rollouts with a malformed call (unparsed or off-schema): out of the loss
     drop_unanswered: bool = MISSING  # rollouts that never called answer: out of the loss
 
     def validate(self) -> None:

@@ -37,7 +37,7 @@ def assign_advantages(
     kept = [t for t in trajectories if t.group in keep_groups]
     # ToolOrchestra's rollout filters: such rollouts count in their group's statistics (as reward 0)
     # but are not trained on
-    malformed = [t for t in kept if cfg.drop_format_errors and t.format_errors > 0]
+    malformed = [t for t in kept if cfg.drop_format_errors and t.format_errors + t.schema_errors > 0]
     unanswered = [t for t in kept if cfg.drop_unanswered and t.stop_reason != StopReason.ANSWER]
     dropped = {id(t) for t in malformed + unanswered}
     return [t for t in kept if id(t) not in dropped], {

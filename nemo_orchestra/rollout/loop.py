@@ -354,6 +354,26 @@ def _fits(ep: Episode, limits: LoopLimits) -> bool:
     return len(ep.traj.token_ids) + max(limits.turn_tokens, 1) <= limits.max_context
 
 
+def call_schema_error(call: ToolCall, tools: list[dict[str, Any]]) -> str | None:
+    """Why a call that parsed does not fit the tools the episode offers (a tool not offered, a
+    required argument missing, an argument the tool does not take, a value outside its enum), or
+    None. Such a call is malformed as much as one that does not parse: the service answers both with
+    an error observation, and ``advantage.drop_format_errors`` keeps both out of the loss."""
+    schema = next((t["function"] for t in tools if t["function"]["name"] == call.name), None)
+    if schema is None:
+        return f"no tool named {call.name!r}"
+    if not isinstance(call.arguments, dict):
+        return f"{call.name}: arguments are not an object"
+    params = schema.get("parameters") or {}
+    props = params.get("properties") or {}
+    missing = [k for k in params.get("required", []) if k not in call.arguments]
+    unknown = [k for k in call.arguments if k not in props]
+    outside = [k for k, v in call.arguments.items() if k in props and v not in props[k].get("enum", [v])]
+    if missing or unknown or outside:
+        return f"{call.name}: missing {missing}, unknown {unknown}, outside the enum {outside}"
+    return None
+
+
 async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bool:
     """Append one turn, execute its tool call, append the observation. True when the episode is done."""
     t = ep.traj
@@ -380,6 +400,8 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
             error = str(e)
             result = {"observation": malformed_call_observation(error), "done": False, "error": error}
             t.format_errors += 1
+    if call is not None and call_schema_error(call, ep.tools) is not None:
+        t.schema_errors += 1
     if turn.call is None:
         ep.messages.append(assistant_message(turn.text, call, call_id))
     else:  # the server parsed the call: its text is what came before it

@@ -492,6 +492,7 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         "rollout/length_mean": mean(len(t.token_ids) for t in trajs),
         "rollout/tool_error_rate": sum(t.tool_errors for t in trajs) / max(sum(t.turns for t in trajs), 1),
         "rollout/format_error_rate": sum(t.format_errors for t in trajs) / max(sum(t.turns for t in trajs), 1),
+        "rollout/schema_error_rate": sum(t.schema_errors for t in trajs) / max(sum(t.turns for t in trajs), 1),
         "rollout/answered_rate": mean(float(t.stop_reason == "answer") for t in trajs),
     }
     tools = sorted({k for t in trajs for k in t.tool_counts})

@@ -187,3 +187,61 @@ def test_training_and_evaluation_agree_on_malformed_calls_and_missing_preference
     }
     assert trained.task.preference == cfg.reward.default_preference
     assert "Preference weights: accuracy 1, cost 0.5, latency 0.5." in trained.messages[1]["content"]
+
+
+class CallsThenAnswers:
+    """A message-level policy that makes ``calls`` in order, then answers 42."""
+
+    name, chat = "calls", None
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    async def act(self, episodes):
+        turns = []
+        for e in episodes:
+            name, args = self.calls[e.turn] if e.turn < len(self.calls) else ("answer", {"answer": "42"})
+            turns.append(Turn(format_tool_call(name, args), prompt_tokens=1, completion_tokens=1))
+        return turns
+
+    async def aclose(self):
+        pass
+
+
+@pytest.mark.parametrize(
+    "call, fits",
+    [
+        (("calculator", {"expression": "12 + 30"}), True),
+        (("calculator", {"model": "expert-small"}), False),  # another tool's argument, its own missing
+        (("calculator", {"expression": "12 + 30", "answer": "42"}), False),  # an argument it does not take
+        (("expert", {"model": "expert-huge", "query": "12 + 30"}), False),  # outside the alias enum
+        (("search", {"query": "12 + 30"}), False),  # a tool this task does not offer
+    ],
+)
+def test_a_call_that_does_not_fit_the_offered_tools_is_a_schema_error(service, call, fits):
+    """A call that parses but does not fit the episode's tool schemas is counted as malformed
+    (``schema_errors``), exactly the calls the service refuses with an error observation."""
+    from nemo_orchestra.prompting.chat import ToolCall
+    from nemo_orchestra.rollout.loop import call_schema_error
+
+    task = TaskRecord(
+        problem="What is 12 + 30?", answer="42", category="arithmetic", tools=["calculator", "expert", "answer"]
+    )
+    client = ToolsEnvClient(service)
+
+    async def go():
+        try:
+            ep = await client.create_episode(task.to_dict())
+            await client.delete_episode(ep["episode_id"])
+            trajs = await run_episodes(
+                [task], CallsThenAnswers([call]), client, limits=LoopLimits(max_turns=3), default_preference={}
+            )
+            return ep["tools"], trajs[0]
+        finally:
+            await client.aclose()
+
+    tools, t = asyncio.run(go())
+    assert t.format_errors == 0 and t.correct and t.stop_reason == "answer"
+    assert t.schema_errors == (0 if fits else 1)
+    assert (t.tool_errors == 0) == fits  # the service refused the same calls
+    assert (call_schema_error(ToolCall(*call), tools) is None) == fits

@@ -131,3 +131,6 @@ def test_rollout_filters_mask_malformed_and_unanswered_rollouts_but_keep_them_in
     assert [t.advantage for t in trajs] == baseline  # the group's mean and std still include them
     kept, _ = assign_advantages(trajs, _adv_cfg(drop_unanswered=True))
     assert kept == [trajs[0], trajs[1], trajs[3]]
+    trajs[1].format_errors, trajs[3].schema_errors = 0, 1  # a call that parsed but did not fit its tool
+    kept, m = assign_advantages(trajs, _adv_cfg(drop_format_errors=True))
+    assert kept == trajs[:3] and m["advantage/dropped_format_errors"] == 1

@@ -132,7 +132,9 @@ def test_copy_lessons_by_default_only_with_the_embedded_task_set():
     assert cfg.sft.copy_lessons(None) == cfg.sft.num_episodes
     with_file = load_config(["sft.copy_episodes=null", "data.train_path=tasks.jsonl"])
     assert with_file.sft.copy_lessons(with_file.data.train_path) == 0
-    assert load_config(["sft.copy_episodes=5000", "sft.steps=10"]).sft.copy_lessons(None) == 10 * cfg.sft.copy_batch_size
+    assert (
+        load_config(["sft.copy_episodes=5000", "sft.steps=10"]).sft.copy_lessons(None) == 10 * cfg.sft.copy_batch_size
+    )
     assert load_config(["sft.copy_episodes=null", "sft.copy_batch_size=0"]).sft.copy_lessons(None) == 0
     with pytest.raises(ValueError, match="sft.copy_episodes"):
         load_config(["sft.copy_episodes=-1"])
