@@ -33,8 +33,8 @@ def test_every_recipe_validates(path):
 
 
 def test_overrides_are_typed():
-    cfg = load_config(["trainer.max_steps=3", "rollout.temperature=0.7", "model.fp8=null"])
-    assert cfg.trainer.max_steps == 3 and cfg.rollout.temperature == 0.7 and cfg.model.fp8 is None
+    cfg = load_config(["trainer.max_steps=3", "rollout.temperature=0.5", "model.fp8=null"])
+    assert cfg.trainer.max_steps == 3 and cfg.rollout.temperature == 0.5 and cfg.model.fp8 is None
 
 
 @pytest.mark.parametrize(
