@@ -24,7 +24,10 @@ steps, then ``--steps`` measured ones, and reports per step:
 The warm start is off unless asked for (``sft.steps=N``): an untrained policy writes whole
 turns until ``rollout.max_new_tokens_per_turn``, the longest generation the config allows.
 Groups whose rewards are all equal are kept (``advantage.min_group_std=-1``; the recipe drops
-them), so every step trains on its whole batch and the timings do not depend on luck.
+them) and so are rollouts with malformed calls (``advantage.drop_format_errors=false``; the recipe
+masks them out of the loss, and an untrained policy writes nothing else), so every step trains on
+its whole batch and the timings do not depend on luck. Rollouts sample at temperature 1, the
+workload the README compares with TRL's.
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ BENCH_DEFAULTS = (
     "export.enabled=false",
     "checkpoint.save_every=0",
     "advantage.min_group_std=-1.0",
+    "advantage.drop_format_errors=false",
+    "advantage.drop_unanswered=false",
+    "rollout.temperature=1.0",
 )
 
 

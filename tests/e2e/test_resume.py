@@ -39,6 +39,7 @@ ARGS = [
     # the barely warm-started policy earns no reward: zero-variance groups are kept and weight decay
     # moves it off the reference, so every step updates the weights through the KL term's gradient
     "advantage.min_group_std=-1",
+    "advantage.drop_format_errors=false",  # and so are its malformed rollouts
     "optim.weight_decay=0.1",
 ]
 VOLATILE = ("time", "time/", "perf/")  # wall-clock figures differ between runs; everything else must not

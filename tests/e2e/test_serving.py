@@ -18,6 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 RUN = [
     "sft.steps=150",
+    "sft.lr=3e-3",  # a format-only warm start (no copy lessons, the faster rate): calls that parse in 150 steps
+    "sft.copy_episodes=0",
     "trainer.max_steps=1",
     "data.prompts_per_step=2",
     "rollout.group_size=2",
