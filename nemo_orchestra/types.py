@@ -47,9 +47,7 @@ class Trajectory:
     tool_counts: dict[str, int] = field(default_factory=dict)
     tool_errors: int = 0  # malformed calls, unknown tools, bad arguments
     format_errors: int = 0  # turns without a valid tool call
-    schema_errors: int = (
-        0  # turns whose call parsed but does not fit the offered tools (rollout.loop.call_schema_error)
-    )
+    schema_errors: int = 0  # turns whose call parsed but does not fit the offered tools
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation, OpenAI format
     turn_versions: list[int] = field(default_factory=list)  # the policy version (weight syncs) that wrote each turn
     reward: float = 0.0

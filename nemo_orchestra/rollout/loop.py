@@ -45,6 +45,7 @@ from nemo_orchestra.prompting.chat import (
 from nemo_orchestra.prompting.prompts import task_messages, with_default_preference
 from nemo_orchestra.rollout.engines.base import GenerationEngine
 from nemo_orchestra.types import StopReason, TaskRecord, Trajectory
+from tools_env.tools.base import ToolArgumentError, check_arguments
 
 log = logging.getLogger(__name__)
 # engines are driven from one thread, always the same (vLLM's client sockets are not thread-safe)
@@ -355,22 +356,17 @@ def _fits(ep: Episode, limits: LoopLimits) -> bool:
 
 
 def call_schema_error(call: ToolCall, tools: list[dict[str, Any]]) -> str | None:
-    """Why a call that parsed does not fit the tools the episode offers (a tool not offered, a
-    required argument missing, an argument the tool does not take, a value outside its enum), or
-    None. Such a call is malformed as much as one that does not parse: the service answers both with
-    an error observation, and ``advantage.drop_format_errors`` keeps both out of the loss."""
+    """Why a call that parsed does not fit the tools the episode offers (a tool not offered, or the
+    service's own argument check: a missing or unknown argument, a wrong JSON type, a value outside
+    its enum), or None. Such a call is malformed as much as one that does not parse, and
+    ``advantage.drop_format_errors`` keeps both out of the loss."""
     schema = next((t["function"] for t in tools if t["function"]["name"] == call.name), None)
     if schema is None:
         return f"no tool named {call.name!r}"
-    if not isinstance(call.arguments, dict):
-        return f"{call.name}: arguments are not an object"
-    params = schema.get("parameters") or {}
-    props = params.get("properties") or {}
-    missing = [k for k in params.get("required", []) if k not in call.arguments]
-    unknown = [k for k in call.arguments if k not in props]
-    outside = [k for k, v in call.arguments.items() if k in props and v not in props[k].get("enum", [v])]
-    if missing or unknown or outside:
-        return f"{call.name}: missing {missing}, unknown {unknown}, outside the enum {outside}"
+    try:
+        check_arguments(call.name, schema.get("parameters") or {}, call.arguments)
+    except ToolArgumentError as e:
+        return str(e)
     return None
 
 

@@ -216,6 +216,7 @@ class CallsThenAnswers:
         (("calculator", {"expression": "12 + 30", "answer": "42"}), False),  # an argument it does not take
         (("expert", {"model": "expert-huge", "query": "12 + 30"}), False),  # outside the alias enum
         (("search", {"query": "12 + 30"}), False),  # a tool this task does not offer
+        (("calculator", {"expression": 42}), False),  # the wrong JSON type
     ],
 )
 def test_a_call_that_does_not_fit_the_offered_tools_is_a_schema_error(service, call, fits):

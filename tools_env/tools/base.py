@@ -65,27 +65,39 @@ class Tool:
     def check_argument_names(self, arguments: Any) -> dict[str, Any]:
         """An object with every required key and no unknown one; its property schemas. Raises
         ToolArgumentError."""
-        if not isinstance(arguments, dict):
-            raise ToolArgumentError(f"{self.name}: arguments must be a JSON object")
-        props = self.parameters.get("properties", {})
-        for key in self.parameters.get("required", []):
-            if key not in arguments:
-                raise ToolArgumentError(f"{self.name}: missing argument '{key}'")
-        for key in arguments:
-            if key not in props:
-                raise ToolArgumentError(f"{self.name}: unknown argument '{key}'")
-        return props
+        return check_argument_names(self.name, self.parameters, arguments)
 
     def check_arguments(self, arguments: Any) -> dict[str, Any]:
         """Validate required keys and JSON types against ``parameters``; raise ToolArgumentError."""
-        props = self.check_argument_names(arguments)
-        for key, value in arguments.items():
-            want = props[key].get("type")
-            if want and not _json_type_ok(value, want):
-                raise ToolArgumentError(f"{self.name}: argument '{key}' must be of type {want}")
-            if "enum" in props[key] and value not in props[key]["enum"]:
-                raise ToolArgumentError(f"{self.name}: argument '{key}' must be one of {props[key]['enum']}")
-        return arguments
+        return check_arguments(self.name, self.parameters, arguments)
+
+
+def check_argument_names(name: str, parameters: dict[str, Any], arguments: Any) -> dict[str, Any]:
+    """``arguments`` is an object with every key ``parameters`` requires and none it lacks; returns
+    its property schemas. Raises ToolArgumentError naming tool ``name`` and the key."""
+    if not isinstance(arguments, dict):
+        raise ToolArgumentError(f"{name}: arguments must be a JSON object")
+    props = parameters.get("properties", {})
+    for key in parameters.get("required", []):
+        if key not in arguments:
+            raise ToolArgumentError(f"{name}: missing argument '{key}'")
+    for key in arguments:
+        if key not in props:
+            raise ToolArgumentError(f"{name}: unknown argument '{key}'")
+    return props
+
+
+def check_arguments(name: str, parameters: dict[str, Any], arguments: Any) -> dict[str, Any]:
+    """``arguments`` fits the JSON schema ``parameters`` of tool ``name`` (keys, JSON types, enums);
+    the service's check of every call, and the agent loop's (``rollout.loop.call_schema_error``)."""
+    props = check_argument_names(name, parameters, arguments)
+    for key, value in arguments.items():
+        want = props[key].get("type")
+        if want and not _json_type_ok(value, want):
+            raise ToolArgumentError(f"{name}: argument '{key}' must be of type {want}")
+        if "enum" in props[key] and value not in props[key]["enum"]:
+            raise ToolArgumentError(f"{name}: argument '{key}' must be one of {props[key]['enum']}")
+    return arguments
 
 
 _JSON_TYPES = {
