@@ -5,9 +5,16 @@ microbatches, with PP > 1 the 1F1B schedule, whose p2p shapes are fixed, so ever
 must have the same length (the trainer pads them). Logprobs and entropy come from the
 vocab-parallel logits (``megatron/vocab_parallel.py``) on the last stage; the forward-only pass
 broadcasts its logprobs to the other stages.
+
+Only the loss's tokens need logits: with ``loss_rows`` the output layer runs on the rows where
+``loss_mask_T`` is 1 (``logits_at``), and their logprobs are scattered back to the pack's length
+(0 elsewhere). In a GRPO or warm-start pack most tokens are prompt and tool observations, so this
+skips most of the output layer's matmul and the vocabulary-wide softmax.
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -29,13 +36,54 @@ def packed_params(batch: PackedBatch, device):
     )
 
 
-def packed_forward(m, batch: PackedBatch, device):
-    return m(
-        batch.input_ids_T[None].to(device),
-        batch.position_ids_T[None].to(device),
-        None,
-        packed_seq_params=packed_params(batch, device),
-    )
+def packed_forward(m, batch: PackedBatch, device, rows_N: torch.Tensor | None = None):
+    """The pack's logits [1, T, V_r]; with ``rows_N`` only those positions' [1, N, V_r] (``logits_at``)."""
+    with logits_at(m, rows_N):
+        return m(
+            batch.input_ids_T[None].to(device),
+            batch.position_ids_T[None].to(device),
+            None,
+            packed_seq_params=packed_params(batch, device),
+        )
+
+
+def loss_rows(batch: PackedBatch, device) -> torch.Tensor:
+    """Positions of the pack whose target is in the loss."""
+    return torch.nonzero(batch.loss_mask_T > 0)[:, 0].to(device)
+
+
+def _output_layer(m):
+    while not hasattr(m, "output_layer") and hasattr(m, "module"):
+        m = m.module
+    return getattr(m, "output_layer", None)
+
+
+@contextmanager
+def logits_at(m, rows_N: torch.Tensor | None):
+    """Within: the model's output layer sees only the hidden states at ``rows_N`` (sequence positions
+    of a THD pack, batch 1), so the model returns those rows' logits. Nothing changes without rows, on
+    a pipeline stage without the output layer, or with sequence parallelism (the layer's input is then
+    a sequence shard that it gathers itself)."""
+    layer = _output_layer(m)
+    if rows_N is None or layer is None or getattr(layer, "sequence_parallel", False):
+        yield
+        return
+
+    def select(module, args, kwargs):
+        return (args[0].index_select(0, rows_N), *args[1:]), kwargs
+
+    handle = layer.register_forward_pre_hook(select, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def scatter_rows(values_N: torch.Tensor, rows_N: torch.Tensor | None, length: int) -> torch.Tensor:
+    """Per-row values back at their positions in a [length] vector (0 elsewhere); differentiable."""
+    if rows_N is None:
+        return values_N
+    return values_N.new_zeros(length).index_copy(0, rows_N, values_N)
 
 
 def token_logprobs(logits_1TV: torch.Tensor, target_T: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -65,9 +113,14 @@ def run_schedule(model, forward_step, batches: list[PackedBatch], forward_only: 
 
 @torch.no_grad()
 def forward_logprobs(
-    model: torch.nn.Module, batches: PackedBatch | list[PackedBatch], device, temperature: float = 1.0
+    model: torch.nn.Module,
+    batches: PackedBatch | list[PackedBatch],
+    device,
+    temperature: float = 1.0,
+    only_loss_tokens: bool = False,
 ) -> torch.Tensor | list[torch.Tensor]:
-    """Token logprobs of each pack (forward only, through the pipeline), on every stage, on the CPU."""
+    """Token logprobs of each pack (forward only, through the pipeline), on every stage, on the CPU;
+    with ``only_loss_tokens``, computed where ``loss_mask_T`` is 1 and 0 elsewhere."""
     single = isinstance(batches, PackedBatch)
     batches = [batches] if single else list(batches)
     if not batches:
@@ -76,10 +129,13 @@ def forward_logprobs(
 
     def forward_step(data_iterator, m):
         batch = next(data_iterator)
-        out = packed_forward(m, batch, device)
+        rows = loss_rows(batch, device) if only_loss_tokens else None
+        out = packed_forward(m, batch, device, rows)
 
         def collect(output, non_loss_data=True):
-            return token_logprobs(output, batch.target_ids_T.to(output.device), temperature).cpu()
+            targets = batch.target_ids_T.to(output.device)
+            lp = token_logprobs(output, targets if rows is None else targets[rows], temperature)
+            return scatter_rows(lp, rows, batch.num_tokens).cpu()
 
         return out, collect
 

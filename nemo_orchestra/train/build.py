@@ -99,8 +99,11 @@ def _check_health(url: str, timeout_s: float) -> None:
 
 
 def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
+    """The trainer, its tool service (closed by ``stack``), warm-start data, tokenizer, policy and engine.
+    A failure on the way closes the tool-service client and its event loop before it propagates."""
     from tools_env.client import ToolsEnvClient
 
+    check_engine(cfg.rollout.engine)  # a missing vLLM stops the run now, not after the warm start
     os.makedirs(cfg.run.output_dir, exist_ok=True)
     if info.is_main:
         save_config(cfg, os.path.join(cfg.run.output_dir, "config.yaml"))
@@ -111,6 +114,15 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     client = ToolsEnvClient(
         urls, token=cfg.tools.token or os.environ.get("TOOLS_ENV_TOKEN"), service=restartable(started)
     )
+    try:
+        return _build(cfg, info, tasks, client, loop)
+    except BaseException:
+        loop.run_until_complete(client.aclose())
+        loop.close()
+        raise
+
+
+def _build(cfg: Config, info: DistInfo, tasks: list, client, loop: asyncio.AbstractEventLoop) -> Trainer:
     sft_tasks = warm_start_tasks(cfg, tasks)
     log.info("scripted warm-start episodes: %d", len(sft_tasks))
     scripted = loop.run_until_complete(scripted_episodes(sft_tasks, client, cfg.run.seed))
@@ -137,7 +149,6 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     if slow and info.is_main:
         log.warning(slow)
     policy = build_policy(cfg, vocab, info.device)
-    check_engine(cfg.rollout.engine)  # a missing vLLM stops the run now, not after the warm start
 
     ctx = EngineContext(
         cfg.model,

@@ -15,9 +15,11 @@ from nemo_orchestra.config import LossConfig, ParallelConfig
 from nemo_orchestra.grpo.loss import policy_loss, tis_weights
 from nemo_orchestra.megatron.forward import (
     forward_logprobs,
+    loss_rows,
     packed_forward,
     pp_size,
     run_schedule,
+    scatter_rows,
 )
 from nemo_orchestra.megatron.vocab_parallel import logprobs_and_entropy
 from nemo_orchestra.train.packing import pack, padding_pack
@@ -52,7 +54,7 @@ def pack_for_step(trajs: list[Trajectory], parallel: ParallelConfig) -> list[Pac
 
 def reference_logprobs(policy: Policy, batches: list[PackedBatch], temperature: float = 1.0) -> list[torch.Tensor]:
     with policy.reference_model() as model:
-        return forward_logprobs(model, batches, policy.device, temperature)
+        return forward_logprobs(model, batches, policy.device, temperature, only_loss_tokens=True)
 
 
 def grpo_loss_fn(loss_cfg: LossConfig):
@@ -111,7 +113,8 @@ def grpo_update(
         return {**train_step(policy, minibatches[0], loss_fn, temperature), "train/optimizer_steps": 1.0}
     t0 = time.perf_counter()
     packs = [b for mb in minibatches for b in mb]
-    for b, lp in zip(packs, forward_logprobs(policy.model, packs, policy.device, temperature), strict=True):
+    olds = forward_logprobs(policy.model, packs, policy.device, temperature, only_loss_tokens=True)
+    for b, lp in zip(packs, olds, strict=True):
         b.old_logprobs_T = lp
     t_old = time.perf_counter() - t0
     steps = [train_step(policy, mb, loss_fn, temperature) for mb in minibatches]
@@ -142,11 +145,13 @@ def sft_loss_fn(lp_T: torch.Tensor, batch: PackedBatch):
     return nll, n, {"loss/nll": nll.detach() / n.clamp_min(1.0), "loss/tokens": n}
 
 
-def _loss_func(batch: PackedBatch, loss_fn, temperature: float, logits):
-    lp, ent = logprobs_and_entropy(logits[0], batch.target_ids_T.to(logits.device), temperature)
-    loss_sum, n, metrics = loss_fn(lp, batch)
-    mask = batch.loss_mask_T.to(ent.device)
-    metrics["train/entropy"] = (ent * mask).sum() / mask.sum().clamp_min(1.0)
+def _loss_func(batch: PackedBatch, loss_fn, temperature: float, rows, logits):
+    """The loss of a pack from its loss rows' logits (``packed_forward`` with ``loss_rows``): logprobs
+    scattered back to the pack's length (0 off the loss), entropy over the rows."""
+    targets = batch.target_ids_T.to(logits.device)
+    lp, ent = logprobs_and_entropy(logits[0], targets[rows], temperature)
+    loss_sum, n, metrics = loss_fn(scatter_rows(lp, rows, batch.num_tokens), batch)
+    metrics["train/entropy"] = ent.sum() / max(ent.numel(), 1)
     return loss_sum, n.to(torch.int), metrics
 
 
@@ -162,7 +167,8 @@ def forward_backward(policy: Policy, batches: list[PackedBatch], loss_fn, temper
 
     def forward_step(data_iterator, m):
         batch = next(data_iterator)
-        return packed_forward(m, batch, device), partial(_loss_func, batch, loss_fn, temperature)
+        rows = loss_rows(batch, device)
+        return packed_forward(m, batch, device, rows), partial(_loss_func, batch, loss_fn, temperature, rows)
 
     return run_schedule(model, forward_step, batches, forward_only=False)
 

@@ -1,0 +1,67 @@
+"""The output layer on the loss's rows only (``megatron.forward.logits_at``) gives the full forward's
+logprobs there and the same gradients, tied or untied output rows."""
+
+import pytest
+import torch
+
+from nemo_orchestra.config import load_config
+from nemo_orchestra.megatron.forward import forward_logprobs, loss_rows, packed_forward, scatter_rows, token_logprobs
+from nemo_orchestra.megatron.model import build_gpt_model
+from nemo_orchestra.megatron.parallel import init_distributed
+from nemo_orchestra.train.packing import pack
+from tests.unit.helpers import traj
+
+VOCAB = 256
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
+def setup(request):
+    cfg = load_config([f"model.tie_embeddings={request.param}", "model.num_layers=2"])
+    info = init_distributed(cfg.parallel, seed=3)
+    torch.manual_seed(0)
+    gpt = build_gpt_model(cfg.model, cfg.parallel, VOCAB, info.device)
+    g = torch.Generator().manual_seed(1)
+    trajs = []
+    for n, prompt in ((41, 30), (23, 9), (17, 17)):  # the last one has no loss token
+        ids = torch.randint(0, VOCAB, (n,), generator=g).tolist()
+        trajs.append(traj(ids=ids, mask=[0] * prompt + [1] * (n - prompt)))
+    (batch,) = pack(trajs, capacity=128)
+    return gpt, batch
+
+
+def test_logprobs_on_loss_rows_equal_the_full_forward(setup):
+    gpt, batch = setup
+    full = forward_logprobs(gpt, batch, torch.device("cpu"), temperature=0.7)
+    rows = forward_logprobs(gpt, batch, torch.device("cpu"), temperature=0.7, only_loss_tokens=True)
+    mask = batch.loss_mask_T > 0
+    assert 0 < int(mask.sum()) < batch.num_tokens
+    torch.testing.assert_close(rows[mask], full[mask], atol=1e-5, rtol=1e-5)
+    assert torch.all(rows[~mask] == 0)
+
+
+def _grads(gpt, batch, only_rows: bool) -> dict[str, torch.Tensor]:
+    gpt.zero_grad(set_to_none=True)
+    dev = torch.device("cpu")
+    rows = loss_rows(batch, dev) if only_rows else None
+    logits = packed_forward(gpt, batch, dev, rows)
+    targets = batch.target_ids_T if rows is None else batch.target_ids_T[rows]
+    lp = scatter_rows(token_logprobs(logits, targets, 0.7), rows, batch.num_tokens)
+    (-(lp * batch.loss_mask_T).sum()).backward()
+    return {n: p.grad.clone() for n, p in gpt.named_parameters() if p.grad is not None}
+
+
+def test_gradients_on_loss_rows_equal_the_full_forward(setup):
+    gpt, batch = setup
+    gpt.train()
+    full, rows = _grads(gpt, batch, False), _grads(gpt, batch, True)
+    assert set(full) == set(rows) and any("output_layer" in n or "embedding" in n for n in full)
+    for n in full:
+        torch.testing.assert_close(rows[n], full[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_the_hook_is_gone_after_the_forward(setup):
+    gpt, batch = setup
+    dev = torch.device("cpu")
+    with torch.no_grad():
+        assert packed_forward(gpt, batch, dev, loss_rows(batch, dev)).shape[1] == int(batch.loss_mask_T.sum())
+        assert packed_forward(gpt, batch, dev).shape[1] == batch.num_tokens
