@@ -188,9 +188,11 @@ class RewardConfig:
     use_preference: bool = MISSING
     scalarization: str = MISSING  # linear | chebyshev
     default_preference: Dict[str, float] = MISSING
+    normalize: str = MISSING  # minmax | max: how a group's costs and latencies become utilities
 
     def validate(self) -> None:
         _check(self.scalarization in ("linear", "chebyshev"), "reward.scalarization", "must be linear or chebyshev")
+        _check(self.normalize in ("minmax", "max"), "reward.normalize", "must be minmax or max")
         for k, v in self.default_preference.items():
             _check(v >= 0, f"reward.default_preference.{k}", "must be >= 0")
 

@@ -3,7 +3,8 @@ r"""The composite reward of ToolOrchestra, with cost and latency *penalized*.
 For a group of n rollouts of one task, with outcome o_i in {0, 1}, cost c_i ($, orchestrator
 tokens + tools), latency l_i (s, tool wall-clock) and per-tool call counts m_ik:
 
-    mm(x_i) = (x_i - min_j x_j) / (max_j x_j - min_j x_j)      (0 when max = min)
+    mm(x_i) = (x_i - min_j x_j) / (max_j x_j - min_j x_j)      (0 when max = min; reward.normalize=minmax)
+    mm(x_i) = (x_i - min_j x_j) / max_j x_j                    (reward.normalize=max)
 
     u_i = { accuracy: 1,  cost: 1 - mm(c_i),  latency: 1 - mm(l_i),  tool k: mm(m_ik) }
 
@@ -17,6 +18,14 @@ the weights are negative; here the cheaper and faster of two correct rollouts al
 (``tests/unit/test_reward.py`` checks the sign). Chebyshev scalarization reaches non-convex parts
 of the accuracy-cost front that a linear sum cannot.
 
+``reward.normalize``: min-max (the paper's) stretches any spread to [0, 1], so in a group that made
+the same choice throughout, jitter (a simulated expert's latency drawn from its range, a few
+tokens more in a query) becomes a reward gap as large as the gap between the cheapest and the
+dearest expert, and the group's advantages train on that noise. Divided by the group's largest
+value instead, a spread counts in proportion to the values themselves: the same as min-max when
+the cheapest is far cheaper than the dearest (an expert-small call next to an expert-large one),
+small when the values are close, so that such a group falls under ``advantage.min_group_std``.
+
 Ablations (``conf/reward``): ``outcome_only`` (R = o), ``outcome_efficiency`` (config weights for
 every task), ``full`` (the task's own preference vector).
 """
@@ -29,11 +38,12 @@ from nemo_orchestra.config import RewardConfig
 from nemo_orchestra.types import Trajectory
 
 
-def _minmax(xs: Sequence[float]) -> list[float]:
+def _minmax(xs: Sequence[float], how: str = "minmax") -> list[float]:
     lo, hi = min(xs), max(xs)
     if hi - lo <= 1e-12:
         return [0.0] * len(xs)
-    return [(x - lo) / (hi - lo) for x in xs]
+    scale = hi - lo if how == "minmax" else abs(hi)
+    return [(x - lo) / scale for x in xs]
 
 
 def group_rewards(group: Sequence[Trajectory], cfg: RewardConfig) -> list[float]:
@@ -45,8 +55,8 @@ def group_rewards(group: Sequence[Trajectory], cfg: RewardConfig) -> list[float]
     weights = {k: float(prefs.get(k, 0.0)) for k in ("accuracy", "cost", "latency")}
     utilities = {
         "accuracy": [1.0] * len(group),
-        "cost": [1.0 - x for x in _minmax([t.cost for t in group])],
-        "latency": [1.0 - x for x in _minmax([t.latency_s for t in group])],
+        "cost": [1.0 - x for x in _minmax([t.cost for t in group], cfg.normalize)],
+        "latency": [1.0 - x for x in _minmax([t.latency_s for t in group], cfg.normalize)],
     }
     if cfg.use_preference:
         for tool, w in (prefs.get("tools") or {}).items():

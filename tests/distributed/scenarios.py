@@ -218,7 +218,10 @@ def run_parallel(tp, pp, full, trajs, ref, share=None, dist_opt=True, offload=Fa
     metrics = reduce_metrics(losses)
     out = {
         "logprobs": compare_lps(ref["lps"], doc_values(batches, lps)),
-        "reference_logprobs": compare_lps(ref["lps"], doc_values(batches, ref_lps)),
+        # the reference's logprobs exist on the loss's tokens only (0 elsewhere)
+        "reference_logprobs": compare_lps(
+            [lp * d.loss_mask_T for lp, d in zip(ref["lps"], ref["docs"])], doc_values(batches, ref_lps)
+        ),
         "metrics": max(abs(metrics[k] - ref["metrics"][k]) for k in ref["metrics"]),
         "grads": max_diff(full_grads(policy), ref["grads"]),
         "grad_scale": max(float(g.abs().max()) for g in ref["grads"].values()),

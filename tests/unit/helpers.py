@@ -27,12 +27,15 @@ def traj(correct=True, cost=0.0, latency=0.0, group=0, t=None, counts=None, ids=
     )
 
 
-def reward_cfg(name="full", efficiency=True, preference=True, scalarization="linear", **weights) -> RewardConfig:
+def reward_cfg(
+    name="full", efficiency=True, preference=True, scalarization="linear", normalize="minmax", **weights
+) -> RewardConfig:
     return RewardConfig(
         name=name,
         use_efficiency=efficiency,
         use_preference=preference,
         scalarization=scalarization,
+        normalize=normalize,
         default_preference=weights or {"accuracy": 1.0, "cost": 1.0, "latency": 1.0},
     )
 

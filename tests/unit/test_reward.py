@@ -65,3 +65,23 @@ def test_assign_rewards_normalizes_within_each_group_only():
     trajs = [traj(cost=1.0, group=0, t=t), traj(cost=2.0, group=0, t=t), traj(cost=100.0, group=1, t=t)]
     assign_rewards(trajs, reward_cfg())
     assert [x.reward for x in trajs] == pytest.approx([1.0, 0.5, 1.0])
+
+
+def _std(xs):
+    m = sum(xs) / len(xs)
+    return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+
+
+def test_max_normalization_keeps_jitter_small_and_choices_apart():
+    """A group that made one choice throughout (the same expert: latency drawn from its 1-2 s range,
+    costs a few percent apart): min-max stretches the jitter to a reward spread above the paper's
+    0.1 std filter, max-normalization keeps it under. Between a cheap and a dear expert both give
+    nearly the same gap."""
+    t = task({"accuracy": 1.0, "cost": 1.0, "latency": 0.5})
+    same = [traj(cost=c, latency=lat, t=t) for c, lat in ((4.0e-5, 1.0), (4.1e-5, 1.9), (4.2e-5, 1.4), (4.05e-5, 1.6))]
+    assert _std(group_rewards(same, reward_cfg())) > 0.1
+    assert _std(group_rewards(same, reward_cfg(normalize="max"))) < 0.05
+    mixed = [traj(cost=4.0e-5, latency=1.5, t=t), traj(cost=5.0e-3, latency=9.0, t=t)]
+    (a, b), (c, d) = group_rewards(mixed, reward_cfg()), group_rewards(mixed, reward_cfg(normalize="max"))
+    assert a == pytest.approx(1.0) and c == pytest.approx(1.0)
+    assert b == pytest.approx(0.4) and d == pytest.approx(0.4 + 0.2 * 1.5 / 9.0 + 0.4 * 4e-5 / 5e-3)
