@@ -50,11 +50,15 @@ def matmul_params(model: ModelConfig, vocab_size: int) -> int:
     return model.num_layers * per_layer + vocab_size * H
 
 
-def forward_flops(model: ModelConfig, vocab_size: int, seq_lens: list[int]) -> float:
-    """FLOPs of one forward pass over sequences of these lengths (packed or not: the same)."""
+def forward_flops(model: ModelConfig, vocab_size: int, seq_lens: list[int], logit_tokens: int | None = None) -> float:
+    """FLOPs of one forward pass over sequences of these lengths (packed or not: the same), the output
+    layer over ``logit_tokens`` of them (all by default; the trainer's passes compute logits only
+    for the loss's tokens, ``megatron.forward.logits_at``)."""
     tokens = sum(seq_lens)
+    logit_tokens = tokens if logit_tokens is None else logit_tokens
     attn = 2 * model.num_attention_heads * model.head_dim * sum(s * (s + 1) for s in seq_lens)
-    return 2.0 * matmul_params(model, vocab_size) * tokens + model.num_layers * attn
+    body = matmul_params(model, vocab_size) - vocab_size * model.hidden_size
+    return 2.0 * (body * tokens + vocab_size * model.hidden_size * logit_tokens) + model.num_layers * attn
 
 
 def sequence_lengths(batches) -> list[int]:

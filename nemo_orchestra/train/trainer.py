@@ -238,7 +238,8 @@ class Trainer:
         """perf/tflops_per_gpu, perf/mfu, perf/peak_mem_gb of the logprob + train stage (see flops.py)."""
         seqs = sequence_lengths(batches)
         passes = 3 + (self.cfg.loss.kl_coef > 0)  # forward + backward, and the reference's logprobs
-        flops = data_parallel_sum([passes * forward_flops(self.cfg.model, self.vocab_size, seqs)])[0]
+        logit_tokens = int(sum(float(b.loss_mask_T.sum()) for b in batches))  # the LM head's rows (logits_at)
+        flops = data_parallel_sum([passes * forward_flops(self.cfg.model, self.vocab_size, seqs, logit_tokens)])[0]
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         return perf_metrics(flops, seconds, world, self.cfg.perf.peak_tflops)
 

@@ -65,3 +65,14 @@ def test_the_hook_is_gone_after_the_forward(setup):
     with torch.no_grad():
         assert packed_forward(gpt, batch, dev, loss_rows(batch, dev)).shape[1] == int(batch.loss_mask_T.sum())
         assert packed_forward(gpt, batch, dev).shape[1] == batch.num_tokens
+
+
+def test_flops_count_the_output_layer_on_the_loss_rows_only():
+    """perf/mfu counts the work done: the LM head's FLOPs over the loss's tokens, the body's over all."""
+    from nemo_orchestra.train.flops import forward_flops
+
+    cfg = load_config([])
+    full = forward_flops(cfg.model, 2176, [300, 200])
+    rows = forward_flops(cfg.model, 2176, [300, 200], logit_tokens=120)
+    assert full == forward_flops(cfg.model, 2176, [300, 200], logit_tokens=500)
+    assert full - rows == 2.0 * 2176 * cfg.model.hidden_size * (500 - 120)
