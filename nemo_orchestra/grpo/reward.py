@@ -38,7 +38,8 @@ from nemo_orchestra.config import RewardConfig
 from nemo_orchestra.types import Trajectory
 
 
-def _minmax(xs: Sequence[float], how: str = "minmax") -> list[float]:
+def _normalized(xs: Sequence[float], how: str = "minmax") -> list[float]:
+    """(x - min) / (max - min) (``minmax``) or / max (``max``); 0 everywhere when all are equal."""
     lo, hi = min(xs), max(xs)
     if hi - lo <= 1e-12:
         return [0.0] * len(xs)
@@ -55,13 +56,13 @@ def group_rewards(group: Sequence[Trajectory], cfg: RewardConfig) -> list[float]
     weights = {k: float(prefs.get(k, 0.0)) for k in ("accuracy", "cost", "latency")}
     utilities = {
         "accuracy": [1.0] * len(group),
-        "cost": [1.0 - x for x in _minmax([t.cost for t in group], cfg.normalize)],
-        "latency": [1.0 - x for x in _minmax([t.latency_s for t in group], cfg.normalize)],
+        "cost": [1.0 - x for x in _normalized([t.cost for t in group], cfg.normalize)],
+        "latency": [1.0 - x for x in _normalized([t.latency_s for t in group], cfg.normalize)],
     }
     if cfg.use_preference:
         for tool, w in (prefs.get("tools") or {}).items():
             weights[f"tool:{tool}"] = float(w)
-            utilities[f"tool:{tool}"] = _minmax([float(t.tool_counts.get(tool, 0)) for t in group])
+            utilities[f"tool:{tool}"] = _normalized([float(t.tool_counts.get(tool, 0)) for t in group])
     return [
         o * scalarize({k: utilities[k][i] for k in weights}, weights, cfg.scalarization) for i, o in enumerate(outcome)
     ]

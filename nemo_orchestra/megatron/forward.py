@@ -60,19 +60,27 @@ def _output_layer(m):
 
 @contextmanager
 def logits_at(m, rows_N: torch.Tensor | None):
-    """Within: the model's output layer sees only the hidden states at ``rows_N`` (sequence positions
-    of a THD pack, batch 1), so the model returns those rows' logits. Nothing changes without rows, on
-    a pipeline stage without the output layer, or with sequence parallelism (the layer's input is then
-    a sequence shard that it gathers itself)."""
+    """Within: the model returns the logits of ``rows_N`` only (sequence positions of a THD pack,
+    batch 1). The output layer sees only those rows' hidden states; with sequence parallelism its
+    input is a sequence shard that it gathers itself, so there the rows are taken from its output
+    instead (the logits are computed in full, the callers see the same shape). Nothing changes
+    without rows or on a pipeline stage without the output layer."""
     layer = _output_layer(m)
-    if rows_N is None or layer is None or getattr(layer, "sequence_parallel", False):
+    if rows_N is None or layer is None:
         yield
         return
 
-    def select(module, args, kwargs):
+    def select_input(module, args, kwargs):
         return (args[0].index_select(0, rows_N), *args[1:]), kwargs
 
-    handle = layer.register_forward_pre_hook(select, with_kwargs=True)
+    def select_output(module, args, output):
+        logits, bias = output
+        return logits.index_select(0, rows_N), bias
+
+    if getattr(layer, "sequence_parallel", False):
+        handle = layer.register_forward_hook(select_output)
+    else:
+        handle = layer.register_forward_pre_hook(select_input, with_kwargs=True)
     try:
         yield
     finally:

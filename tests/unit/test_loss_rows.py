@@ -59,6 +59,25 @@ def test_gradients_on_loss_rows_equal_the_full_forward(setup):
         torch.testing.assert_close(rows[n], full[n], atol=1e-5, rtol=1e-4, msg=n)
 
 
+def test_with_sequence_parallelism_the_rows_come_from_the_output(setup, monkeypatch):
+    """A sequence-parallel output layer gathers its input itself: the rows are then taken from its
+    output, with the same logprobs as the input-side selection."""
+    from nemo_orchestra.megatron.forward import _output_layer
+
+    gpt, batch = setup
+    dev = torch.device("cpu")
+    rows = loss_rows(batch, dev)
+    with torch.no_grad():
+        before = packed_forward(gpt, batch, dev, rows)
+        monkeypatch.setattr(_output_layer(gpt), "sequence_parallel", True)
+        calls = []
+        handle = _output_layer(gpt).register_forward_pre_hook(lambda mod, args: calls.append(args[0].shape[0]))
+        after = packed_forward(gpt, batch, dev, rows)
+        handle.remove()
+    assert calls == [batch.num_tokens]  # the layer saw every row
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
+
+
 def test_the_hook_is_gone_after_the_forward(setup):
     gpt, batch = setup
     dev = torch.device("cpu")
