@@ -18,10 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 RUN = [
     "sft.steps=150",
-    "sft.lr=3e-3",  # a format-only warm start (no copy lessons, the faster rate): calls that parse in 150 steps
+    "sft.lr=3e-3",  # a format-only warm start (no copy lessons, the faster rate): the default model, calls on most tasks
     "sft.copy_episodes=0",
-    "model.tie_embeddings=true",  # the earlier tiny model, whose 150-step warm start calls a tool on every task
-    "model.rope_theta=1e6",
     "trainer.max_steps=1",
     "data.prompts_per_step=2",
     "rollout.group_size=2",
@@ -179,16 +177,20 @@ def test_the_served_export_decides_as_the_checkpoint(served, tmp_path):
     for e in episodes:
         by_task.setdefault(e["task_id"], {})[e["policy"].split(":")[0]] = e
 
-    def choices(e):  # each call's tool and expert alias
+    def choices(e):  # each call: its tool and its arguments (expert alias, query, expression, answer)
         return [
-            (tc["function"]["name"], json.loads(tc["function"]["arguments"]).get("model"))
+            (tc["function"]["name"], json.loads(tc["function"]["arguments"]))
             for m in e["messages"]
             for tc in m.get("tool_calls") or []
         ]
 
     assert len(by_task) == 24 and all(set(v) == {"openai", "checkpoint"} for v in by_task.values())
-    assert all(choices(v["checkpoint"]) for v in by_task.values())  # the checkpoint calls tools
-    same = sum(choices(v["openai"]) == choices(v["checkpoint"]) for v in by_task.values())
+    calling = sum(bool(choices(v["checkpoint"])) for v in by_task.values())
+    assert calling >= 12, f"the checkpoint called tools on {calling} of 24 tasks"  # so the comparison has content
+    same = sum(
+        choices(v["openai"]) == choices(v["checkpoint"])
+        and v["openai"]["format_errors"] == v["checkpoint"]["format_errors"]  # the server's parser reads what ours reads
+        for v in by_task.values()
+    )
     assert same >= 0.9 * len(by_task), f"the served export chose as the checkpoint on {same} of {len(by_task)} tasks"
-    assert sum(v["openai"]["format_errors"] for v in by_task.values()) == 0
     assert all(v["openai"]["reason"].split(":")[0] != "policy failed" for v in by_task.values())

@@ -1,6 +1,7 @@
 """The per-seed table: figures read from a run's eval.json, the targets judged, bad folders refused."""
 
 import json
+import math
 
 from scripts.seed_sweep import main, meets, summary
 
@@ -43,3 +44,25 @@ def test_table_of_runs_and_a_clear_error_for_an_unfinished_one(tmp_path, capsys)
     (tmp_path / "empty").mkdir()
     assert main(["--table", ok, str(tmp_path / "empty")]) == 2
     assert "no eval.json" in capsys.readouterr().err
+
+
+def test_best_expected_accuracy_from_the_heldout_tasks_and_the_run_experts(tmp_path):
+    d = _run(tmp_path, "seed-9", large_acc_first=0.9, calc_acc=0.86, seconds=500.0)
+    tasks = [
+        {"category": "arithmetic", "tools": ["calculator", "expert", "answer"]},  # exact: 1.0
+        {"category": "arithmetic", "tools": ["expert", "answer"]},  # no calculator: the best expert, 0.8
+        {"category": "reasoning", "tools": ["expert", "answer"]},  # 0.6
+    ]
+    (tmp_path / "seed-9" / "heldout.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    expert = {"price_in": 1.0, "price_out": 1.0, "latency_s": {"default": [1, 2]}, "output_tokens": {"default": 10}}
+    service = {
+        "experts": {
+            "simulated": {
+                "a": {**expert, "accuracy": {"arithmetic": 0.8, "default": 0.1}},
+                "b": {**expert, "accuracy": {"reasoning": 0.6, "default": 0.2}},
+            }
+        }
+    }
+    (tmp_path / "seed-9" / "config.yaml").write_text(json.dumps({"tools": {"service": service}}))
+    assert abs(summary(d)["best"] - (1.0 + 0.8 + 0.6) / 3) < 1e-9
+    assert math.isnan(summary(_run(tmp_path, "no-tasks", 0.9, 0.86, 500.0))["best"])
