@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 # A job with the process zoo of a vLLM run: a spawn child with a grandchild (engine core -> worker),
 # a fork child, shared memory (the resource tracker), a service in its own session, a temp folder.
 JOB = textwrap.dedent("""
-    import multiprocessing as mp, os, subprocess, sys, tempfile, time
+    import multiprocessing as mp, os, signal, subprocess, sys, tempfile, time
     from multiprocessing import shared_memory
 
     def worker():
@@ -32,6 +32,8 @@ JOB = textwrap.dedent("""
         time.sleep(600)
 
     if __name__ == "__main__":
+        # a shell's background job starts with SIGINT ignored, and Python then leaves it so
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from nemo_orchestra.train.reaper import contain
         contain()
         shm = shared_memory.SharedMemory(create=True, size=4096)  # starts the resource tracker
