@@ -108,6 +108,10 @@ def test_every_process_and_folder_of_a_killed_job_is_gone_within_10_s(tmp_path, 
 
 def test_a_job_that_exits_leaving_children_running_leaves_nothing(tmp_path, base):
     proc, token, _ = _start(tmp_path, base)
-    os.kill(proc.pid, signal.SIGINT)
-    assert proc.wait(timeout=10) == 0
+    try:
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:  # a failed test leaves no job behind either (its watcher sweeps the rest)
+            proc.kill()
     _wait_empty(token, base)
