@@ -19,7 +19,7 @@ from nemo_orchestra.train.flops import slow_half_precision_warning
 from nemo_orchestra.train.memory_plan import memory_check
 from nemo_orchestra.train.metrics import MetricLogger
 from nemo_orchestra.train.policy import build_policy
-from nemo_orchestra.train.trainer import Trainer
+from nemo_orchestra.train.trainer import Trainer, close_loop
 from tools_env.task import load_jsonl
 
 log = logging.getLogger(__name__)
@@ -117,8 +117,7 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     try:
         return _build(cfg, info, tasks, client, loop)
     except BaseException:
-        loop.run_until_complete(client.aclose())
-        loop.close()
+        close_loop(loop, client)
         raise
 
 

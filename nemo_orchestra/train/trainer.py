@@ -467,11 +467,23 @@ class Trainer:
         try:
             self.stop_rollouts_ahead()
             self.logger.close()
-            self.loop.run_until_complete(self.client.aclose())
-            self.loop.close()
+            close_loop(self.loop, self.client)
         finally:  # engines with processes of their own (vllm) are shut down whatever happened before
             if self.engine is not None:
                 self.engine.close()
+
+
+def close_loop(loop: asyncio.AbstractEventLoop, client) -> None:
+    """Cancel what is still running on ``loop`` (a stop signal leaves a gather's other tasks pending),
+    let it finish, then close the client and the loop: a task closed with its loop would run its
+    clean-up on a closed loop and print a traceback for each."""
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.run_until_complete(client.aclose())
+    loop.close()
 
 
 def cosine_lr(peak: float, min_ratio: float, step: int, steps: int) -> float:
