@@ -46,20 +46,18 @@ def best_expected_accuracy(run_dir: str) -> float:
     import yaml
 
     from tools_env.config import ServiceConfig
+    from tools_env.task import load_jsonl
+    from tools_env.tools.experts import _pick
 
     with open(config_path) as f:
         service = ((yaml.safe_load(f) or {}).get("tools") or {}).get("service") or {}
     experts = ServiceConfig.from_dict(service).experts.simulated
-    total, n = 0.0, 0
-    with open(tasks_path) as f:
-        for line in filter(str.strip, f):
-            task = json.loads(line)
-            if task["category"] == "arithmetic" and "calculator" in task["tools"]:
-                total += 1.0
-            else:
-                total += max(e.accuracy.get(task["category"], e.accuracy["default"]) for e in experts.values())
-            n += 1
-    return total / n if n else math.nan
+    if not experts:  # endpoint experts: their accuracy is not known in advance
+        return math.nan
+    tasks = load_jsonl(tasks_path)
+    exact = [t.category == "arithmetic" and "calculator" in t.tools for t in tasks]
+    best = [1.0 if x else max(_pick(e.accuracy, t.category) for e in experts.values()) for t, x in zip(tasks, exact)]
+    return sum(best) / len(best) if best else math.nan
 
 
 def summary(run_dir: str) -> dict:

@@ -53,6 +53,7 @@ def test_best_expected_accuracy_from_the_heldout_tasks_and_the_run_experts(tmp_p
         {"category": "arithmetic", "tools": ["expert", "answer"]},  # no calculator: the best expert, 0.8
         {"category": "reasoning", "tools": ["expert", "answer"]},  # 0.6
     ]
+    tasks = [{"problem": "q", "answer": "a", **t} for t in tasks]
     (tmp_path / "seed-9" / "heldout.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
     expert = {"price_in": 1.0, "price_out": 1.0, "latency_s": {"default": [1, 2]}, "output_tokens": {"default": 10}}
     service = {
@@ -66,3 +67,11 @@ def test_best_expected_accuracy_from_the_heldout_tasks_and_the_run_experts(tmp_p
     (tmp_path / "seed-9" / "config.yaml").write_text(json.dumps({"tools": {"service": service}}))
     assert abs(summary(d)["best"] - (1.0 + 0.8 + 0.6) / 3) < 1e-9
     assert math.isnan(summary(_run(tmp_path, "no-tasks", 0.9, 0.86, 500.0))["best"])
+    endpoints = {
+        "experts": {
+            "simulated": {},
+            "endpoints": {"gpt": {"base_url": "http://h/v1", "model": "gpt", "price_in": 1.0, "price_out": 1.0}},
+        }
+    }
+    (tmp_path / "seed-9" / "config.yaml").write_text(json.dumps({"tools": {"service": endpoints}}))
+    assert math.isnan(summary(d)["best"])  # real experts: no accuracy known in advance
