@@ -219,6 +219,8 @@ class LossConfig:
     kl_coef: float = MISSING
     tis_cap: Optional[float] = MISSING  # truncated importance sampling cap on trainer/generator ratios; null: off
     minibatches: int = MISSING  # optimizer steps per batch of rollouts (each on 1/N of its trajectories)
+    lesson_coef: float = MISSING  # copy lessons in each GRPO step, their log-likelihood at this weight; 0: none
+    lesson_batch_size: int = MISSING  # copy lessons per step and data-parallel rank
 
     def validate(self) -> None:
         _check(self.clip_low > 0 and self.clip_high > 0, "loss.clip_low", "clip ranges must be > 0")
@@ -226,6 +228,8 @@ class LossConfig:
         _check(self.dual_clip is None or self.dual_clip > 1, "loss.dual_clip", "must be null or > 1")
         _check(self.kl_coef >= 0, "loss.kl_coef", "must be >= 0")
         _check(self.tis_cap is None or self.tis_cap > 0, "loss.tis_cap", "must be null or > 0")
+        _check(self.lesson_coef >= 0, "loss.lesson_coef", "must be >= 0")
+        _check(self.lesson_batch_size >= 0, "loss.lesson_batch_size", "must be >= 0")
 
 
 @dataclass

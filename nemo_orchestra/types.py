@@ -78,6 +78,7 @@ class PackedBatch:
     max_seqlen: int
     traj_index_B: list[int] = field(default_factory=list)  # which input trajectory each sequence is (-1: padding)
     gen_logprobs_T: torch.Tensor | None = None  # float32, the generator's logprob of each target (0: not generated)
+    lesson_T: torch.Tensor | None = None  # float32, 1 on the targets of copy lessons (written, not sampled)
 
     @property
     def num_tokens(self) -> int:

@@ -40,7 +40,7 @@ def pack(
 def _pack_one(
     trajs: Sequence[Trajectory], index: list[int], pad_to_multiple: int, pad_to_length: int | None = None
 ) -> PackedBatch:
-    ids, pos, tgt, mask, adv, gen, cu = [], [], [], [], [], [], [0]
+    ids, pos, tgt, mask, adv, gen, les, cu = [], [], [], [], [], [], [], [0]
     for t in trajs:
         n = len(t.token_ids)
         ids += t.token_ids
@@ -50,6 +50,7 @@ def _pack_one(
         mask += t.loss_mask[1:] + [0]
         gen += t.gen_logprobs[1:] + [0.0]  # shifted like the mask: the logprob of each target
         adv += [t.advantage] * n
+        les += [float(bool(t.meta.get("lesson")))] * n
         cu.append(cu[-1] + n)
     pad = max(pad_to_length or 0, len(ids)) - len(ids)
     pad += (-(len(ids) + pad)) % pad_to_multiple
@@ -62,6 +63,7 @@ def _pack_one(
         mask += [0] * n
         gen += [0.0] * n
         adv += [0.0] * n
+        les += [0.0] * n
         cu.append(cu[-1] + n)
         index.append(-1)
         pad -= n
@@ -79,6 +81,7 @@ def _pack_one(
         max_seqlen=max(lens) if lens else 0,
         traj_index_B=list(index),
         gen_logprobs_T=torch.tensor(gen, dtype=torch.float32),
+        lesson_T=torch.tensor(les, dtype=torch.float32),
     )
 
 
@@ -97,4 +100,5 @@ def padding_pack(length: int, multiple: int = 1) -> PackedBatch:
         max_seqlen=T,
         traj_index_B=[-1],
         gen_logprobs_T=torch.zeros(T),
+        lesson_T=torch.zeros(T),
     )

@@ -63,22 +63,29 @@ def grpo_loss_fn(loss_cfg: LossConfig):
     (``loss.minibatches=1``) the policy that sampled them (as the trainer computes it) is the policy
     being updated, so a separate forward pass would give the same numbers (the ratio is 1 either
     way; TRL's GRPO trainer does the same when it takes one step per generation). Also reports
-    ``rollout/logprob_mismatch``, mean |trainer - generator| logprob over generated tokens."""
+    ``rollout/logprob_mismatch``, mean |trainer - generator| logprob over generated tokens.
+
+    Copy lessons in the pack (``lesson_T``, ``loss.lesson_coef``) carry their coefficient as the
+    advantage, so their term is that multiple of their log-likelihood's gradient; nothing sampled
+    them, so they take no importance weight and stay out of the mismatch."""
 
     def fn(lp_T: torch.Tensor, batch: PackedBatch):
         dev = lp_T.device
         old = lp_T.detach() if batch.old_logprobs_T is None else batch.old_logprobs_T.to(dev)
+        mask = batch.loss_mask_T.to(dev)
+        sampled = mask if batch.lesson_T is None else mask * (1.0 - batch.lesson_T.to(dev))
         weights = None
         if loss_cfg.tis_cap is not None:
             assert batch.gen_logprobs_T is not None, "loss.tis_cap needs the generator's logprobs in the pack"
             weights = tis_weights(old, batch.gen_logprobs_T.to(dev), loss_cfg.tis_cap)
-        mask = batch.loss_mask_T.to(dev)
+            if batch.lesson_T is not None:
+                weights = torch.where(batch.lesson_T.to(dev) > 0, torch.ones_like(weights), weights)
         loss_sum, n, metrics = policy_loss(
             lp_T, old, batch.ref_logprobs_T.to(dev), batch.advantages_T.to(dev), mask, loss_cfg, is_weights_T=weights
         )
         if batch.gen_logprobs_T is not None:
             gap = (old - batch.gen_logprobs_T.to(dev)).abs()
-            metrics["rollout/logprob_mismatch"] = (gap * mask).sum() / mask.sum().clamp_min(1.0)
+            metrics["rollout/logprob_mismatch"] = (gap * sampled).sum() / sampled.sum().clamp_min(1.0)
         return loss_sum, n, metrics
 
     return fn

@@ -16,7 +16,7 @@ import os
 import random
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -280,6 +280,8 @@ class Trainer:
         self.write_samples(trajs)
         fresh, stale_metrics = self.drop_stale(trajs)
         kept, metrics = assign_advantages(fresh, self.cfg.advantage, self.policy.device)
+        kept = interleave(kept, self.step_lessons(self.step))  # lessons in every minibatch of the update
+        metrics["train/lessons"] = float(sum(bool(t.meta.get("lesson")) for t in kept))
         metrics.update(stale_metrics)
         metrics.update(rollout_metrics(trajs))
         t1 = time.perf_counter()
@@ -324,6 +326,20 @@ class Trainer:
             }
         )
         return metrics
+
+    def step_lessons(self, step: int) -> list[Trajectory]:
+        """``loss.lesson_batch_size`` of the warm start's copy lessons for this step and data-parallel
+        rank (none with ``loss.lesson_coef`` 0 or a run without lessons), each with the coefficient as
+        its advantage: the update adds that multiple of their log-likelihood's gradient. Their calls
+        are trained, not their plans, so they hold the call format and the copying that the plans'
+        updates would otherwise wear away, without pulling the choice of tool. Drawn from
+        (seed, step, rank), so a resumed run draws the same."""
+        coef, n = self.cfg.loss.lesson_coef, self.cfg.loss.lesson_batch_size
+        if coef <= 0 or n <= 0 or not self.copy_lessons:
+            return []
+        rng = random.Random(f"{self.cfg.run.seed}/lessons/{step}/{self.dp_rank}")
+        picked = rng.sample(self.copy_lessons, min(n, len(self.copy_lessons)))
+        return [replace(t, advantage=coef, meta={**t.meta, "lesson": True}) for t in picked]
 
     def write_samples(self, trajs: list[Trajectory], n: int = 2) -> None:
         """A few decoded rollouts per step in ``samples.jsonl``, to read what the policy does."""
@@ -484,6 +500,14 @@ def close_loop(loop: asyncio.AbstractEventLoop, client) -> None:
         loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.run_until_complete(client.aclose())
     loop.close()
+
+
+def interleave(a: list, b: list) -> list:
+    """``a`` and ``b`` merged, each in its order, spread evenly over the result."""
+    keyed = [((i + 0.5) / len(a), 0, x) for i, x in enumerate(a)] + [
+        ((j + 0.5) / len(b), 1, y) for j, y in enumerate(b)
+    ]
+    return [x for _, _, x in sorted(keyed, key=lambda k: k[:2])]
 
 
 def cosine_lr(peak: float, min_ratio: float, step: int, steps: int) -> float:

@@ -41,7 +41,16 @@ def reward_cfg(
 
 
 def loss_cfg(**kw) -> LossConfig:
-    base = dict(clip_low=0.2, clip_high=0.28, dual_clip=10.0, kl_coef=0.0, tis_cap=None, minibatches=1)
+    base = dict(
+        clip_low=0.2,
+        clip_high=0.28,
+        dual_clip=10.0,
+        kl_coef=0.0,
+        tis_cap=None,
+        minibatches=1,
+        lesson_coef=0.0,
+        lesson_batch_size=0,
+    )
     base.update(kw)
     return LossConfig(**base)
 

@@ -19,6 +19,7 @@ from nemo_orchestra.train.step import (
     forward_backward,
     grpo_loss_fn,
     reference_logprobs,
+    sft_loss_fn,
     train_step,
 )
 from tests.unit.helpers import loss_cfg, traj
@@ -45,7 +46,7 @@ def policy():
     return p
 
 
-def _batch(policy):
+def _batch(policy, extra=()):
     g = torch.Generator().manual_seed(0)
     trajs = []
     for k, adv in enumerate((1.5, -0.7, 0.3)):
@@ -54,7 +55,7 @@ def _batch(policy):
         t.advantage = adv
         t.gen_logprobs = [0.0] * 5 + (-torch.rand(n - 5, generator=g) * 3).tolist()
         trajs.append(t)
-    (b,) = pack(trajs, capacity=128)
+    (b,) = pack(trajs + list(extra), capacity=128)
     b.ref_logprobs_T = reference_logprobs(policy, [b])[0]
     return b
 
@@ -84,6 +85,30 @@ def test_own_forward_old_logprobs_equal_a_separate_pass(policy, tis_cap):
     stale = dataclasses.replace(separate, old_logprobs_T=separate.old_logprobs_T - 0.3 * on_policy.loss_mask_T)
     g_stale, _ = _grads(policy, stale, cfg)
     assert max(float((a - b).abs().max()) for a, b in zip(g_own, g_stale)) > 1e-4
+
+
+@pytest.mark.parametrize("tis_cap", [None, 2.0])
+def test_a_copy_lesson_in_the_pack_adds_its_log_likelihood_gradient_at_the_coefficient(policy, tis_cap):
+    """``loss.lesson_coef``: a lesson packed beside rollouts, its coefficient as the advantage, adds
+    coef x the gradient of its log-likelihood (what the warm start trains), and the step stays a
+    mean over all loss tokens. Nothing sampled it: no importance weight (its generator logprobs are
+    0, so a weight would shrink it) and no share in the logprob mismatch."""
+    coef = 0.5
+    g = torch.Generator().manual_seed(3)
+    lesson = traj(ids=torch.randint(1, VOCAB, (14,), generator=g).tolist(), mask=[0] * 6 + [1] * 8)
+    lesson.advantage, lesson.meta["lesson"] = coef, True
+    cfg = loss_cfg(tis_cap=tis_cap)
+    g_mix, m_mix = _grads(policy, _batch(policy, extra=[lesson]), cfg)
+    rollouts = _batch(policy)
+    g_roll, m_roll = _grads(policy, rollouts, cfg)
+    (alone,) = pack([lesson], capacity=128)
+    forward_backward(policy, [alone], sft_loss_fn)
+    g_nll = [p.main_grad.clone() for p in policy.model.parameters()]
+    n_roll, n_les = float(rollouts.loss_mask_T.sum()), float(alone.loss_mask_T.sum())
+    expected = [(n_roll * a + coef * n_les * b) / (n_roll + n_les) for a, b in zip(g_roll, g_nll)]
+    assert max(float((a - b).abs().max()) for a, b in zip(g_mix, expected)) < 1e-6
+    assert max(float((a - b).abs().max()) for a, b in zip(g_mix, g_roll)) > 1e-4  # the lesson counts
+    assert float(m_mix["rollout/logprob_mismatch"]) == pytest.approx(float(m_roll["rollout/logprob_mismatch"]))
 
 
 def test_reset_optimizer_state_makes_the_next_step_a_first_adam_step(policy):

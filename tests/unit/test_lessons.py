@@ -1,0 +1,60 @@
+"""Copy lessons in GRPO steps (loss.lesson_coef): which lessons a step draws, where they go in the
+update's batch, and the config keys."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from nemo_orchestra.config import ConfigError, load_config
+from nemo_orchestra.train.packing import pack
+from nemo_orchestra.train.trainer import Trainer, interleave
+from tests.unit.helpers import traj
+
+
+def _trainer(coef, n, lessons, seed=1234, dp_rank=0):
+    cfg = load_config([f"loss.lesson_coef={coef}", f"loss.lesson_batch_size={n}", f"run.seed={seed}"])
+    return SimpleNamespace(cfg=cfg, dp_rank=dp_rank, copy_lessons=lessons)
+
+
+def _lessons(k=40):
+    return [traj(ids=[1, 2, 3, 4 + i], mask=[0, 0, 1, 1]) for i in range(k)]
+
+
+def test_a_step_draws_its_lessons_from_seed_step_and_rank_with_the_coefficient_as_advantage():
+    lessons = _lessons()
+    step = lambda s, **kw: Trainer.step_lessons(_trainer(0.5, 8, lessons, **kw), s)  # noqa: E731
+    drawn = step(3)
+    assert len(drawn) == 8 and all(t.advantage == 0.5 and t.meta["lesson"] for t in drawn)
+    assert [t.token_ids for t in drawn] == [t.token_ids for t in step(3)]  # a resumed run draws the same
+    assert [t.token_ids for t in drawn] != [t.token_ids for t in step(4)]
+    assert [t.token_ids for t in drawn] != [t.token_ids for t in step(3, dp_rank=1)]
+    assert all(t.advantage == 0.0 and "lesson" not in t.meta for t in lessons)  # the warm start's own untouched
+    (b,) = pack(drawn[:1] + lessons[:1], capacity=16)
+    assert b.lesson_T.tolist() == [1.0] * 4 + [0.0] * 4
+
+
+@pytest.mark.parametrize("coef,n,lessons", [(0.0, 8, _lessons()), (1.0, 0, _lessons()), (1.0, 8, [])])
+def test_no_lessons_when_off_or_when_the_run_has_none(coef, n, lessons):
+    assert Trainer.step_lessons(_trainer(coef, n, lessons), 1) == []
+
+
+def test_at_most_the_lessons_there_are():
+    assert len(Trainer.step_lessons(_trainer(1.0, 8, _lessons(3)), 1)) == 3
+
+
+def test_lessons_are_spread_over_the_batch_so_every_minibatch_gets_some():
+    merged = interleave(list("abcdefgh"), [1, 2])
+    assert [x for x in merged if isinstance(x, str)] == list("abcdefgh") and [x for x in merged if x in (1, 2)] == [
+        1,
+        2,
+    ]
+    assert merged.index(1) < 4 <= merged.index(2)  # one in each half (loss.minibatches=2)
+    assert interleave([], [1, 2]) == [1, 2] and interleave(["a"], []) == ["a"]
+
+
+def test_config_keys():
+    cfg = load_config([])
+    assert cfg.loss.lesson_coef >= 0 and cfg.loss.lesson_batch_size > 0
+    for bad in ("loss.lesson_coef=-1", "loss.lesson_batch_size=-2"):
+        with pytest.raises(ConfigError, match=bad.split("=")[0]):
+            load_config([bad])
