@@ -1,6 +1,7 @@
 """The scripted warm start's choices: valid for the tools each task offers, a clear error otherwise."""
 
 import random
+import re
 
 import pytest
 
@@ -110,11 +111,19 @@ def test_copy_lessons_train_the_calls_but_not_the_plans():
 def test_copy_tasks_vary_the_length_of_what_is_copied():
     from nemo_orchestra.data.default_tasks import CATEGORIES, copy_tasks
 
-    tasks = copy_tasks(300, seed=5)
-    assert [t.category for t in tasks[:3]] == list(CATEGORIES) and len({t.id for t in tasks}) == 300
-    lengths = {len(t.answer) for t in tasks if t.category == "arithmetic"}
+    tasks = copy_tasks(600, seed=5)
+    assert [t.category for t in tasks[:3]] == list(CATEGORIES) and len({t.id for t in tasks}) == 600
+    arithmetic = [t for t in tasks if t.category == "arithmetic"]
+    lengths = {len(t.answer) for t in arithmetic}
     assert min(lengths) == 1 and max(lengths) >= 7 and any(t.answer.startswith("-") for t in tasks)
-    assert all("calculator" in t.tools for t in tasks if t.category == "arithmetic")
+    assert all("calculator" in t.tools for t in arithmetic)
+    # half keep the default set's operands, so its negatives and 4-digit products are copied as often
+    # as the held-out tasks have them
+    operands = [tuple(map(int, re.match(r"What is (\d+) [-+*] (\d+)\?", t.problem).groups())) for t in arithmetic]
+    default_shaped = [t for t, (a, b) in zip(arithmetic, operands) if 10 <= a <= 99 and 2 <= b <= 99]
+    assert len(default_shaped) >= len(arithmetic) // 2
+    assert sum(t.answer.startswith("-") for t in default_shaped) >= 10
+    assert sum(len(t.answer) == 4 and t.answer[0] != "-" for t in default_shaped) >= 10
 
 
 def test_copy_lessons_with_a_task_file_are_refused_naming_the_key():
