@@ -47,7 +47,7 @@ def best_expected_accuracy(run_dir: str) -> float:
 
     from tools_env.config import ServiceConfig
     from tools_env.task import load_jsonl
-    from tools_env.tools.experts import _pick
+    from tools_env.config import for_category
 
     with open(config_path) as f:
         service = ((yaml.safe_load(f) or {}).get("tools") or {}).get("service") or {}
@@ -56,7 +56,9 @@ def best_expected_accuracy(run_dir: str) -> float:
         return math.nan
     tasks = load_jsonl(tasks_path)
     exact = [t.category == "arithmetic" and "calculator" in t.tools for t in tasks]
-    best = [1.0 if x else max(_pick(e.accuracy, t.category) for e in experts.values()) for t, x in zip(tasks, exact)]
+    best = [
+        1.0 if x else max(for_category(e.accuracy, t.category) for e in experts.values()) for t, x in zip(tasks, exact)
+    ]
     return sum(best) / len(best) if best else math.nan
 
 

@@ -140,6 +140,11 @@ class SimulatedExpertConfig:
         return cls(**kw)
 
 
+def for_category(per_category: dict[str, Any], category: str) -> Any:
+    """A per-category setting's value for ``category``, or its ``default``."""
+    return per_category.get(category, per_category["default"])
+
+
 @dataclass
 class EndpointExpertConfig:
     """An OpenAI-compatible chat endpoint (vLLM, NIM, a hosted API)."""

@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from tools_env.config import EndpointExpertConfig, ExpertsConfig, SimulatedExpertConfig
+from tools_env.config import EndpointExpertConfig, ExpertsConfig, SimulatedExpertConfig, for_category
 from tools_env.tools.base import EpisodeContext, Tool, ToolResult, register_tool
 from tools_env.verify import normalize_answer, parse_number
 
@@ -144,10 +144,6 @@ def _states(observation: str, gold: str) -> bool:
     return re.search(rf"(?<![\w.]){re.escape(gold)}(?![\w]|\.\d)", normalize_answer(observation)) is not None
 
 
-def _pick(per_category: dict[str, Any], category: str) -> Any:
-    return per_category.get(category, per_category["default"])
-
-
 @register_tool
 class Expert(Tool):
     name = "expert"
@@ -181,7 +177,7 @@ class Expert(Tool):
 
     def _latency_hint(self, alias: str, category: str) -> str:
         if alias in self.experts.simulated:
-            lo, hi = _pick(self.experts.simulated[alias].latency_s, category)
+            lo, hi = for_category(self.experts.simulated[alias].latency_s, category)
             return f"{(lo + hi) / 2:.1f}"
         hint = self.experts.endpoints[alias].latency_hint_s
         return "?" if hint is None else f"{hint:.1f}"
@@ -222,13 +218,13 @@ class Expert(Tool):
     ) -> ToolResult:
         task, category = ctx.task, ctx.task.category
         rng = random.Random(f"{self.seed}|{task.id}|{ctx.turn}|{task.meta.get('seed', '')}")
-        correct = rng.random() < _pick(sim.accuracy, category) or evidence
+        correct = rng.random() < for_category(sim.accuracy, category) or evidence
         answer = task.answer if correct else wrong_answer(task.answer, rng)
-        lo, hi = _pick(sim.latency_s, category)
+        lo, hi = for_category(sim.latency_s, category)
         latency = lo if lo == hi else rng.uniform(lo, hi)
         usage = {
             "prompt_tokens": len(query) // 4 + sim.prompt_overhead_tokens,
-            "completion_tokens": _pick(sim.output_tokens, category),
+            "completion_tokens": for_category(sim.output_tokens, category),
         }
         p_in, p_out = self._prices(alias, ctx)
         cost = (usage["prompt_tokens"] * p_in + usage["completion_tokens"] * p_out) / 1e6
