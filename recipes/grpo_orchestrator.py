@@ -47,7 +47,8 @@ def main(argv: list[str]) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))  # before Megatron and vLLM are imported
-    return rc.guarded(lambda: train(cfg, stop), cfg.run.output_dir)  # the folder lock; one line at the end
+    # the folder lock; one line at the end
+    return rc.guarded(lambda: train(cfg, stop), cfg.run.output_dir, stop, cfg.run.max_restarts)
 
 
 def train(cfg, stop: rc.StopSignals) -> int:

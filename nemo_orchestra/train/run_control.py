@@ -385,16 +385,23 @@ def stop_line(signum: int, step: int, ckpt_root: str, in_flight: bool) -> str:
 def stopped(stop: StopSignals, step: int, ckpt_root: str, max_restarts: int) -> int:
     """The line and exit code of a run stopped after a step (its checkpoint written)."""
     log.warning("%s", stop_line(stop.signum, step, ckpt_root, in_flight=False))
-    if stop.preempted and request_requeue(max_restarts):
+    return stop_code(stop.signum, stop.preempted, max_restarts)
+
+
+def stop_code(signum: int, preempted: bool, max_restarts: int) -> int:
+    """REQUEUE_EXIT for the preempt signal while restarts are left (the relaunch resumes from the
+    last checkpoint, or starts afresh without one), else 128 + the signal."""
+    if preempted and request_requeue(max_restarts):
         log.warning("asking to be requeued (restart %d of run.max_restarts=%d)", restart_count() + 1, max_restarts)
         return REQUEUE_EXIT
-    return 128 + stop.signum
+    return 128 + signum
 
 
-def guarded(run, output_dir: str) -> int:
+def guarded(run, output_dir: str, stop: StopSignals | None = None, max_restarts: int = 0) -> int:
     """``run()`` holding the folder lock (on rank 0); however it ends, one line and an exit code:
     1 a full disk or an error (its traceback in ``output_dir/traceback.txt``), 2 the folder in use
-    or no intact checkpoint, 128+N a signal outside a GRPO step."""
+    or no intact checkpoint; a signal outside a GRPO step (the warm start, the evaluation, the
+    export): REQUEUE_EXIT for ``stop``'s preempt signal while ``max_restarts`` allows, else 128+N."""
     import traceback
     from contextlib import nullcontext
 
@@ -413,7 +420,7 @@ def guarded(run, output_dir: str) -> int:
             checkpoint_named(os.path.join(output_dir, "checkpoints")),
             resume_command(),
         )
-        return 128 + e.signum
+        return stop_code(e.signum, stop is not None and e.signum == stop.preempt, max_restarts)
     except Exception as e:
         path = os.path.join(output_dir, "traceback.txt")
         with open(path, "w") as f:

@@ -189,7 +189,10 @@ def test_three_interruptions_end_with_the_uninterrupted_weights(tmp_path):
     assert code == 0, text[-3000:]
     assert f"at step {killed_at}" in text
     assert "took over the lock" in text  # the killed launch's lock
-    assert "stopped by SIGUSR1 after step" in text and "requeue_local: relaunching (restart 1)" in text
+    # after a step, or after the last one (during the export) when the draws leave no step between
+    outside = "stopped by SIGUSR1 outside a GRPO step" in text
+    assert "stopped by SIGUSR1 after step" in text or outside, text[-3000:]
+    assert "requeue_local: relaunching (restart 1)" in text
     assert baseline.wait(timeout=300) == 0, (tmp_path / "base.txt").read_text()[-3000:]
 
     rows, expected = _rows(out), _expected_order(MAX_STEPS)

@@ -325,3 +325,28 @@ def test_ranks_agree_on_stopping_and_saving(tmp_path):
 
     mp.spawn(_agree_rank, args=(f"file://{tmp_path / 'store'}", str(tmp_path)), nprocs=2)
     assert [json.loads((tmp_path / f"rank{r}").read_text()) for r in (0, 1)] == [[True, True], [True, True]]
+
+
+@pytest.mark.parametrize(
+    "signum, restarts, code",
+    [
+        (signal.SIGUSR1, "0", rc.REQUEUE_EXIT),  # the preempt signal in the warm start, evaluation or export
+        (signal.SIGUSR1, "3", 128 + signal.SIGUSR1),  # run.max_restarts reached
+        (signal.SIGTERM, "0", 128 + signal.SIGTERM),  # a plain stop is not requeued
+    ],
+)
+def test_a_signal_outside_a_grpo_step_requeues_only_for_the_preempt_signal(
+    tmp_path, monkeypatch, caplog, signum, restarts, code
+):
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    monkeypatch.setenv(rc.RESTARTS_ENV, restarts)
+    stop = rc.StopSignals(preempt=signal.SIGUSR1)
+
+    def run():
+        raise rc.StopNow(signum)
+
+    with caplog.at_level(logging.WARNING):
+        assert rc.guarded(run, str(tmp_path / "run"), stop, max_restarts=3) == code
+    assert f"stopped by {signal.Signals(signum).name} outside a GRPO step" in caplog.text
+    assert ("asking to be requeued" in caplog.text) == (code == rc.REQUEUE_EXIT)
+    assert rc.guarded(run, str(tmp_path / "run")) == 128 + signum  # no stop signals given: never requeued
