@@ -45,9 +45,8 @@ def best_expected_accuracy(run_dir: str) -> float:
         return math.nan
     import yaml
 
-    from tools_env.config import ServiceConfig
+    from tools_env.config import ServiceConfig, for_category
     from tools_env.task import load_jsonl
-    from tools_env.config import for_category
 
     with open(config_path) as f:
         service = ((yaml.safe_load(f) or {}).get("tools") or {}).get("service") or {}

@@ -73,13 +73,14 @@ def grpo_loss_fn(loss_cfg: LossConfig):
         dev = lp_T.device
         old = lp_T.detach() if batch.old_logprobs_T is None else batch.old_logprobs_T.to(dev)
         mask = batch.loss_mask_T.to(dev)
-        sampled = mask if batch.lesson_T is None else mask * (1.0 - batch.lesson_T.to(dev))
+        lesson = None if batch.lesson_T is None else batch.lesson_T.to(dev)
+        sampled = mask if lesson is None else mask * (1.0 - lesson)
         weights = None
         if loss_cfg.tis_cap is not None:
             assert batch.gen_logprobs_T is not None, "loss.tis_cap needs the generator's logprobs in the pack"
             weights = tis_weights(old, batch.gen_logprobs_T.to(dev), loss_cfg.tis_cap)
-            if batch.lesson_T is not None:
-                weights = torch.where(batch.lesson_T.to(dev) > 0, torch.ones_like(weights), weights)
+            if lesson is not None:
+                weights = torch.where(lesson > 0, torch.ones_like(weights), weights)
         loss_sum, n, metrics = policy_loss(
             lp_T, old, batch.ref_logprobs_T.to(dev), batch.advantages_T.to(dev), mask, loss_cfg, is_weights_T=weights
         )

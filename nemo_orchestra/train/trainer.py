@@ -280,8 +280,9 @@ class Trainer:
         self.write_samples(trajs)
         fresh, stale_metrics = self.drop_stale(trajs)
         kept, metrics = assign_advantages(fresh, self.cfg.advantage, self.policy.device)
-        kept = interleave(kept, self.step_lessons(self.step))  # lessons in every minibatch of the update
-        metrics["train/lessons"] = float(sum(bool(t.meta.get("lesson")) for t in kept))
+        lessons = self.step_lessons(self.step)
+        kept = interleave(kept, lessons)  # lessons in every minibatch of the update
+        metrics["train/lessons"] = float(len(lessons))
         metrics.update(stale_metrics)
         metrics.update(rollout_metrics(trajs))
         t1 = time.perf_counter()
