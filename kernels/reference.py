@@ -36,10 +36,11 @@ def varlen_attention_ref(
         x.transpose(0, 1).repeat_interleave(rep, dim=0) if rep > 1 else x.transpose(0, 1) for x in (k_THD, v_THD)
     )
     outs, lses = [], []
-    for s, e in zip(cu[:-1], cu[1:]):
-        if e == s:
+    # split, not a slice per sequence: a slice's backward writes a zero tensor of the whole pack
+    lens = [e - s for s, e in zip(cu[:-1], cu[1:])]
+    for q_HLD, k_HLD, v_HLD in zip(*(x.split(lens, dim=1) for x in (q_HTD, k_HTD, v_HTD))):
+        if q_HLD.shape[1] == 0:
             continue
-        q_HLD, k_HLD, v_HLD = q_HTD[:, s:e], k_HTD[:, s:e], v_HTD[:, s:e]
         # a batch dimension of 1: 3-D inputs fall back to SDPA's math path (8x slower on CPU)
         o_HLD = F.scaled_dot_product_attention(q_HLD[None], k_HLD[None], v_HLD[None], is_causal=causal, scale=scale)[0]
         outs.append(o_HLD.transpose(0, 1))
@@ -47,6 +48,50 @@ def varlen_attention_ref(
             lses.append(_lse(q_HLD, k_HLD, scale, causal))
     out_THD = torch.cat(outs, dim=0)
     return out_THD, (torch.cat(lses, dim=1) if return_lse else None)
+
+
+def prefix_attention_ref(q_THD, k_THD, v_THD, cu_seqlens_B1, prefix_B, *, softmax_scale=None):
+    """Causal attention over packed sequences, where sequence b may continue sequence ``prefix_B[b]``
+    (-1: none): its tokens attend to all of that sequence's tokens and causally to their own, as if
+    the prefix were written in front of it (a prompt shared by several continuations, packed once:
+    ``nemo_orchestra/train/packing.py``). A prefix sequence attends causally to itself and continues
+    none. Shapes and heads as in ``varlen_attention_ref``; returns out_THD. One SDPA call per
+    sequence, a continuation's with its prefix's keys and values in front and a bottom-right causal
+    mask. Differentiable by autograd: a prefix's keys and values get every continuation's gradient.
+    """
+    cu = check_varlen_inputs(q_THD, k_THD, v_THD, cu_seqlens_B1, q_THD.shape[0])
+    if len(prefix_B) != len(cu) - 1:
+        raise ValueError(f"prefix_B must name one prefix per sequence ({len(cu) - 1}), got {len(prefix_B)}")
+    for b, p in enumerate(prefix_B):
+        if p >= 0 and (p >= len(prefix_B) or p == b or prefix_B[p] >= 0):
+            raise ValueError(f"sequence {b}: prefix {p} is not another sequence without a prefix of its own")
+    T, Hq, D = q_THD.shape
+    rep = Hq // k_THD.shape[1]
+    scale = D**-0.5 if softmax_scale is None else float(softmax_scale)
+    q_HTD = q_THD.transpose(0, 1)
+    k_HTD, v_HTD = (
+        x.transpose(0, 1).repeat_interleave(rep, dim=0) if rep > 1 else x.transpose(0, 1) for x in (k_THD, v_THD)
+    )
+    lens = [e - s for s, e in zip(cu[:-1], cu[1:])]
+    qs, ks, vs = (x.split(lens, dim=1) for x in (q_HTD, k_HTD, v_HTD))  # split: see varlen_attention_ref
+    outs = []
+    for b, p in enumerate(prefix_B):
+        n = lens[b]
+        if n == 0:
+            continue
+        if p < 0:
+            o_HLD = F.scaled_dot_product_attention(qs[b][None], ks[b][None], vs[b][None], is_causal=True, scale=scale)[
+                0
+            ]
+        else:
+            k_HKD, v_HKD = torch.cat([ks[p], ks[b]], dim=1), torch.cat([vs[p], vs[b]], dim=1)
+            # query i (of n) sees the lens[p] prefix keys and its own keys 0..i
+            visible = torch.ones(n, lens[p] + n, dtype=torch.bool, device=q_THD.device).tril_(lens[p])
+            o_HLD = F.scaled_dot_product_attention(
+                qs[b][None], k_HKD[None], v_HKD[None], attn_mask=visible, scale=scale
+            )[0]
+        outs.append(o_HLD.transpose(0, 1))
+    return torch.cat(outs, dim=0) if outs else q_THD.clone()
 
 
 def _lse(q_HLD, k_HLD, scale, causal):

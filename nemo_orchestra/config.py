@@ -296,6 +296,7 @@ class ReferenceConfig:
 @dataclass
 class PerfConfig:
     peak_tflops: Optional[float] = MISSING  # per device, for perf/mfu; null: look the device up in flops.py
+    share_prompts: Optional[bool] = MISSING  # a group's common prompt once per pack; null: unless attention is te
 
     def validate(self) -> None:
         _check(self.peak_tflops is None or self.peak_tflops > 0, "perf.peak_tflops", "must be null or > 0")
@@ -388,6 +389,12 @@ class Config:
             "parallel.tp",
             f"must divide model.num_query_groups ({m.num_query_groups}) and model.ffn_hidden_size",
         )
+        _check(
+            not (self.perf.share_prompts and m.attention_backend == "te"),
+            "perf.share_prompts",
+            "needs model.attention_backend torch, triton or auto (TransformerEngine's attention takes no "
+            "shared prompt): set perf.share_prompts=false or null",
+        )
         r = self.rollout
         _check(
             r.max_staleness == 0 or self.loss.tis_cap is not None,
@@ -408,6 +415,13 @@ class Config:
             "data.train_path",
         )
         return self
+
+    @property
+    def share_prompts(self) -> bool:
+        """Whether packs hold a group's common prompt once (``perf.share_prompts``; null: unless the
+        attention backend is TransformerEngine's, which cannot attend across sequences)."""
+        share = self.perf.share_prompts
+        return self.model.attention_backend != "te" if share is None else bool(share)
 
 
 def _read_yaml(path: Path):

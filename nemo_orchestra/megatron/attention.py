@@ -7,11 +7,18 @@ place. Shapes (legend): T total tokens in the pack, Hq query heads, Hkv key/valu
 - ``torch``: ``kernels.reference.varlen_attention_ref`` (SDPA per sequence; the CPU path).
 - ``triton``: ``kernels.varlen_attention`` (flash-attention-style Triton kernel; CUDA).
 - ``te``: TransformerEngine's ``TEDotProductAttention`` is selected in the layer spec instead.
+
+A pack with shared prompts (``SharedPromptParams.prefix_B``, ``perf.share_prompts``) runs
+``kernels.reference.prefix_attention_ref`` on either of our backends: a continuation attends to its
+prompt's keys and to its own, causally.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.module import MegatronModule
 
 from nemo_orchestra.config import ATTENTION_BACKENDS
@@ -23,6 +30,14 @@ def resolve_attention_backend(name: str) -> str:
     if name == "auto":
         return "triton" if torch.cuda.is_available() else "torch"
     return name
+
+
+@dataclass
+class SharedPromptParams(PackedSeqParams):
+    """Megatron's THD parameters and, per sequence, the index of the shared prompt it continues
+    (``PackedBatch.prefix_B``; None: no sequence continues another)."""
+
+    prefix_B: list[int] | None = None
 
 
 class PackedCoreAttention(MegatronModule):
@@ -56,6 +71,14 @@ class PackedCoreAttention(MegatronModule):
             out_TND = self._attend(q_TND, k_TND, v_TND, cu_seqlens, s)
             return out_TND.reshape(b, s, -1).transpose(0, 1).contiguous()
         assert packed_seq_params.qkv_format == "thd"
+        prefix_B = getattr(packed_seq_params, "prefix_B", None)
+        if prefix_B is not None:
+            from kernels.reference import prefix_attention_ref
+
+            out_TND = prefix_attention_ref(
+                query, key, value, packed_seq_params.cu_seqlens_q, prefix_B, softmax_scale=self.softmax_scale
+            )
+            return out_TND.reshape(out_TND.shape[0], -1)
         out_TND = self._attend(query, key, value, packed_seq_params.cu_seqlens_q, packed_seq_params.max_seqlen_q)
         return out_TND.reshape(out_TND.shape[0], -1)
 

@@ -24,21 +24,22 @@ from nemo_orchestra.types import PackedBatch
 
 
 def packed_params(batch: PackedBatch, device):
-    from megatron.core.packed_seq_params import PackedSeqParams
+    from nemo_orchestra.megatron.attention import SharedPromptParams
 
     cu = batch.cu_seqlens_B1.to(device)
-    return PackedSeqParams(
+    return SharedPromptParams(
         qkv_format="thd",
         cu_seqlens_q=cu,
         cu_seqlens_kv=cu,
         max_seqlen_q=batch.max_seqlen,
         max_seqlen_kv=batch.max_seqlen,
+        prefix_B=batch.prefix_B,
     )
 
 
 def packed_forward(m, batch: PackedBatch, device, rows_N: torch.Tensor | None = None):
     """The pack's logits [1, T, V_r]; with ``rows_N`` only those positions' [1, N, V_r] (``logits_at``)."""
-    with logits_at(m, rows_N):
+    with logits_at(m, rows_N), rope_at_positions(m, batch, device):
         return m(
             batch.input_ids_T[None].to(device),
             batch.position_ids_T[None].to(device),
@@ -47,15 +48,42 @@ def packed_forward(m, batch: PackedBatch, device, rows_N: torch.Tensor | None = 
         )
 
 
+def _submodule(m, name: str):
+    while not hasattr(m, name) and hasattr(m, "module"):
+        m = m.module
+    return getattr(m, name, None)
+
+
+@contextmanager
+def rope_at_positions(m, batch: PackedBatch, device):
+    """Within: rotary embeddings at the pack's ``position_ids_T``, token by token, for a pack with shared
+    prompts (``prefix_B``), whose continuations start at the prompt's length, not at 0. Megatron's RoPE
+    otherwise restarts at each sequence of ``cu_seqlens``; given one frequency row per token of the pack
+    (its length T), it applies row i to token i. Nothing changes for other packs."""
+    rope = _submodule(m, "rotary_pos_emb")
+    if batch.prefix_B is None or rope is None:
+        yield
+        return
+    positions_T = batch.position_ids_T.to(device)
+    length = int(batch.position_ids_T.max()) + 1
+
+    def per_token(module, args, output):
+        return module.forward(length).index_select(0, positions_T.to(output.device))
+
+    handle = rope.register_forward_hook(per_token)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def loss_rows(batch: PackedBatch, device) -> torch.Tensor:
     """Positions of the pack whose target is in the loss."""
     return torch.nonzero(batch.loss_mask_T > 0)[:, 0].to(device)
 
 
 def _output_layer(m):
-    while not hasattr(m, "output_layer") and hasattr(m, "module"):
-        m = m.module
-    return getattr(m, "output_layer", None)
+    return _submodule(m, "output_layer")
 
 
 @contextmanager

@@ -11,7 +11,9 @@ A forward pass over a pack of sequences of lengths s_i (T = sum s_i tokens) cost
     F = 2 N_mm T + L * 2 Hq D * sum_i s_i (s_i + 1)
 
 the second term being causal attention: for the query at position j, QK^T and PV each take
-2 Hq D (j + 1) FLOPs, and sum_{j<s} 2 (j + 1) = s (s + 1). Backward costs twice the forward, so
+2 Hq D (j + 1) FLOPs, and sum_{j<s} 2 (j + 1) = s (s + 1). A sequence that continues a shared
+prompt of p tokens (``train/packing.py``) also attends to those: s (s + 1) + 2 s p. The count is
+of the pack as computed: a shared prompt once. Backward costs twice the forward, so
 a training step is 3F (= 6 N_mm T + 6 L Hq D sum s_i^2 + ..., the usual 6N rule plus attention),
 and each forward-only pass (old logprobs, reference logprobs) is F. Not counted: embedding
 lookups, norms, softmax, RoPE (well under 1%), and padding tokens. No activation recomputation.
@@ -50,24 +52,41 @@ def matmul_params(model: ModelConfig, vocab_size: int) -> int:
     return model.num_layers * per_layer + vocab_size * H
 
 
-def forward_flops(model: ModelConfig, vocab_size: int, seq_lens: list[int], logit_tokens: int | None = None) -> float:
+def forward_flops(
+    model: ModelConfig,
+    vocab_size: int,
+    seq_lens: list[int],
+    logit_tokens: int | None = None,
+    prefix_lens: list[int] | None = None,
+) -> float:
     """FLOPs of one forward pass over sequences of these lengths (packed or not: the same), the output
     layer over ``logit_tokens`` of them (all by default; the trainer's passes compute logits only
-    for the loss's tokens, ``megatron.forward.logits_at``)."""
+    for the loss's tokens, ``megatron.forward.logits_at``); ``prefix_lens[i]``: the shared prompt's
+    tokens that sequence i also attends to (0 by default)."""
     tokens = sum(seq_lens)
     logit_tokens = tokens if logit_tokens is None else logit_tokens
-    attn = 2 * model.num_attention_heads * model.head_dim * sum(s * (s + 1) for s in seq_lens)
+    prefix_lens = prefix_lens or [0] * len(seq_lens)
+    pairs = sum(s * (s + 1) + 2 * s * p for s, p in zip(seq_lens, prefix_lens, strict=True))
+    attn = 2 * model.num_attention_heads * model.head_dim * pairs
     body = matmul_params(model, vocab_size) - vocab_size * model.hidden_size
     return 2.0 * (body * tokens + vocab_size * model.hidden_size * logit_tokens) + model.num_layers * attn
 
 
-def sequence_lengths(batches) -> list[int]:
-    """Lengths of the real (non-padding) sequences in packed batches."""
-    out = []
+def sequence_lengths(batches) -> tuple[list[int], list[int]]:
+    """Lengths of the real (non-padding) sequences in packed batches, shared prompts included, and the
+    length of the shared prompt each one continues (0: none)."""
+    from nemo_orchestra.train.packing import PADDING
+
+    lens, prefixes = [], []
     for b in batches:
         cu = b.cu_seqlens_B1.tolist()
-        out += [e - s for s, e, j in zip(cu[:-1], cu[1:], b.traj_index_B) if j >= 0]
-    return out
+        seg = [e - s for s, e in zip(cu[:-1], cu[1:])]
+        of = b.prefix_B or [-1] * len(seg)
+        for n, j, p in zip(seg, b.traj_index_B, of):
+            if j != PADDING:
+                lens.append(n)
+                prefixes.append(seg[p] if p >= 0 else 0)
+    return lens, prefixes
 
 
 def peak_tflops(configured: float | None) -> float | None:

@@ -29,11 +29,12 @@ from nemo_orchestra.types import PackedBatch, Trajectory
 log = logging.getLogger(__name__)
 
 
-def pack_for_step(trajs: list[Trajectory], parallel: ParallelConfig) -> list[PackedBatch]:
+def pack_for_step(trajs: list[Trajectory], parallel: ParallelConfig, share_prompts: bool = False) -> list[PackedBatch]:
     """The step's microbatches; collective over the data-parallel and model-parallel groups.
 
     Packs are padded to a TP multiple, and under PP all to one length (``microbatch_tokens``, or the
-    longest trajectory if longer). Empty when no data-parallel rank has a token to train on; when
+    longest trajectory if longer); with ``share_prompts`` a common prompt is packed once per unit
+    (``train/packing.py``). Empty when no data-parallel rank has a token to train on; when
     only this rank has none, one all-padding pack, so that every rank joins the gradient reduction.
     The ranks of one model replica all get the packs of its first rank (they must see one batch).
     """
@@ -45,7 +46,13 @@ def pack_for_step(trajs: list[Trajectory], parallel: ParallelConfig) -> list[Pac
     length = None
     if parallel.pp > 1:
         length = max([parallel.microbatch_tokens] + [len(t.token_ids) for t in trajs])
-    batches = pack(trajs, parallel.microbatch_tokens, pad_to_multiple=parallel.tp, pad_to_length=length)
+    batches = pack(
+        trajs,
+        parallel.microbatch_tokens,
+        pad_to_multiple=parallel.tp,
+        pad_to_length=length,
+        share_prompts=share_prompts,
+    )
     tokens = data_parallel_sum([sum(float(b.loss_mask_T.sum()) for b in batches)])[0]
     if tokens == 0:
         return []
@@ -92,12 +99,14 @@ def grpo_loss_fn(loss_cfg: LossConfig):
     return fn
 
 
-def minibatch_packs(trajs: list[Trajectory], n: int, parallel: ParallelConfig) -> list[list[PackedBatch]]:
+def minibatch_packs(
+    trajs: list[Trajectory], n: int, parallel: ParallelConfig, share_prompts: bool = False
+) -> list[list[PackedBatch]]:
     """This rank's trajectories in ``n`` contiguous runs (sizes differ by at most one), each packed by
     ``pack_for_step``; collective, so every data-parallel rank keeps the same minibatches: one that
     has no loss token on any rank is dropped everywhere."""
     runs = [trajs[i * len(trajs) // n : (i + 1) * len(trajs) // n] for i in range(n)]
-    return [packs for packs in (pack_for_step(run, parallel) for run in runs) if packs]
+    return [packs for packs in (pack_for_step(run, parallel, share_prompts) for run in runs) if packs]
 
 
 def grpo_update(

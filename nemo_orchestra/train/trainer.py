@@ -236,10 +236,11 @@ class Trainer:
 
     def train_perf(self, batches: list[PackedBatch], seconds: float) -> dict:
         """perf/tflops_per_gpu, perf/mfu, perf/peak_mem_gb of the logprob + train stage (see flops.py)."""
-        seqs = sequence_lengths(batches)
+        seqs, prefixes = sequence_lengths(batches)
         passes = 3 + (self.cfg.loss.kl_coef > 0)  # forward + backward, and the reference's logprobs
         logit_tokens = int(sum(float(b.loss_mask_T.sum()) for b in batches))  # the LM head's rows (logits_at)
-        flops = data_parallel_sum([passes * forward_flops(self.cfg.model, self.vocab_size, seqs, logit_tokens)])[0]
+        flops = forward_flops(self.cfg.model, self.vocab_size, seqs, logit_tokens, prefixes)
+        flops = data_parallel_sum([passes * flops])[0]
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         return perf_metrics(flops, seconds, world, self.cfg.perf.peak_tflops)
 
@@ -286,7 +287,7 @@ class Trainer:
         metrics.update(stale_metrics)
         metrics.update(rollout_metrics(trajs))
         t1 = time.perf_counter()
-        minibatches = minibatch_packs(kept, self.cfg.loss.minibatches, self.cfg.parallel)
+        minibatches = minibatch_packs(kept, self.cfg.loss.minibatches, self.cfg.parallel, self.cfg.share_prompts)
         batches = [b for mb in minibatches for b in mb]
         if batches:
             metrics.update(self.fill_logprobs(batches))
@@ -399,7 +400,9 @@ class Trainer:
                 set_lr(self.policy.optimizer, cosine_lr(sft.lr, sft.min_lr_ratio, i, sft.steps))
                 batch = rng.sample(sft_trajs, min(sft.batch_size, len(sft_trajs)))
                 batch += rng.sample(self.copy_lessons, min(sft.copy_batch_size, len(self.copy_lessons)))
-                m = train_step(self.policy, pack_for_step(batch, self.cfg.parallel), sft_loss_fn)
+                m = train_step(
+                    self.policy, pack_for_step(batch, self.cfg.parallel, self.cfg.share_prompts), sft_loss_fn
+                )
                 bar.set_postfix(nll=f"{m.get('loss/nll', float('nan')):.3f}")
             log.info("warm start done: %d steps, nll %.4f", sft.steps, m.get("loss/nll", float("nan")))
             set_lr(self.policy.optimizer, self.cfg.optim.lr)
