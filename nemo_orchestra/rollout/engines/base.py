@@ -46,6 +46,7 @@ class EngineContext:
     seed: int = 0
     model: torch.nn.Module | None = None  # the live policy module, for engines that read its parameters
     kv_cache_bytes: int | None = None  # the KV cache the memory plan gives the engine (train/memory_plan.py)
+    cpus: list[int] | None = None  # on a CPU, the cores the engine's worker is bound to (None: its own choice)
 
 
 @runtime_checkable

@@ -16,7 +16,8 @@ as the hf engine does. With top_p < 1 vLLM renormalizes over the nucleus: that i
 actually sampled from, and it differs from the trainer's full-vocabulary logprob by
 log(nucleus mass) per token; a warning says so once.
 
-Memory and placement: the KV cache is ``ctx.kv_cache_bytes`` (the memory plan's, on CUDA:
+Memory and placement: on a CPU the worker binds to ``cpus`` when given (rollouts ahead of training
+share the cores with the trainer: ``train/build.py: engine_cpus``). The KV cache is ``ctx.kv_cache_bytes`` (the memory plan's, on CUDA:
 ``train/memory_plan.py``), else ``rollout.kv_cache_gb``, else room for ``KV_SEQUENCES`` sequences
 of ``max_model_len`` tokens. On CUDA each rank's engine is pinned to the rank's own GPU: its
 processes start with ``CUDA_VISIBLE_DEVICES`` naming that one GPU (``engine_visible_devices``),
@@ -91,6 +92,7 @@ class VLLMEngine(GenerationEngine):
             kv_cache_bytes=kv,
             sleep_mode=bool(r is not None and r.sleep_while_training and ctx.device.type == "cuda"),
             gpu_memory_utilization=r.gpu_memory_utilization if r is not None else None,
+            cpus=ctx.cpus,
         )
 
     def __init__(
@@ -107,6 +109,7 @@ class VLLMEngine(GenerationEngine):
         sleep_mode: bool = False,
         gpu_memory_utilization: float | None = None,
         transfer: str = "memory",
+        cpus: list[int] | None = None,
     ):
         from vllm import LLM
 
@@ -147,7 +150,7 @@ class VLLMEngine(GenerationEngine):
                     enable_sleep_mode=sleep_mode,
                     gpu_memory_utilization=self._engine_share(init_state, kv_bytes, gpu_memory_utilization),
                 )
-            with pinned_to(device):
+            with pinned_to(device, cpus):
                 self.llm = LLM(
                     model=folder,
                     dtype=str(self.dtype).removeprefix("torch."),

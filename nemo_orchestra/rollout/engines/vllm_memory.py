@@ -53,10 +53,18 @@ def engine_visible_devices(local_rank: int, visible: str | None) -> str:
 
 
 @contextmanager
-def pinned_to(device: torch.device):
-    """Processes started inside see only ``device``'s GPU (on CUDA; nothing changes elsewhere)."""
+def pinned_to(device: torch.device, cpus: list[int] | None = None):
+    """Processes started inside see only ``device``'s GPU (on CUDA); on a CPU with ``cpus``, vLLM binds
+    its worker's threads to those cores (``VLLM_CPU_OMP_THREADS_BIND``, unless already set)."""
     if device.type != "cuda":
-        yield
+        if not cpus or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+            yield
+            return
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cpus)
+        try:
+            yield
+        finally:
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
         return
     before = os.environ.get("CUDA_VISIBLE_DEVICES")
     index = device.index if device.index is not None else torch.cuda.current_device()

@@ -1,0 +1,52 @@
+"""Rollouts ahead of training on a CPU: the vLLM engine's worker and the trainer split the cores."""
+
+import os
+
+import pytest
+import torch
+
+from nemo_orchestra.config import load_config
+from nemo_orchestra.rollout.engines.vllm_memory import pinned_to
+from nemo_orchestra.train.build import engine_cpus
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def cores(monkeypatch):
+    def set_cores(n):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(3, 3 + n)))
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    return set_cores
+
+
+def test_the_engine_gets_the_first_half_of_the_cores_when_rollouts_run_ahead(cores):
+    ahead = load_config(["rollout.max_staleness=1", "loss.tis_cap=2.0"])
+    cores(2)
+    assert engine_cpus(ahead, CPU) == [3]
+    cores(16)
+    assert engine_cpus(ahead, CPU) == list(range(3, 11))
+
+
+def test_nothing_changes_otherwise(cores, monkeypatch):
+    cores(16)
+    assert engine_cpus(load_config([]), CPU) is None  # synchronous
+    ahead = ["rollout.max_staleness=1", "loss.tis_cap=2.0"]
+    assert engine_cpus(load_config([*ahead, "rollout.engine=hf"]), CPU) is None
+    assert engine_cpus(load_config(ahead), torch.device("cuda", 0)) is None
+    cores(1)
+    assert engine_cpus(load_config(ahead), CPU) is None
+    cores(16)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-3")
+    assert engine_cpus(load_config(ahead), CPU) is None  # the user's binding stands
+
+
+def test_the_binding_reaches_the_engine_processes_and_is_undone(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    with pinned_to(CPU, [0, 2]):
+        assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0,2"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "1")
+    with pinned_to(CPU, [0, 2]):
+        assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "1"
