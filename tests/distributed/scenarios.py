@@ -79,10 +79,34 @@ def trajectories(n=6, seed=1):
     return out
 
 
+def grouped_trajectories(seed=2):
+    """Two prompts of 20 tokens with three rollouts each (a GRPO group: the prompt packs once with
+    ``perf.share_prompts``), random masks after the first generated token, advantages and logprobs."""
+    from tests.unit.helpers import traj
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(2):
+        prompt = torch.randint(1, VOCAB, (20,), generator=g).tolist()
+        for _ in range(3):
+            n = int(torch.randint(4, 11, (1,), generator=g))
+            ids = prompt + torch.randint(1, VOCAB, (n,), generator=g).tolist()
+            mask = [0] * 20 + [1] + (torch.rand(n - 1, generator=g) < 0.7).long().tolist()
+            t = traj(ids=ids, mask=mask)
+            t.advantage = float(torch.randn(1, generator=g))
+            t.meta = {"old": -4 * torch.rand(20 + n, generator=g), "ref": -4 * torch.rand(20 + n, generator=g)}
+            out.append(t)
+    return out
+
+
 def sequences(b):
-    """(document index, start, end) of each sequence of a pack (index -1: padding)."""
+    """(document index, start, end, prompt) of each sequence of a pack (index < 0: padding or a shared
+    prompt; prompt: the (start, end) of the shared prompt the sequence continues, or None)."""
     cu = b.cu_seqlens_B1.tolist()
-    return zip(b.traj_index_B, cu[:-1], cu[1:])
+    prefix = b.prefix_B or [-1] * (len(cu) - 1)
+    return [
+        (j, s, e, (cu[p], cu[p + 1]) if p >= 0 else None) for j, s, e, p in zip(b.traj_index_B, cu[:-1], cu[1:], prefix)
+    ]
 
 
 def with_logprobs(batches, trajs, index):
@@ -90,10 +114,11 @@ def with_logprobs(batches, trajs, index):
     document indices become indices into the full list (``index``)."""
     for b in batches:
         b.old_logprobs_T, b.ref_logprobs_T = torch.zeros(b.num_tokens), torch.zeros(b.num_tokens)
-        for j, s, e in sequences(b):
+        for j, s, e, prompt in sequences(b):
             if j >= 0:
-                b.old_logprobs_T[s:e], b.ref_logprobs_T[s:e] = trajs[j].meta["old"], trajs[j].meta["ref"]
-        b.traj_index_B = [index[j] if j >= 0 else -1 for j in b.traj_index_B]
+                skip = prompt[1] - prompt[0] if prompt else 0
+                b.old_logprobs_T[s:e], b.ref_logprobs_T[s:e] = trajs[j].meta["old"][skip:], trajs[j].meta["ref"][skip:]
+        b.traj_index_B = [index[j] if j >= 0 else j for j in b.traj_index_B]
     return batches
 
 
@@ -103,10 +128,10 @@ def per_document(trajs, multiple=1):
     return [with_logprobs(pack([t], 10_000, pad_to_multiple=multiple), [t], [i])[0] for i, t in enumerate(trajs)]
 
 
-def packed(trajs, parallel, index=None):
+def packed(trajs, parallel, index=None, share_prompts=False):
     from nemo_orchestra.train.step import pack_for_step
 
-    return with_logprobs(pack_for_step(trajs, parallel), trajs, index or list(range(len(trajs))))
+    return with_logprobs(pack_for_step(trajs, parallel, share_prompts), trajs, index or list(range(len(trajs))))
 
 
 def full_weights():
@@ -185,8 +210,13 @@ def max_diff(a: dict, b: dict) -> float:
 
 
 def doc_values(batches, values) -> dict[int, torch.Tensor]:
-    """{document index: its slice} of per-pack tensors."""
-    return {j: v[s:e] for b, v in zip(batches, values) for j, s, e in sequences(b) if j >= 0}
+    """{document index: its values} of per-pack tensors (a shared prompt's in front of its continuations)."""
+    out = {}
+    for b, v in zip(batches, values):
+        for j, s, e, prompt in sequences(b):
+            if j >= 0:
+                out[j] = torch.cat([v[prompt[0] : prompt[1]], v[s:e]]) if prompt else v[s:e]
+    return out
 
 
 def compare_lps(ref_lps, ours: dict) -> float:
@@ -195,7 +225,7 @@ def compare_lps(ref_lps, ours: dict) -> float:
 
 
 # ---- scenarios -----------------------------------------------------------------------------------------
-def run_parallel(tp, pp, full, trajs, ref, share=None, dist_opt=True, offload=False, extra=()):
+def run_parallel(tp, pp, full, trajs, ref, share=None, dist_opt=True, offload=False, extra=(), share_prompts=False):
     """Loss, metrics, grads and logprobs of the trainer's policy under a layout."""
     from nemo_orchestra.megatron.forward import forward_logprobs
     from nemo_orchestra.train.policy import build_policy
@@ -211,7 +241,7 @@ def run_parallel(tp, pp, full, trajs, ref, share=None, dist_opt=True, offload=Fa
     policy = build_policy(cfg, VOCAB, torch.device("cpu"))
     load_into(policy, full)
     mine = share if share is not None else list(range(len(trajs)))
-    batches = packed([trajs[i] for i in mine], cfg.parallel, mine)
+    batches = packed([trajs[i] for i in mine], cfg.parallel, mine, share_prompts)
     lps = forward_logprobs(policy.model, batches, torch.device("cpu"))
     ref_lps = reference_logprobs(policy, batches)
     losses = forward_backward(policy, batches, grpo_loss_fn(cfg.loss))
@@ -227,6 +257,7 @@ def run_parallel(tp, pp, full, trajs, ref, share=None, dist_opt=True, offload=Fa
         "grad_scale": max(float(g.abs().max()) for g in ref["grads"].values()),
         "entropy": abs(metrics["train/entropy"] - ref["metrics"]["train/entropy"]),
         "pack_lengths": sorted({b.num_tokens for b in batches}),
+        "shared_prompts": sum(j == -2 for b in batches for j in b.traj_index_B),
     }
     return out, policy, cfg
 
@@ -295,6 +326,18 @@ def scenario_packed(full, trajs, ref):
         results[name] = (metrics, full_grads(policy), len(batches))
     (m1, g1, n1), (m2, g2, n2) = results["packed"], results["per_document"]
     return {"metrics": max(abs(m1[k] - m2[k]) for k in m1), "grads": max_diff(g1, g2), "packs": [n1, n2]}
+
+
+def scenario_shared(full, trajs, ref):
+    """Groups whose prompt is packed once (``perf.share_prompts``), at TP=2 and at PP=2, against every
+    trajectory whole on one rank (sequence parallelism needs a GPU norm: not here)."""
+    from nemo_orchestra.config import load_config
+
+    grouped = grouped_trajectories()
+    whole = reference(full, grouped, load_config(TINY).loss)
+    tp, _, _ = run_parallel(2, 1, full, grouped, whole, share_prompts=True)
+    pp, _, _ = run_parallel(1, 2, full, grouped, whole, share_prompts=True)
+    return {"tp": tp, "pp": pp}
 
 
 def scenario_checkpoint(full, trajs, ref, folder):
@@ -372,7 +415,7 @@ def scenario_hf_tp2(folder):
     return {"logprobs_vs_transformers": worst, "export_equals_import": exact}
 
 
-SCENARIOS = ("tp", "pp", "dp", "packed", "checkpoint", "hf_tp2")
+SCENARIOS = ("tp", "pp", "dp", "packed", "shared", "checkpoint", "hf_tp2")
 
 
 def run_rank(rank: int, world: int, port: int, out_dir: str, names: list[str]) -> None:

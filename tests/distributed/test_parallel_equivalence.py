@@ -57,6 +57,17 @@ def test_packed_equals_per_document(results):
     assert r["metrics"] < 1e-5 and r["grads"] < GRAD_TOL, r
 
 
+@pytest.mark.parametrize("layout", ["tp", "pp"])
+def test_shared_prompts_match_whole_trajectories_on_one_rank(results, layout):
+    """TP=2 and PP=2: a group's prompt packed once gives the logprobs, loss and gradients of every
+    trajectory packed whole on one rank."""
+    r = _ok(results, "shared")[layout]
+    assert r["shared_prompts"] >= 2, r  # the path under test ran
+    assert r["logprobs"] < LOGPROB_TOL and r["reference_logprobs"] < LOGPROB_TOL, r
+    assert r["metrics"] < 1e-5 and r["entropy"] < 1e-5, r
+    assert r["grads"] < GRAD_TOL, r
+
+
 def test_checkpoint_saved_at_tp2_resumes_at_dp2(results):
     r = _ok(results, "checkpoint")
     assert r["restored_weights"] == 0.0, r
