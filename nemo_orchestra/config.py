@@ -418,10 +418,19 @@ class Config:
 
     @property
     def share_prompts(self) -> bool:
-        """Whether packs hold a group's common prompt once (``perf.share_prompts``; null: unless the
-        attention backend is TransformerEngine's, which cannot attend across sequences)."""
+        """Whether packs hold a group's common prompt once (``perf.share_prompts``). null: with the
+        torch attention backend (``auto`` without CUDA), the path measured; not with triton, whose
+        fused kernel the shared packs would trade for SDPA per sequence, nor with TransformerEngine's,
+        which cannot attend across sequences."""
         share = self.perf.share_prompts
-        return self.model.attention_backend != "te" if share is None else bool(share)
+        if share is not None:
+            return bool(share)
+        backend = self.model.attention_backend
+        if backend == "auto":
+            import torch
+
+            backend = "triton" if torch.cuda.is_available() else "torch"
+        return backend == "torch"
 
 
 def _read_yaml(path: Path):

@@ -224,8 +224,11 @@ def test_gradients_with_shared_prompts_equal_whole_trajectories(model):
 
 
 def test_share_prompts_config():
-    assert load_config([]).share_prompts  # null: on with our attention
+    assert load_config([]).share_prompts  # null: on with the torch attention (auto on a CPU)
+    assert load_config(["model.attention_backend=torch"]).share_prompts
     assert not load_config(["perf.share_prompts=false"]).share_prompts
+    assert not load_config(["model.attention_backend=triton"]).share_prompts  # null: off, not measured there
+    assert load_config(["model.attention_backend=triton", "perf.share_prompts=true"]).share_prompts
     assert not load_config(["model.attention_backend=te"]).share_prompts  # null: off with TE's
     with pytest.raises(ConfigError, match="perf.share_prompts"):
         load_config(["model.attention_backend=te", "perf.share_prompts=true"])
