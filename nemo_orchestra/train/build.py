@@ -104,7 +104,7 @@ def _check_health(url: str, timeout_s: float) -> None:
 def engine_cpus(cfg: Config, device) -> list[int] | None:
     """The cores for the vLLM engine's worker when rollouts run ahead of training on a CPU
     (``rollout.max_staleness`` >= 1): the engine and the trainer then compute at the same time, and
-    both taking every core oversubscribes them (2 cores, 16 x 8 rollouts: 17.0 s a step; split, 13.6 s).
+    both taking every core oversubscribes them (2 cores, 16 x 8 rollouts: 17.0 s a step; split, 13.0 s).
     The engine gets the first half of this process's cores (at least one), the trainer's torch
     threads the rest. None, leaving vLLM's own binding, when synchronous, on CUDA, with another engine,
     with one core, or with ``VLLM_CPU_OMP_THREADS_BIND`` set."""
