@@ -26,19 +26,13 @@ def varlen_attention_ref(
     """
     cu = check_varlen_inputs(q_THD, k_THD, v_THD, cu_seqlens_B1, max_seqlen)
     T, Hq, D = q_THD.shape
-    rep = Hq // k_THD.shape[1]
     scale = D**-0.5 if softmax_scale is None else float(softmax_scale)
     if T == 0:
         lse = torch.empty(Hq, 0, dtype=torch.float32, device=q_THD.device) if return_lse else None
         return q_THD.clone(), lse
-    q_HTD = q_THD.transpose(0, 1)
-    k_HTD, v_HTD = (
-        x.transpose(0, 1).repeat_interleave(rep, dim=0) if rep > 1 else x.transpose(0, 1) for x in (k_THD, v_THD)
-    )
     outs, lses = [], []
-    # split, not a slice per sequence: a slice's backward writes a zero tensor of the whole pack
-    lens = [e - s for s, e in zip(cu[:-1], cu[1:])]
-    for q_HLD, k_HLD, v_HLD in zip(*(x.split(lens, dim=1) for x in (q_HTD, k_HTD, v_HTD))):
+    _, qs, ks, vs = _per_sequence(q_THD, k_THD, v_THD, cu)
+    for q_HLD, k_HLD, v_HLD in zip(qs, ks, vs):
         if q_HLD.shape[1] == 0:
             continue
         # a batch dimension of 1: 3-D inputs fall back to SDPA's math path (8x slower on CPU)
@@ -65,15 +59,9 @@ def prefix_attention_ref(q_THD, k_THD, v_THD, cu_seqlens_B1, prefix_B, *, softma
     for b, p in enumerate(prefix_B):
         if p >= 0 and (p >= len(prefix_B) or p == b or prefix_B[p] >= 0):
             raise ValueError(f"sequence {b}: prefix {p} is not another sequence without a prefix of its own")
-    T, Hq, D = q_THD.shape
-    rep = Hq // k_THD.shape[1]
+    D = q_THD.shape[2]
     scale = D**-0.5 if softmax_scale is None else float(softmax_scale)
-    q_HTD = q_THD.transpose(0, 1)
-    k_HTD, v_HTD = (
-        x.transpose(0, 1).repeat_interleave(rep, dim=0) if rep > 1 else x.transpose(0, 1) for x in (k_THD, v_THD)
-    )
-    lens = [e - s for s, e in zip(cu[:-1], cu[1:])]
-    qs, ks, vs = (x.split(lens, dim=1) for x in (q_HTD, k_HTD, v_HTD))  # split: see varlen_attention_ref
+    lens, qs, ks, vs = _per_sequence(q_THD, k_THD, v_THD, cu)
     outs = []
     for b, p in enumerate(prefix_B):
         n = lens[b]
@@ -92,6 +80,19 @@ def prefix_attention_ref(q_THD, k_THD, v_THD, cu_seqlens_B1, prefix_B, *, softma
             )[0]
         outs.append(o_HLD.transpose(0, 1))
     return torch.cat(outs, dim=0) if outs else q_THD.clone()
+
+
+def _per_sequence(q_THD, k_THD, v_THD, cu: list[int]):
+    """Sequence lengths and each sequence's q, k, v as [H, L, D] views, key/value heads repeated to the
+    query heads. One split, not a slice per sequence: a slice's backward writes a zero tensor the size
+    of the whole pack."""
+    rep = q_THD.shape[1] // k_THD.shape[1]
+    q_HTD = q_THD.transpose(0, 1)
+    k_HTD, v_HTD = (
+        x.transpose(0, 1).repeat_interleave(rep, dim=0) if rep > 1 else x.transpose(0, 1) for x in (k_THD, v_THD)
+    )
+    lens = [e - s for s, e in zip(cu[:-1], cu[1:])]
+    return (lens, *(x.split(lens, dim=1) for x in (q_HTD, k_HTD, v_HTD)))
 
 
 def _lse(q_HLD, k_HLD, scale, causal):

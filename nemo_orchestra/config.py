@@ -296,7 +296,7 @@ class ReferenceConfig:
 @dataclass
 class PerfConfig:
     peak_tflops: Optional[float] = MISSING  # per device, for perf/mfu; null: look the device up in flops.py
-    share_prompts: Optional[bool] = MISSING  # a group's common prompt once per pack; null: unless attention is te
+    share_prompts: Optional[bool] = MISSING  # a group's common prompt once per pack; null: Config.share_prompts
 
     def validate(self) -> None:
         _check(self.peak_tflops is None or self.peak_tflops > 0, "perf.peak_tflops", "must be null or > 0")
