@@ -65,7 +65,7 @@ ENGINES = {"hf": _hf, "vllm": _vllm, "megatron": _megatron}  # name -> the engin
 assert set(ENGINES) == set(ROLLOUT_ENGINES), "config.ROLLOUT_ENGINES must name the engines built here"
 _CAPABILITIES = {  # known without importing the engine (vLLM takes seconds to import)
     "hf": EngineCapabilities(),
-    "vllm": EngineCapabilities(owns_processes=True, continuous_batching=True),
+    "vllm": EngineCapabilities(owns_processes=True),
     "megatron": EngineCapabilities(reads_policy_weights=True, spans_tensor_parallel_group=True),
 }
 

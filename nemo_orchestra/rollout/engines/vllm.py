@@ -6,12 +6,7 @@ the weights then live in the engine. vLLM runs its engine core and its worker in
 their own (its CPU build requires that), so the trainer's torch.distributed groups, threads and
 memory stay the trainer's. One engine per process.
 
-Generation: token ids in (``TokensPrompt``), token ids and one logprob per id out; no text. The
-engine's ``LLMEngine`` is stepped by a thread of its own (``rollout/engines/batching.py``): a
-``submit`` call's prompts join the sequences already decoding at the next step (continuous
-batching), so the agent loop asks for an episode's turn as soon as its tool returns instead of
-waiting for the longest sequence of the call before. ``generate`` is ``submit`` and wait. Weight
-syncs, sleep and wake-up run on that thread between steps, once the sequences in flight end.
+Generation: token ids in (``TokensPrompt``), token ids and one logprob per id out; no text.
 
 Logprobs: the engine is built with ``logprobs_mode="processed_logprobs"``: log-softmax of the
 logits after temperature (and top-p), i.e. log p(token) under the sampling temperature, as the
