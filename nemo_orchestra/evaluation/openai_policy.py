@@ -85,8 +85,6 @@ class OpenAIChatPolicy:
             body["seed"] = ep.sample
         return body
 
-    streams = True  # a server batches the requests it has: a turn is asked for as soon as its episode is ready
-
     async def act(self, episodes: list[Episode]) -> list[Turn]:
         return list(await asyncio.gather(*(self.turn(ep) for ep in episodes)))
 

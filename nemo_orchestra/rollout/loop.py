@@ -20,9 +20,6 @@ Policies differ only in how a turn is produced (``TurnPolicy.act``):
 Generation overlaps the tools: while some episodes wait for their tool calls, the policy produces
 the next turn of every episode that is ready in one call (one batched engine call). When none is
 ready the loop waits for the first tool call to return, then up to ``batch_window_s`` for others.
-A policy that ``streams`` (an engine with continuous batching, an OpenAI-compatible server) takes
-the next call while earlier ones are still generating: an episode whose tool returns joins the
-sequences being decoded instead of waiting for the longest of them to end.
 """
 
 from __future__ import annotations
@@ -136,8 +133,6 @@ class Episode:
 class TurnPolicy(Protocol):
     name: str
     chat: ChatFormat | None  # token-level policies: the chat format of their token ids; None: messages
-    # calls may overlap: a call made while others generate joins them (read with getattr, default False)
-    streams: bool
 
     async def act(self, episodes: list[Episode]) -> list[Turn]:
         """The next turn of each episode (one call for all: an engine batches them)."""
@@ -148,9 +143,8 @@ class TurnPolicy(Protocol):
 
 class EngineWeights:
     """The version of the weights a generation engine holds (the policy's optimizer steps when they
-    were loaded). Loads run on the engine thread, between generate calls (with continuous batching:
-    once the sequences in flight end, new ones waiting): rollouts in flight go on with the new
-    weights from their next turn, and each turn records the version that wrote it."""
+    were loaded). Loads run on the engine thread, between generate calls: rollouts in flight go on
+    with the new weights from their next turn, and each turn records the version that wrote it."""
 
     def __init__(self, version: int = 0):
         self.version = version
@@ -162,10 +156,7 @@ class EngineWeights:
             engine.load_weights(state)
             self.version = version
 
-        if engine.capabilities.continuous_batching:
-            engine.exclusive(load).result()
-        else:
-            _ENGINE_THREAD.submit(load).result()
+        _ENGINE_THREAD.submit(load).result()
 
 
 @dataclass
@@ -181,29 +172,18 @@ class EnginePolicy:
     name: str = "engine"
     weights: "EngineWeights | None" = None  # the version of the engine's weights, read with each call
 
-    @property
-    def streams(self) -> bool:
-        return self.engine.capabilities.continuous_batching
-
-    def _version(self) -> int:
-        return self.weights.version if self.weights is not None else 0
-
     async def act(self, episodes: list[Episode]) -> list[Turn]:
-        args = (
-            [e.traj.token_ids for e in episodes],
-            self.max_new_tokens,
-            self.temperature,
-            self.top_p,
-            [self.chat.end_of_turn_id],
-        )
-        if self.streams:  # the version is read as the prompts join the batch, between two weight loads
-            version, gens = await asyncio.wrap_future(self.engine.submit(*args, on_admit=self._version))
-        else:
+        def generate():  # on the engine thread, so no weight load can come between the version and the call
+            version = self.weights.version if self.weights is not None else 0
+            return version, self.engine.generate(
+                [e.traj.token_ids for e in episodes],
+                self.max_new_tokens,
+                self.temperature,
+                self.top_p,
+                [self.chat.end_of_turn_id],
+            )
 
-            def generate():  # on the engine thread, so no weight load can come between the version and the call
-                return self._version(), self.engine.generate(*args)
-
-            version, gens = await asyncio.get_running_loop().run_in_executor(_ENGINE_THREAD, generate)
+        version, gens = await asyncio.get_running_loop().run_in_executor(_ENGINE_THREAD, generate)
         turns = []
         for e, g in zip(episodes, gens):
             ids = g.token_ids[:-1] if g.finished and g.token_ids[-1:] == [self.chat.end_of_turn_id] else g.token_ids
@@ -269,9 +249,7 @@ class _Run:
         self.total, self.finished = len(self.queue), 0
         self.episodes: list[Episode | None] = [None] * self.total
         self.ready: list[Episode] = []
-        self.in_flight: set[asyncio.Future] = set()  # tool calls, episode ends, generation (streaming)
-        self.streams = bool(getattr(policy, "streams", False))
-        self.generating, self.generating_since = 0, 0.0  # policy calls in flight, since when
+        self.in_flight: set[asyncio.Future] = set()
         stats.update(generate_s=0.0, env_wait_s=0.0, generate_calls=0)
 
     async def all(self, concurrency: int | None) -> list[Trajectory]:
@@ -314,9 +292,7 @@ class _Run:
         self.ready.append(ep)
 
     async def act(self) -> None:
-        """The next turn of every ready episode, in one policy call; full contexts end instead. A
-        streaming policy gets a call per episode, each a task of its own beside the calls in flight,
-        so that each episode goes on as soon as its own turn is written."""
+        """The next turn of every ready episode, in one policy call; full contexts end instead."""
         batch = list(self.ready)
         self.ready.clear()  # turn() and finish() append to this list
         for ep in batch:
@@ -326,45 +302,23 @@ class _Run:
         batch = [ep for ep in batch if ep.traj.stop_reason != StopReason.CONTEXT]
         if not batch:
             return
-        if self.streams:
-            self.in_flight |= {asyncio.ensure_future(self.generate([ep])) for ep in batch}
-        else:
-            await self.generate(batch)
-
-    async def generate(self, batch: list[Episode]) -> None:
-        """One policy call for ``batch``; each turn then goes to the tools as a task of its own."""
-        if self.generating == 0:
-            self.generating_since = time.perf_counter()
-        self.generating += 1
-        try:
-            turns = await self.policy.act(batch)
-        finally:
-            self.generating -= 1
-            if self.generating == 0:
-                self.stats["generate_s"] += time.perf_counter() - self.generating_since
+        t0 = time.perf_counter()
+        turns = await self.policy.act(batch)
+        self.stats["generate_s"] += time.perf_counter() - t0
         self.stats["generate_calls"] += 1
         self.in_flight |= {asyncio.ensure_future(self.turn(ep, t)) for ep, t in zip(batch, turns)}
 
-    def generating_s(self) -> float:
-        """Wall time with a policy call in flight so far (overlapping calls counted once)."""
-        now = time.perf_counter()
-        return self.stats["generate_s"] + (now - self.generating_since if self.generating else 0.0)
-
     async def wait_for_tools(self) -> None:
-        """No episode is ready: wait for the first tool call (or streaming policy call) to end, then up
-        to ``batch_window_s`` for others. ``env_wait_s`` counts the part of the wait with no policy call
-        in flight."""
-        t0, busy0 = time.perf_counter(), self.generating_s()
-        done, _ = await asyncio.wait(set(self.in_flight), return_when=asyncio.FIRST_COMPLETED)
-        self.in_flight -= done  # the tasks may add to in_flight meanwhile: never reassigned
+        """All episodes wait for tools: wait for the first call, then up to ``batch_window_s`` for others."""
+        t0 = time.perf_counter()
+        done, self.in_flight = await asyncio.wait(self.in_flight, return_when=asyncio.FIRST_COMPLETED)
         if self.in_flight and self.limits.batch_window_s > 0:
-            more, _ = await asyncio.wait(set(self.in_flight), timeout=self.limits.batch_window_s)
-            self.in_flight -= more
+            more, self.in_flight = await asyncio.wait(self.in_flight, timeout=self.limits.batch_window_s)
             done |= more
         error = _first_error(done)
-        if error is not None:  # a tool call (or a policy call) that raised ends the run with its error
+        if error is not None:  # a tool call that raised ends the run with its error
             raise error
-        self.stats["env_wait_s"] += (time.perf_counter() - t0) - (self.generating_s() - busy0)
+        self.stats["env_wait_s"] += time.perf_counter() - t0
 
     async def turn(self, ep: Episode, t: Turn) -> None:
         done = await _apply(ep, t, self.client, self.policy.chat)

@@ -22,7 +22,7 @@ from nemo_orchestra.prompting.chat import (
     render_chat,
 )
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
-from nemo_orchestra.rollout.engines.base import EngineCapabilities, Generation
+from nemo_orchestra.rollout.engines.base import Generation
 from nemo_orchestra.rollout.loop import EnginePolicy, LoopLimits, Turn, malformed_call_observation, run_episodes
 from nemo_orchestra.train.trainer import Trainer
 from tools_env.client import ToolsEnvClient
@@ -77,8 +77,6 @@ def service():
 
 class ScriptedEngine:
     """Writes ``SCRIPT``'s turns in order, each as the tokenizer encodes it (with its end-of-turn id)."""
-
-    capabilities = EngineCapabilities()  # one batched call at a time
 
     def __init__(self, chat: ChatFormat):
         self.chat, self.seen = chat, []

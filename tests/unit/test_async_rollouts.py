@@ -12,7 +12,7 @@ import torch
 from nemo_orchestra.config import load_config
 from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, ChatFormat, render_chat, tool_call_message
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
-from nemo_orchestra.rollout.engines.base import EngineCapabilities, Generation
+from nemo_orchestra.rollout.engines.base import Generation
 from nemo_orchestra.rollout.loop import EnginePolicy, EngineWeights, LoopLimits, run_episodes
 from nemo_orchestra.train.async_rollouts import AsyncRollouts
 from nemo_orchestra.train.packing import pack
@@ -46,8 +46,6 @@ class VersionedEngine:
     """Writes the scripted turns; every generated token's logprob is -(w + 1) / 10 for the loaded weight w.
     Its first generate call has the trainer load version 1 meanwhile (from another thread, as the
     trainer's main thread does), so the load lands between the first and the second call."""
-
-    capabilities = EngineCapabilities()  # one batched call at a time
 
     def __init__(self, chat, weights: EngineWeights):
         self.chat, self.weights, self.w, self.calls, self.loader = chat, weights, 0.0, 0, None

@@ -16,7 +16,7 @@ from nemo_orchestra.prompting.chat import (
     tool_call_message,
 )
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
-from nemo_orchestra.rollout.engines.base import EngineCapabilities, Generation
+from nemo_orchestra.rollout.engines.base import Generation
 from nemo_orchestra.prompting.prompts import task_messages, with_default_preference
 from nemo_orchestra.rollout.loop import EnginePolicy, LoopLimits, run_episodes
 from tests.unit.helpers import reward_cfg
@@ -88,8 +88,6 @@ class ScriptedEngine:
 
     Turns are encoded one character per token where possible, a split the tokenizer itself never
     produces, so a rollout that re-tokenized text would not reproduce these ids."""
-
-    capabilities = EngineCapabilities()  # one batched call at a time
 
     def __init__(self, chat: ChatFormat):
         self.chat, self.calls, self.lock = chat, [], threading.Lock()

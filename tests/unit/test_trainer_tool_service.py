@@ -17,7 +17,7 @@ from nemo_orchestra.prompting.chat import (
     tool_call_message,
 )
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
-from nemo_orchestra.rollout.engines.base import EngineCapabilities, Generation
+from nemo_orchestra.rollout.engines.base import Generation
 from nemo_orchestra.rollout.loop import EngineWeights
 from nemo_orchestra.train.trainer import Trainer
 from nemo_orchestra.types import StopReason
@@ -37,8 +37,6 @@ def chat():
 
 class KillingEngine:
     """Answers 42 at once; its first generate call kills the tool service first (SIGKILL, whole group)."""
-
-    capabilities = EngineCapabilities()  # one batched call at a time
 
     def __init__(self, chat, service):
         self.chat, self.service, self.calls = chat, service, 0

@@ -66,21 +66,6 @@ def test_greedy_equals_megatron_and_hf_engine(setup):
 
 
 @needs_vllm
-def test_a_call_submitted_while_another_decodes_joins_it_and_both_equal_separate_calls(setup):
-    s = setup
-    long = s.engine.submit(s.prompts[:1], 120, 0.0, 1.0, [], on_admit=lambda: "v0")
-    short = s.engine.submit(s.prompts[1:], 3, 0.0, 1.0, [])
-    _, short_gens = short.result(timeout=60)
-    assert not long.done()  # written beside the long sequence, not after it
-    tag, long_gens = long.result(timeout=60)
-    assert tag == "v0"
-    alone = s.engine.generate(s.prompts[:1], 120, 0.0, 1.0, []) + s.engine.generate(s.prompts[1:], 3, 0.0, 1.0, [])
-    for g, a in zip(long_gens + short_gens, alone):
-        assert g.token_ids == a.token_ids
-        torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(a.logprobs), **TOL)
-
-
-@needs_vllm
 def test_sampled_logprobs_are_under_the_sampling_temperature(setup):
     s = setup
     gens = s.engine.generate(s.prompts, 16, temperature=0.7, top_p=1.0, stop_ids=[])
@@ -208,7 +193,6 @@ def test_sync_past_its_timeout_raises_and_the_engine_refuses_further_use(tmp_pat
         asleep=False,
         _shm=None,
         _segments=[],
-        _batcher=None,
     )
     t0 = time.perf_counter()
     with pytest.raises(TimeoutError, match="rollout.sync_timeout_s=0.2s"):

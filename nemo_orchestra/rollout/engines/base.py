@@ -7,11 +7,7 @@ parameters (``capabilities.reads_policy_weights``); ``close`` releases what the 
 (processes, files); ``sleep`` and ``wake_up`` bracket the training stage, so that an engine sharing
 the GPU with the trainer gives its memory back meanwhile. An engine whose forward spans the tensor-parallel group
 (``capabilities.spans_tensor_parallel_group``) is driven from the group's first rank, while the
-others run its calls in ``serve()`` until the first rank calls ``release()``. An engine that steps
-its sequences (``capabilities.continuous_batching``: vLLM) also takes ``submit`` (a generate call
-whose prompts join the sequences already decoding; a future) and ``exclusive`` (a function run with
-no sequence in flight, such as a weight sync), and the agent loop then never waits for one call
-to end before starting the next.
+others run its calls in ``serve()`` until the first rank calls ``release()``.
 
 Engines are built in one place, ``rollout.engines.start_engine``.
 """
@@ -36,8 +32,6 @@ class EngineCapabilities:
     reads_policy_weights: bool = False  # generates with the live policy module: no weights to push
     spans_tensor_parallel_group: bool = False  # every TP rank joins generate: the others serve() until release()
     owns_processes: bool = False  # runs processes of its own, which close() shuts down
-    # submit() and exclusive() (rollout/engines/batching.py): a call joins the sequences already decoding
-    continuous_batching: bool = False
 
 
 @dataclass

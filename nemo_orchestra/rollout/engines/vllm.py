@@ -40,14 +40,12 @@ next forward kills the engine core) and a second reload does not repair it.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
 import pickle
 import tempfile
 import threading
 import weakref
-from typing import Any, Callable
 
 import torch
 
@@ -55,7 +53,6 @@ from nemo_orchestra.config import ModelConfig
 from nemo_orchestra.hf.export import export_hf
 from nemo_orchestra.hf.qwen3 import megatron_to_hf
 from nemo_orchestra.megatron.model import DTYPES
-from nemo_orchestra.rollout.engines.batching import ContinuousBatcher
 from nemo_orchestra.rollout.engines.base import EngineCapabilities, EngineContext, Generation, GenerationEngine
 from nemo_orchestra.rollout.engines.vllm_memory import buckets, close_segment, layout, pinned_to, remove, sizes
 
@@ -73,7 +70,7 @@ def _drop_chat_template_warmup(record: logging.LogRecord) -> bool:
 
 
 class VLLMEngine(GenerationEngine):
-    capabilities = EngineCapabilities(owns_processes=True, continuous_batching=True)
+    capabilities = EngineCapabilities(owns_processes=True)
 
     @classmethod
     def create(cls, ctx: EngineContext, init_state: dict[str, torch.Tensor] | None) -> "VLLMEngine":
@@ -133,7 +130,6 @@ class VLLMEngine(GenerationEngine):
         self._failure: str | None = None
         self._warned_top_p = False
         self._shm = None  # the CPU weight-sync segment, made at the first sync
-        self._batcher: ContinuousBatcher | None = None  # made at the first generate call
         max_model_len = min(max_model_len or model_cfg.max_position_embeddings, model_cfg.max_position_embeddings)
         kv_bytes = kv_cache_bytes or self._kv_bytes(max_model_len)
         # Weight-sync files go to a private folder, removed at close() or when the engine is collected
@@ -188,47 +184,12 @@ class VLLMEngine(GenerationEngine):
     def generate(
         self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, stop_ids: list[int]
     ) -> list[Generation]:
-        return self.submit(prompts, max_new_tokens, temperature, top_p, stop_ids).result()[1]
-
-    def submit(
-        self,
-        prompts: list[list[int]],
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        stop_ids: list[int],
-        on_admit: Callable[[], Any] | None = None,
-    ) -> concurrent.futures.Future:
-        """``generate``'s prompts, decoded beside the sequences already running (continuous batching,
-        ``rollout/engines/batching.py``); the future gives ``(on_admit(), generations)``, ``on_admit``
-        called when they join the batch."""
         self._check_usable()
-        if self.kv_asleep:
-            self.exclusive(self._wake_kv_cache).result()
-        return self._steps().submit(
-            prompts, self._sampling_params(max_new_tokens, temperature, top_p, stop_ids), on_admit
-        )
-
-    def exclusive(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
-        """``fn()`` with no sequence in flight: the calls submitted before it finish first, later ones wait."""
-        return self._steps().exclusive(fn)
-
-    def _steps(self) -> ContinuousBatcher:
-        if self._batcher is None:
-            self._batcher = ContinuousBatcher(_LLMSteps(self.llm), name="vllm-steps")
-        return self._batcher
-
-    def _on_engine_thread(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` between decode steps (directly when no call ever went through the batcher, or when
-        already on its thread): vLLM's client is used from one thread at a time."""
-        b = self._batcher
-        if b is None or threading.current_thread() is b._thread:
-            return fn()
-        return b.exclusive(fn).result()
-
-    def _sampling_params(self, max_new_tokens: int, temperature: float, top_p: float, stop_ids: list[int]):
+        if not prompts:
+            return []
+        self._wake_kv_cache()
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.inputs import TokensPrompt
 
         if top_p < 1.0 and temperature > 0 and not self._warned_top_p:
             log.warning(
@@ -237,7 +198,7 @@ class VLLMEngine(GenerationEngine):
                 top_p,
             )
             self._warned_top_p = True
-        return SamplingParams(
+        params = SamplingParams(
             temperature=max(temperature, 0.0),
             top_p=top_p,
             top_k=0,
@@ -247,8 +208,16 @@ class VLLMEngine(GenerationEngine):
             logprobs=0,
             detokenize=False,
             skip_special_tokens=False,
-            output_kind=RequestOutputKind.FINAL_ONLY,  # the finished sequence only, not one output per step
         )
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        results = []
+        for out in outputs:
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            assert c.logprobs is not None and len(c.logprobs) == len(ids), "vLLM returned no logprob per token"
+            lps = [float(c.logprobs[j][t].logprob) for j, t in enumerate(ids)]
+            results.append(Generation(ids, lps, c.finish_reason == "stop"))
+        return results
 
     # ---- weight sync --------------------------------------------------------------------------------
     def load_weights(self, megatron_state: dict[str, torch.Tensor]) -> None:
@@ -260,13 +229,9 @@ class VLLMEngine(GenerationEngine):
         self.load_hf_weights(hf)
 
     def load_hf_weights(self, hf: dict[str, torch.Tensor]) -> None:
-        """Push Hugging Face-named weights into the engine in place, between decode steps; raises on any
-        mismatch or timeout."""
+        """Push Hugging Face-named weights into the engine in place; raises on any mismatch or timeout."""
         self._check_usable()
         self._validate(hf)
-        self._on_engine_thread(lambda: self._load_hf_weights(hf))
-
-    def _load_hf_weights(self, hf: dict[str, torch.Tensor]) -> None:
         if self.asleep:
             self.wake_up()
         timeout = self.sync_timeout_s
@@ -354,14 +319,14 @@ class VLLMEngine(GenerationEngine):
         """vLLM sleep mode level 2: weights and KV cache released (the next sync reloads the weights)."""
         if self.sleep_mode and not self.asleep:
             self._check_usable()
-            self._on_engine_thread(lambda: self.llm.sleep(level=2))
+            self.llm.sleep(level=2)
             self.asleep = self.kv_asleep = True
 
     def wake_up(self) -> None:
         """The weights' memory only: the KV cache is taken back at the next generate, once the sync's
         gathered state is gone (the memory plan's sync and rollout phases)."""
         if self.asleep:
-            self._on_engine_thread(lambda: self.llm.wake_up(tags=["weights"]))
+            self.llm.wake_up(tags=["weights"])
             self.asleep = False
 
     def _wake_kv_cache(self) -> None:
@@ -394,10 +359,8 @@ class VLLMEngine(GenerationEngine):
 
     def close(self) -> None:
         self._shm = None
-        self._failure = self._failure or "it was closed"
-        if self._batcher is not None:  # fails the calls in flight; its step ends when the processes do
-            self._batcher.close(timeout_s=5.0)
         llm = self.__dict__.pop("llm", None)
+        self._failure = self._failure or "it was closed"
         if llm is not None:
             try:
                 llm.llm_engine.engine_core.shutdown()
@@ -405,32 +368,6 @@ class VLLMEngine(GenerationEngine):
                 log.warning("vllm engine: shutdown failed: %s", e)
             log.info("vllm engine: shut down")
         self._cleanup()
-
-
-class _LLMSteps:
-    """vLLM's ``LLMEngine`` as a ``SteppedEngine``: token ids in, token ids and one logprob per id out."""
-
-    def __init__(self, llm):
-        self.engine = llm.llm_engine
-
-    def add_request(self, request_id: str, prompt: list[int], params) -> None:
-        from vllm.inputs import TokensPrompt
-
-        self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=prompt), params)
-
-    def step(self) -> list[tuple[str, Generation]]:
-        done = []
-        for out in self.engine.step():
-            if out.finished:
-                c = out.outputs[0]
-                ids = list(c.token_ids)
-                assert c.logprobs is not None and len(c.logprobs) == len(ids), "vLLM returned no logprob per token"
-                lps = [float(c.logprobs[j][t].logprob) for j, t in enumerate(ids)]
-                done.append((out.request_id, Generation(ids, lps, c.finish_reason == "stop")))
-        return done
-
-    def abort_requests(self, request_ids: list[str]) -> None:
-        self.engine.abort_request(request_ids)
 
 
 def _shapes(hf: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
