@@ -149,3 +149,80 @@ def test_k0_starts_each_step_only_when_it_is_taken():
     ahead.close()
     loop.close()
     assert started == [(0, 0), (1, 1), (2, 2)]
+
+
+class _LoadingEngine:
+    def __init__(self, fail: bool = False):
+        self.w, self.fail = 0.0, fail
+
+    def load_weights(self, state):
+        if self.fail:
+            raise RuntimeError("vllm weight sync failed: worker died")
+        self.w = float(state["w"])
+
+
+def test_a_load_behind_returns_at_once_and_every_later_engine_call_sees_the_new_weights():
+    """With rollouts ahead on a CPU the trainer queues the load and goes on; the engine's current call
+    ends with the old weights, and the calls queued after the load (next steps' turns) get the new ones."""
+    from nemo_orchestra.rollout.loop import _ENGINE_THREAD
+
+    weights, engine, release = EngineWeights(version=0), _LoadingEngine(), threading.Event()
+    current = _ENGINE_THREAD.submit(lambda: (release.wait(10), weights.version, engine.w)[1:])
+    t0 = time.perf_counter()
+    weights.load_behind(engine, {"w": torch.tensor(1.0)}, 1)
+    assert time.perf_counter() - t0 < 0.5 and weights.pending is not None  # did not wait for the current call
+    later = _ENGINE_THREAD.submit(lambda: (weights.version, engine.w))
+    release.set()
+    assert current.result(10) == (0, 0.0)  # the call in flight kept the weights it started with
+    assert later.result(10) == (1, 1.0)
+    weights.wait()
+    assert weights.pending is None
+
+
+def test_a_failed_load_behind_is_raised_by_the_next_load_or_wait():
+    weights, engine = EngineWeights(version=0), _LoadingEngine(fail=True)
+    weights.load_behind(engine, {"w": torch.tensor(1.0)}, 1)
+    with pytest.raises(RuntimeError, match="worker died"):
+        weights.load_behind(engine, {"w": torch.tensor(2.0)}, 2)  # waits for the first, which failed
+    assert weights.version == 0
+    weights.load_behind(engine, {"w": torch.tensor(2.0)}, 2)
+    with pytest.raises(RuntimeError, match="worker died"):
+        weights.wait()
+
+
+def test_with_rollouts_ahead_the_engine_loads_the_weights_of_the_sync_not_the_next_steps():
+    """The trainer goes on after queueing the load: what the engine loads is a copy, untouched by the
+    next optimizer step."""
+    from types import SimpleNamespace
+
+    from nemo_orchestra.hf.qwen3 import full_state_dict
+    from nemo_orchestra.megatron.model import build_gpt_model
+    from nemo_orchestra.megatron.parallel import init_distributed
+    from nemo_orchestra.rollout.engines.base import EngineCapabilities
+    from nemo_orchestra.train.trainer import Trainer
+
+    cfg = load_config([])
+    info = init_distributed(cfg.parallel, seed=5)
+    gpt = build_gpt_model(cfg.model, cfg.parallel, 256, info.device)
+    release = threading.Event()
+
+    class Engine:
+        capabilities = EngineCapabilities()
+
+        def load_weights(self, state):
+            release.wait(10)
+            self.got = {k: v.clone() for k, v in state.items()}
+
+    trainer = object.__new__(Trainer)  # sync_weights alone, with rollouts running ahead
+    trainer.engine, trainer.rollouts, trainer.weights = Engine(), object(), EngineWeights(version=0)
+    trainer.policy = SimpleNamespace(module=gpt, device=info.device)
+    synced = {k: v.clone() for k, v in full_state_dict(gpt).items()}
+    trainer.sync_weights(1)  # returns before the engine loads
+    assert trainer.weights.version == 0
+    with torch.no_grad():  # the next step's update, made while the load waits for the engine
+        for p in gpt.parameters():
+            p.add_(1.0)
+    release.set()
+    trainer.weights.wait()
+    assert trainer.weights.version == 1 and set(trainer.engine.got) == set(synced)
+    assert all(torch.equal(trainer.engine.got[k], synced[k]) for k in synced)
