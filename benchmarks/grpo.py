@@ -10,9 +10,7 @@ steps, then ``--steps`` measured ones, and reports per step:
 - ``reference_logprobs_s``: the frozen reference's forward pass over the packed batch
 - ``training_s``: forward, backward and the optimizer step (the policy's old logprobs come from
   this forward: one optimizer step per batch of rollouts)
-- ``weight_sync_s``: the trainer's time to push the new weights into the generation engine (with
-  rollouts ahead on a CPU: to copy them and queue the load, which the engine runs once its current
-  generate call ends)
+- ``weight_sync_s``: pushing the new weights into the generation engine
 - ``rollout_wait_s``: the trainer's wait for the step's rollouts; with ``rollout.max_staleness=K``
   they run while earlier steps train, so generation and environment time overlap training and
   only this wait is on the step's critical path (``rollout_wait_share`` of the step)

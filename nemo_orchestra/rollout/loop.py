@@ -28,7 +28,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -148,30 +148,15 @@ class EngineWeights:
 
     def __init__(self, version: int = 0):
         self.version = version
-        self.pending: Future | None = None  # a load queued by load_behind, not yet waited for
 
     def load(self, engine: GenerationEngine, state: dict, version: int) -> None:
         """``engine.load_weights(state)`` between two generate calls; the version then becomes ``version``."""
-        self.load_behind(engine, state, version)
-        self.wait()
-
-    def load_behind(self, engine: GenerationEngine, state: dict, version: int) -> None:
-        """Queue ``load`` on the engine thread and return at once: it runs when the engine's current
-        call ends, and every generate call made after this one runs with the new weights. ``state``
-        must not change until then (a copy). A load queued before is waited for first."""
-        self.wait()
 
         def load():
             engine.load_weights(state)
             self.version = version
 
-        self.pending = _ENGINE_THREAD.submit(load)
-
-    def wait(self) -> None:
-        """Until the queued load is done; raises what it raised."""
-        pending, self.pending = self.pending, None
-        if pending is not None:
-            pending.result()
+        _ENGINE_THREAD.submit(load).result()
 
 
 @dataclass

@@ -246,10 +246,9 @@ class Trainer:
 
     def sync_weights(self, version: int) -> float:
         """Push the policy's weights (after ``version`` GRPO steps) into the engine, between two of its
-        generate calls; returns the trainer's seconds (with rollouts ahead on a CPU: the copy it hands
-        over). The engine itself is started here the first time, from the weights of that moment
-        (after the warm start, or from a resumed checkpoint), so an engine with processes of its own
-        (vLLM) does not compete with the warm start for CPU. An engine that reads the policy's own
+        generate calls. The engine itself is started here the first time, from the weights of that
+        moment (after the warm start, or from a resumed checkpoint), so an engine with processes of its
+        own (vLLM) does not compete with the warm start for CPU. An engine that reads the policy's own
         parameters (``reads_policy_weights``) gets nothing."""
         t0 = time.perf_counter()
         if self.engine is not None and self.engine.capabilities.reads_policy_weights:  # nothing to gather or push
@@ -259,11 +258,6 @@ class Trainer:
         if self.engine is None:
             self.engine = self.engine_factory(state)
             self.weights.version = version
-        elif self.rollouts is not None and self.policy.device.type == "cpu":
-            # rollouts ahead: the engine loads a copy once its current call ends, and the trainer goes on
-            # meanwhile (the next steps' rollouts queue behind the load). Not on a GPU, where a copy of
-            # the weights is memory the plan does not have.
-            self.weights.load_behind(self.engine, {k: v.clone() for k, v in state.items()}, version)
         else:
             self.weights.load(self.engine, state, version)
         return time.perf_counter() - t0
@@ -444,7 +438,6 @@ class Trainer:
         )
         try:
             self._fit_steps(ckpt_root, bar, schedule, stop)
-            self.weights.wait()  # the last weights are in the engine (a failed load stops the run here)
         finally:
             self.stop_rollouts_ahead()
         bar.close()
