@@ -55,16 +55,23 @@ def engine_visible_devices(local_rank: int, visible: str | None) -> str:
 @contextmanager
 def pinned_to(device: torch.device, cpus: list[int] | None = None):
     """Processes started inside see only ``device``'s GPU (on CUDA); on a CPU with ``cpus``, vLLM binds
-    its worker's threads to those cores (``VLLM_CPU_OMP_THREADS_BIND``, unless already set)."""
+    its worker's threads to those cores (``VLLM_CPU_OMP_THREADS_BIND``) and its processes block
+    instead of spinning while they wait for each other (``vllm_plugin``: the other cores are the
+    trainer's). A variable already set is left as it is."""
     if device.type != "cuda":
-        if not cpus or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        if not cpus:
             yield
             return
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cpus)
+        from nemo_orchestra.rollout.engines.vllm_plugin import ENV as SPIN_ENV
+
+        wanted = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cpus), SPIN_ENV: "0"}
+        added = {k: v for k, v in wanted.items() if k not in os.environ}
+        os.environ.update(added)
         try:
             yield
         finally:
-            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+            for k in added:
+                os.environ.pop(k, None)
         return
     before = os.environ.get("CUDA_VISIBLE_DEVICES")
     index = device.index if device.index is not None else torch.cuda.current_device()
