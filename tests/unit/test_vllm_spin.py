@@ -68,6 +68,12 @@ def test_pinned_to_sets_the_spin_and_the_binding_for_the_start_only_and_keeps_th
     with pinned_to(torch.device("cpu"), [0]):
         assert os.environ[ENV] == "0.5"
     assert os.environ[ENV] == "0.5"
+    for bad in ("fast", "-1"):
+        monkeypatch.setenv(ENV, bad)
+        with pytest.raises(ValueError, match=f"{ENV}='{bad}': must be a number of seconds >= 0"):
+            with pinned_to(torch.device("cpu"), [0]):
+                pass
+        assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ  # nothing set on the way out
 
 
 @needs_vllm

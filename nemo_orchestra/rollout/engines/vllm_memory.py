@@ -62,8 +62,9 @@ def pinned_to(device: torch.device, cpus: list[int] | None = None):
         if not cpus:
             yield
             return
-        from nemo_orchestra.rollout.engines.vllm_plugin import ENV as SPIN_ENV
+        from nemo_orchestra.rollout.engines.vllm_plugin import ENV as SPIN_ENV, check_spin_env
 
+        check_spin_env()
         wanted = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cpus), SPIN_ENV: "0"}
         added = {k: v for k, v in wanted.items() if k not in os.environ}
         os.environ.update(added)

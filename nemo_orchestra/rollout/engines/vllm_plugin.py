@@ -22,14 +22,29 @@ log = logging.getLogger(__name__)
 ENV = "NEMO_ORCHESTRA_VLLM_SPIN_S"
 
 
+def check_spin_env() -> None:
+    """In the trainer, before vLLM starts: a value set by hand must be a number of seconds >= 0 (vLLM's
+    processes would only log a warning, out of sight)."""
+    value = os.environ.get(ENV)
+    if value is not None and _seconds(value) is None:
+        raise ValueError(f"{ENV}={value!r}: must be a number of seconds >= 0 (0: vLLM's processes never spin)")
+
+
+def _seconds(value: str) -> float | None:
+    try:
+        s = float(value)
+    except ValueError:
+        return None
+    return s if s >= 0 else None
+
+
 def register() -> None:
     value = os.environ.get(ENV)
     if value is None:
         return
-    try:
-        spin_s = float(value)
-    except ValueError:
-        log.warning("%s=%r is not a number of seconds: vLLM's processes spin as they would", ENV, value)
+    spin_s = _seconds(value)
+    if spin_s is None:  # check_spin_env stops the trainer's own engines before this
+        log.warning("%s=%r is not a number of seconds >= 0: vLLM's processes spin as they would", ENV, value)
         return
     try:
         from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
