@@ -25,10 +25,14 @@ ready the loop waits for the first tool call to return, then up to ``batch_windo
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import heapq
+import itertools
 import logging
+import math
+import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,8 +52,49 @@ from nemo_orchestra.types import StopReason, TaskRecord, Trajectory
 from tools_env.tools.base import ToolArgumentError, check_arguments
 
 log = logging.getLogger(__name__)
-# engines are driven from one thread, always the same (vLLM's client sockets are not thread-safe)
-_ENGINE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-engine")
+
+
+class EngineThread:
+    """The one thread that drives the generation engines (vLLM's client sockets are not thread-safe).
+
+    Work waits in order of ``priority`` (lower first), then of submission; work already running is
+    never interrupted. Calls someone is blocked on right now (a weight load, held-out evaluation)
+    come first, then the rollouts of the oldest step: with rollouts ahead of training, step s + 1's
+    next turn would otherwise queue behind step s + 2's call, and the trainer, waiting for s + 1,
+    for both."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._queue: list = []
+        self._order = itertools.count()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, fn, priority: float = -math.inf) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._wake:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name=self.name, daemon=True)
+                self._thread.start()
+            heapq.heappush(self._queue, (priority, next(self._order), fn, future))
+            self._wake.notify()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue:
+                    self._wake.wait()
+                _, _, fn, future = heapq.heappop(self._queue)
+            if not future.set_running_or_notify_cancel():  # its caller gave up on it while it waited
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as e:
+                future.set_exception(e)
+
+
+_ENGINE_THREAD = EngineThread("rollout-engine")
 # the seed of evaluation episodes (a run's held-out report, evaluate.py): the service's draws for the
 # k-th episode depend on it and k only, so every policy meets the same simulated experts' luck
 HELDOUT_SEED = "heldout"
@@ -150,7 +195,8 @@ class EngineWeights:
         self.version = version
 
     def load(self, engine: GenerationEngine, state: dict, version: int) -> None:
-        """``engine.load_weights(state)`` between two generate calls; the version then becomes ``version``."""
+        """``engine.load_weights(state)`` after the generate call running now, before any that waits;
+        the version then becomes ``version``."""
 
         def load():
             engine.load_weights(state)
@@ -171,6 +217,9 @@ class EnginePolicy:
     top_p: float = 1.0
     name: str = "engine"
     weights: "EngineWeights | None" = None  # the version of the engine's weights, read with each call
+    # place of this policy's calls on the engine thread (EngineThread): -inf for a caller that waits
+    # now; the step, for rollouts ahead of training
+    priority: float = -math.inf
 
     async def act(self, episodes: list[Episode]) -> list[Turn]:
         def generate():  # on the engine thread, so no weight load can come between the version and the call
@@ -183,7 +232,7 @@ class EnginePolicy:
                 [self.chat.end_of_turn_id],
             )
 
-        version, gens = await asyncio.get_running_loop().run_in_executor(_ENGINE_THREAD, generate)
+        version, gens = await asyncio.wrap_future(_ENGINE_THREAD.submit(generate, self.priority))
         turns = []
         for e, g in zip(episodes, gens):
             ids = g.token_ids[:-1] if g.finished and g.token_ids[-1:] == [self.chat.end_of_turn_id] else g.token_ids

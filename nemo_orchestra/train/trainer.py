@@ -110,11 +110,25 @@ class Trainer:
         )
 
     async def episodes(
-        self, tasks: list[TaskRecord], samples: int, temperature: float, seed: str, stats: dict | None = None
+        self,
+        tasks: list[TaskRecord],
+        samples: int,
+        temperature: float,
+        seed: str,
+        stats: dict | None = None,
+        priority: float = -math.inf,
     ) -> list[Trajectory]:
+        """``priority``: the place of their engine calls (``EngineThread``): the step, for a step's
+        rollouts (the oldest step's go first); -inf for calls the trainer waits on now."""
         r = self.cfg.rollout
         policy = EnginePolicy(
-            self.engine, self.chat, r.max_new_tokens_per_turn, temperature, r.top_p, weights=self.weights
+            self.engine,
+            self.chat,
+            r.max_new_tokens_per_turn,
+            temperature,
+            r.top_p,
+            weights=self.weights,
+            priority=priority,
         )
         return await run_episodes(
             tasks,
@@ -136,14 +150,14 @@ class Trainer:
         tasks = self.batch_tasks(step)
         stats: dict = {}
         t0 = time.perf_counter()
-        trajs = await self.episodes(tasks, r.group_size, r.temperature, seed, stats)
-        drawn = await self.fill_informative_groups(tasks, trajs, seed, stats) if r.fill_informative_groups else 0
+        trajs = await self.episodes(tasks, r.group_size, r.temperature, seed, stats, priority=step)
+        drawn = await self.fill_informative_groups(tasks, trajs, seed, stats, step) if r.fill_informative_groups else 0
         stats["prompts_drawn"] = len(tasks) + drawn
         stats["wall_s"] = time.perf_counter() - t0
         return trajs, stats
 
     async def fill_informative_groups(
-        self, tasks: list[TaskRecord], trajs: list[Trajectory], seed: str, stats: dict
+        self, tasks: list[TaskRecord], trajs: list[Trajectory], seed: str, stats: dict, step: int
     ) -> int:
         """More prompts (appended to ``trajs``, their timings to ``stats``) until ``data.prompts_per_step``
         groups are informative or ``rollout.max_extra_prompts`` are drawn; returns how many were drawn.
@@ -160,7 +174,9 @@ class Trainer:
                 break
             extra = pool[drawn : drawn + min(need, r.max_extra_prompts - drawn)]
             more_stats: dict = {}
-            more = await self.episodes(extra, r.group_size, r.temperature, f"{seed}/extra{drawn}", more_stats)
+            more = await self.episodes(
+                extra, r.group_size, r.temperature, f"{seed}/extra{drawn}", more_stats, priority=step
+            )
             offset = max(t.group for t in trajs) + 1
             for t in more:
                 t.group += offset

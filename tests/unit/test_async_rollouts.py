@@ -13,10 +13,11 @@ from nemo_orchestra.config import load_config
 from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, ChatFormat, render_chat, tool_call_message
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 from nemo_orchestra.rollout.engines.base import Generation
-from nemo_orchestra.rollout.loop import EnginePolicy, EngineWeights, LoopLimits, run_episodes
+from nemo_orchestra.rollout.loop import Episode, EnginePolicy, EngineThread, EngineWeights, LoopLimits, run_episodes
 from nemo_orchestra.train.async_rollouts import AsyncRollouts
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.step import grpo_loss_fn
+from nemo_orchestra.types import Trajectory
 from tests.unit.helpers import loss_cfg
 from tools_env.client import ToolsEnvClient
 from tools_env.launch import start_service
@@ -99,6 +100,92 @@ def test_weights_load_between_calls_and_each_turn_keeps_its_version_and_logprobs
     # version 0's tokens: exp(-0.15 + 0.1) = 0.951; version 1's: exp(-0.15 + 0.2) = 1.051, capped at 1.02
     assert sorted(set(expected.tolist())) == pytest.approx([0.951229, 1.02], abs=1e-6)
     assert float(metrics["loss/tis_weight_mean"]) == pytest.approx(float(expected.mean()), rel=1e-6)
+
+
+def test_engine_thread_runs_waiting_work_by_priority_then_submission_and_skips_cancelled():
+    engine = EngineThread("test-engine")
+    started, gate, order = threading.Event(), threading.Event(), []
+
+    def running():
+        started.set()
+        gate.wait(10)
+        order.append("running")
+
+    def work(name):
+        return lambda: order.append(name) or name
+
+    first = engine.submit(running, priority=0)
+    assert started.wait(10)
+    futures = [
+        engine.submit(work("step 3"), priority=3),
+        engine.submit(work("step 2, first"), priority=2),
+        engine.submit(work("step 2, second"), priority=2),
+        engine.submit(work("cancelled"), priority=1),
+        engine.submit(work("weight load"), priority=-float("inf")),
+        engine.submit(work("step 1"), priority=1),
+    ]
+    assert futures[3].cancel()  # its caller gave up while it waited: never run
+    gate.set()
+    first.result(10)
+    assert [f.result(10) for f in futures if not f.cancelled()] == [
+        "step 3",
+        "step 2, first",
+        "step 2, second",
+        "weight load",
+        "step 1",
+    ]
+    assert order == ["running", "weight load", "step 1", "step 2, first", "step 2, second", "step 3"]
+
+    def fails():
+        raise RuntimeError("engine died")
+
+    with pytest.raises(RuntimeError, match="engine died"):
+        engine.submit(fails).result(10)
+    assert engine.submit(work("after an error")).result(10) == "after an error"  # the thread goes on
+
+
+def test_the_older_steps_turns_and_weight_loads_overtake_a_newer_steps_waiting_turn(chat):
+    """Rollouts of two steps share the engine: while a call runs, the older step's next turn, and a
+    weight load from the trainer, go before the newer step's turn that was queued first."""
+    order, gate, started = [], threading.Event(), threading.Event()
+
+    class Engine:
+        def load_weights(self, state):
+            order.append("weights")
+
+        def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids):
+            order.append(prompts[0][0])
+            if prompts[0][0] == 0:
+                started.set()
+                gate.wait(10)
+            return [Generation([chat.end_of_turn_id], [0.0], True) for _ in prompts]
+
+    engine, weights = Engine(), EngineWeights()
+
+    def episode(marker):
+        traj = Trajectory(task=TASK, group=0, token_ids=[marker], loss_mask=[0], gen_logprobs=[0.0], prompt_len=1)
+        return Episode(TASK, 0, 0, "", [], [], traj)
+
+    def act(step, marker):
+        policy = EnginePolicy(engine, chat, 8, 1.0, weights=weights, priority=step)
+        return asyncio.run(policy.act([episode(marker)]))
+
+    running = threading.Thread(target=act, args=(1, 0))  # step 1's turn, running when the others arrive
+    running.start()
+    assert started.wait(10)
+    newer = threading.Thread(target=act, args=(2, 2))
+    newer.start()
+    time.sleep(0.2)  # step 2's turn is queued first
+    older = threading.Thread(target=act, args=(1, 1))
+    older.start()
+    time.sleep(0.2)
+    loader = threading.Thread(target=weights.load, args=(engine, {}, 1))
+    loader.start()
+    time.sleep(0.2)
+    gate.set()
+    for t in (running, newer, older, loader):
+        t.join(10)
+    assert order == [0, "weights", 1, 2]
 
 
 def test_async_rollouts_start_within_k_versions_and_drop_nothing_on_close():

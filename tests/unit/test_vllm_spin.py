@@ -1,8 +1,10 @@
 """An engine that shares a CPU's cores with the trainer (``cpus`` given: rollouts ahead of training)
-makes vLLM's processes block instead of spinning while they wait for each other
-(``rollout/engines/vllm_plugin.py``); the variable is set for the engine's start only."""
+makes vLLM's processes block instead of spinning while they wait for each other, and never lose
+seconds to a lost wake-up (``rollout/engines/vllm_plugin.py``); the variable is set for the engine's
+start only."""
 
 import importlib.util
+import multiprocessing
 import os
 import time
 
@@ -12,10 +14,15 @@ import torch
 
 from nemo_orchestra.config import load_config
 from nemo_orchestra.rollout.engines.vllm_memory import pinned_to
-from nemo_orchestra.rollout.engines.vllm_plugin import ENV, register
+from nemo_orchestra.rollout.engines.vllm_plugin import ENV, RECHECK_MS, register
 
 VOCAB = 256
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+
+
+def burn(stop) -> None:
+    while not stop.is_set():
+        sum(range(10_000))
 
 
 def children_cpu_s(proc: psutil.Process) -> float:
@@ -52,6 +59,26 @@ def test_an_engine_on_shared_cores_leaves_them_idle_between_calls():
             time.sleep(0.6)  # vLLM's own default spins for 1 s after each message
             idle = children_cpu_s(me) - before
             assert idle < 0.15, f"vLLM's processes used {idle:.2f} s of CPU in 0.6 s between calls"
+
+        # every core busy, as the trainer and the tool service keep them: vLLM's wake-ups get lost now
+        # and then (2 of 60 calls took 5 s, vLLM's own recheck, without the plugin's RECHECK_MS)
+        stop = multiprocessing.get_context("spawn").Event()
+        burners = [multiprocessing.get_context("spawn").Process(target=burn, args=(stop,)) for _ in cores]
+        for b in burners:
+            b.start()
+        try:
+            slow = []
+            for i in range(60):
+                t0 = time.perf_counter()
+                engine.generate([[5, 6, 7]] * 4, 8, temperature=1.0, top_p=1.0, stop_ids=[])
+                if time.perf_counter() - t0 > 2.0:
+                    slow.append((i, round(time.perf_counter() - t0, 2)))
+                time.sleep(0.02 * (i % 5))
+            assert not slow, f"generate calls (index, seconds) that waited for a lost wake-up: {slow}"
+        finally:
+            stop.set()
+            for b in burners:
+                b.join(10)
     finally:
         engine.close()
 
@@ -99,3 +126,33 @@ def test_the_plugin_sets_how_long_a_reader_spins_and_only_when_asked(monkeypatch
     monkeypatch.setenv(ENV, "nonsense")
     register()  # a bad value leaves vLLM as it is, with a warning
     assert not hasattr(shm_broadcast.SpinCondition, "_nemo_orchestra_spin_s")
+
+
+@needs_vllm
+def test_a_blocked_reader_rechecks_the_buffer_itself_only_when_asked(monkeypatch, tmp_path):
+    """A wake-up that never comes (vLLM drops one when its socket has one in flight) costs a blocked
+    reader RECHECK_MS, not vLLM's 5 s recheck; readers that spin as vLLM's default keep its timeouts."""
+    import zmq
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    vllms_wait = shm_broadcast.SpinCondition.wait  # vLLM's own, unless an engine of this process set the plugin
+    monkeypatch.setattr(shm_broadcast.SpinCondition, "wait", getattr(vllms_wait, "__wrapped__", vllms_wait))
+    monkeypatch.delattr(shm_broadcast.SpinCondition, "_nemo_orchestra_spin_s", raising=False)
+    context = zmq.Context()
+    reader = shm_broadcast.SpinCondition(True, context, f"ipc://{tmp_path}/notify", busy_loop_s=0.0)
+    try:
+        monkeypatch.delenv(ENV, raising=False)
+        register()  # not asked: vLLM's own timeout
+        t0 = time.perf_counter()
+        reader.wait(timeout_ms=300)
+        assert time.perf_counter() - t0 >= 0.29
+        monkeypatch.setenv(ENV, "0")
+        register()
+        t0 = time.perf_counter()
+        reader.wait(timeout_ms=5000)  # no notification will come
+        assert time.perf_counter() - t0 < 20 * RECHECK_MS / 1000
+    finally:
+        reader.local_notify_socket.close(linger=0)
+        reader.read_cancel_socket.close(linger=0)
+        reader.write_cancel_socket.close(linger=0)
+        context.term()

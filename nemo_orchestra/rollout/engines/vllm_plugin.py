@@ -10,6 +10,12 @@ engine core waits for its worker or the worker for its next step. With
 block after that many seconds instead. Measured on the GRPO benchmark (2-core AVX2 EPYC, 16 x 8,
 one step ahead, README "Fast GRPO"). Without the variable nothing changes: on cores of its own
 vLLM's spinning pays (a decode step of 128 sequences: 49.6 ms spinning, 56.7 ms blocking).
+
+A blocked reader also wakes every ``RECHECK_MS`` to look at the buffer itself. vLLM's wake-up can
+be lost: the writer's socket keeps one notification in flight and drops the next (``SNDHWM=1``),
+and on busy cores the first may still be in flight when the second is sent. vLLM's own recheck
+comes after 5 s, which a spinning reader never reaches; a blocking one did, 2 calls in 60 on
+busy cores (``tests/unit/test_vllm_spin.py``), and one step ahead of training about every third step.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import os
 log = logging.getLogger(__name__)
 
 ENV = "NEMO_ORCHESTRA_VLLM_SPIN_S"
+RECHECK_MS = 5  # a lost wake-up costs at most this; an idle reader wakes 200 times a second (~1% of a core)
 
 
 def check_spin_env() -> None:
@@ -58,7 +65,9 @@ def register() -> None:
     def wait_spinning_at_most(self, timeout_ms=None):
         if self.is_reader:
             self.busy_loop_s = spin_s
+            timeout_ms = RECHECK_MS if timeout_ms is None else min(timeout_ms, RECHECK_MS)
         return wait(self, timeout_ms)
 
+    wait_spinning_at_most.__wrapped__ = wait
     SpinCondition.wait = wait_spinning_at_most
     SpinCondition._nemo_orchestra_spin_s = spin_s
