@@ -26,7 +26,7 @@ import os
 log = logging.getLogger(__name__)
 
 ENV = "NEMO_ORCHESTRA_VLLM_SPIN_S"
-RECHECK_MS = 5  # a lost wake-up costs at most this; an idle reader wakes 200 times a second (~1% of a core)
+RECHECK_MS = 50  # a lost wake-up costs at most this; an idle reader wakes 20 times a second
 
 
 def check_spin_env() -> None:
