@@ -47,12 +47,19 @@ def test_an_engine_on_shared_cores_leaves_them_idle_between_calls():
     info = init_distributed(cfg.parallel, seed=3)
     gpt = build_gpt_model(cfg.model, cfg.parallel, VOCAB, info.device).eval()
     cores = sorted(os.sched_getaffinity(0))
+    earlier = {p.pid for p in psutil.Process().children(recursive=True)}
     engine = VLLMEngine(
         cfg.model, VOCAB, None, torch.device("cpu"), full_state_dict(gpt), max_model_len=128, cpus=cores[:1]
     )
     try:
         assert ENV not in os.environ  # set for the engine's processes only
         me = psutil.Process()
+        # all the engine's processes run on its cores, the engine core as well as the bound worker
+        engine_procs = [p for p in me.children(recursive=True) if p.pid not in earlier]
+        assert len(engine_procs) >= 2
+        for p in engine_procs:
+            for t in p.threads():
+                assert os.sched_getaffinity(t.id) == set(cores[:1]), (p.name(), t.id)
         for _ in range(2):
             engine.generate([[5, 6, 7]] * 8, 16, temperature=1.0, top_p=1.0, stop_ids=[])
             before = children_cpu_s(me)

@@ -7,6 +7,7 @@ import os
 import shutil
 from contextlib import contextmanager
 
+import psutil
 import torch
 
 
@@ -68,8 +69,10 @@ def pinned_to(device: torch.device, cpus: list[int] | None = None):
         wanted = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cpus), SPIN_ENV: "0"}
         added = {k: v for k, v in wanted.items() if k not in os.environ}
         os.environ.update(added)
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
         try:
             yield
+            pin_new_processes(before, cpus)
         finally:
             for k in added:
                 os.environ.pop(k, None)
@@ -84,6 +87,25 @@ def pinned_to(device: torch.device, cpus: list[int] | None = None):
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         else:
             os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+def pin_new_processes(before: set[int], cpus: list[int]) -> None:
+    """Every thread of this process's descendants not in ``before`` (the engine's: its engine core and
+    its worker) runs on ``cpus`` only; threads they start later inherit it. vLLM binds only its
+    worker's compute threads; its engine core, which schedules each step while the worker waits
+    (no overlap on CPU), would otherwise run on the trainer's cores too."""
+    for proc in psutil.Process().children(recursive=True):
+        if proc.pid in before:
+            continue
+        try:
+            threads = [t.id for t in proc.threads()]
+        except psutil.Error:  # gone already
+            continue
+        for tid in threads:
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except OSError:  # a thread that ended meanwhile
+                pass
 
 
 def close_segment(shm) -> None:
