@@ -13,7 +13,15 @@ from nemo_orchestra.config import load_config
 from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, ChatFormat, render_chat, tool_call_message
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 from nemo_orchestra.rollout.engines.base import Generation
-from nemo_orchestra.rollout.loop import Episode, EnginePolicy, EngineThread, EngineWeights, LoopLimits, run_episodes
+from nemo_orchestra.rollout.loop import (
+    _ENGINE_THREAD,
+    EnginePolicy,
+    EngineThread,
+    EngineWeights,
+    Episode,
+    LoopLimits,
+    run_episodes,
+)
 from nemo_orchestra.train.async_rollouts import AsyncRollouts
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.step import grpo_loss_fn
@@ -170,18 +178,24 @@ def test_the_older_steps_turns_and_weight_loads_overtake_a_newer_steps_waiting_t
         policy = EnginePolicy(engine, chat, 8, 1.0, weights=weights, priority=step)
         return asyncio.run(policy.act([episode(marker)]))
 
+    def queued(n):  # wait until n calls wait on the engine thread (the order they arrive in is the test's)
+        deadline = time.monotonic() + 10
+        while len(_ENGINE_THREAD._queue) < n:
+            assert time.monotonic() < deadline, "the call never reached the engine thread"
+            time.sleep(0.005)
+
     running = threading.Thread(target=act, args=(1, 0))  # step 1's turn, running when the others arrive
     running.start()
     assert started.wait(10)
     newer = threading.Thread(target=act, args=(2, 2))
     newer.start()
-    time.sleep(0.2)  # step 2's turn is queued first
+    queued(1)  # step 2's turn is queued first
     older = threading.Thread(target=act, args=(1, 1))
     older.start()
-    time.sleep(0.2)
+    queued(2)
     loader = threading.Thread(target=weights.load, args=(engine, {}, 1))
     loader.start()
-    time.sleep(0.2)
+    queued(3)
     gate.set()
     for t in (running, newer, older, loader):
         t.join(10)

@@ -16,11 +16,12 @@ as the hf engine does. With top_p < 1 vLLM renormalizes over the nucleus: that i
 actually sampled from, and it differs from the trainer's full-vocabulary logprob by
 log(nucleus mass) per token; a warning says so once.
 
-Memory and placement: on a CPU the worker binds to ``cpus`` when given (rollouts ahead of training
-share the cores with the trainer: ``train/build.py: engine_cpus``). The KV cache is
-``ctx.kv_cache_bytes`` (the memory plan's, on CUDA: ``train/memory_plan.py``), else
-``rollout.kv_cache_gb``, else room for ``KV_SEQUENCES`` sequences of ``max_model_len`` tokens. On
-CUDA each rank's engine is pinned to the rank's own GPU: its processes start with ``CUDA_VISIBLE_DEVICES`` naming that one GPU (``engine_visible_devices``),
+Memory and placement: on a CPU, with ``cpus`` given (rollouts ahead of training share the cores
+with the trainer: ``train/build.py: engine_cpus``), every thread of the engine's processes runs on
+those cores (``vllm_memory.pinned_to``). The KV cache is ``ctx.kv_cache_bytes`` (the memory plan's,
+on CUDA: ``train/memory_plan.py``), else ``rollout.kv_cache_gb``, else room for ``KV_SEQUENCES``
+sequences of ``max_model_len`` tokens. On CUDA each rank's engine is pinned to the rank's own GPU:
+its processes start with ``CUDA_VISIBLE_DEVICES`` naming that one GPU (``engine_visible_devices``),
 and with ``rollout.sleep_while_training`` it is built with vLLM's sleep mode: ``sleep()`` (level 2)
 drops its weights and KV cache while the trainer trains, ``wake_up()`` takes the weights' memory
 back before the next weight sync, and the KV cache returns at the next ``generate``.

@@ -1,14 +1,17 @@
-"""Where the vLLM engine's memory lives: its GPU (pinning), and the layout of weights handed over
+"""Where the vLLM engine's memory lives: its GPU or its CPU cores (pinning), and the layout of weights handed over
 without files (shared-memory segments on CPU, CUDA IPC buckets on GPU). Used by ``vllm.py``."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from contextlib import contextmanager
 
 import psutil
 import torch
+
+log = logging.getLogger(__name__)
 
 
 def layout(hf: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[list, int]:
@@ -55,8 +58,9 @@ def engine_visible_devices(local_rank: int, visible: str | None) -> str:
 
 @contextmanager
 def pinned_to(device: torch.device, cpus: list[int] | None = None):
-    """Processes started inside see only ``device``'s GPU (on CUDA); on a CPU with ``cpus``, vLLM binds
-    its worker's threads to those cores (``VLLM_CPU_OMP_THREADS_BIND``) and its processes block
+    """Processes started inside see only ``device``'s GPU (on CUDA); on a CPU with ``cpus``, every thread
+    of the processes started inside runs on those cores (vLLM's worker binds its compute threads
+    there, ``VLLM_CPU_OMP_THREADS_BIND``; ``pin_new_processes`` the rest) and vLLM's processes block
     instead of spinning while they wait for each other (``vllm_plugin``: the other cores are the
     trainer's). A variable already set is left as it is."""
     if device.type != "cuda":
@@ -94,18 +98,26 @@ def pin_new_processes(before: set[int], cpus: list[int]) -> None:
     its worker) runs on ``cpus`` only; threads they start later inherit it. vLLM binds only its
     worker's compute threads; its engine core, which schedules each step while the worker waits
     (no overlap on CPU), would otherwise run on the trainer's cores too."""
+    failed = []
     for proc in psutil.Process().children(recursive=True):
         if proc.pid in before:
             continue
         try:
             threads = [t.id for t in proc.threads()]
-        except psutil.Error:  # gone already
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.Error as e:
+            failed.append(f"{proc.pid}: {e}")
             continue
         for tid in threads:
             try:
                 os.sched_setaffinity(tid, cpus)
-            except OSError:  # a thread that ended meanwhile
+            except ProcessLookupError:  # a thread that ended meanwhile
                 pass
+            except OSError as e:
+                failed.append(f"{proc.pid}/{tid}: {e}")
+    if failed:  # the engine still runs, only on any core: say so rather than slow down unexplained
+        log.warning("the engine's threads could not all be pinned to cores %s (%s)", cpus, "; ".join(failed[:3]))
 
 
 def close_segment(shm) -> None:
