@@ -72,7 +72,7 @@ def train(cfg, stop: rc.StopSignals) -> int:
         if info.is_main:
             rc.report_cut(cfg.run.output_dir, trainer.step)
         eval_tasks = load_eval_tasks(cfg) if cfg.evaluation.enabled else []
-        evals = {f"step {trainer.step}": trainer.evaluate_heldout(eval_tasks)} if eval_tasks else {}
+        evals = heldout(cfg, trainer, eval_tasks) if eval_tasks else {}
         stop.in_loop = True
         try:
             trainer.fit(ckpt_root, stop.requested)
@@ -87,6 +87,15 @@ def train(cfg, stop: rc.StopSignals) -> int:
     return 0
 
 
+def heldout(cfg, trainer, tasks: list) -> dict:
+    """The held-out figures at this step: one rollout per task at ``evaluation.temperature`` (0:
+    greedy), and ``evaluation.samples`` per task as GRPO samples them (``rollout.temperature``, ``top_p``)."""
+    out = {f"step {trainer.step}": trainer.evaluate_heldout(tasks)}
+    if k := cfg.evaluation.samples:
+        out[f"step {trainer.step}, {k} samples"] = trainer.evaluate_heldout(tasks, k, cfg.rollout.temperature)
+    return out
+
+
 def finish(cfg, info, trainer, evals: dict, eval_tasks: list) -> None:
     """The final held-out evaluation, report and Hugging Face export."""
     from nemo_orchestra.hf.export import export_hf
@@ -97,7 +106,7 @@ def finish(cfg, info, trainer, evals: dict, eval_tasks: list) -> None:
         if info.is_main:  # for recomputing the held-out figures: recipes/evaluate.py tasks=...
             with open(os.path.join(cfg.run.output_dir, "heldout.jsonl"), "w") as f:
                 f.writelines(t.to_json() + "\n" for t in eval_tasks)
-        evals[f"step {trainer.step}"] = trainer.evaluate_heldout(eval_tasks)
+        evals.update(heldout(cfg, trainer, eval_tasks))
         if info.is_main:
             plot_curves(cfg.run.output_dir)
             log.info("report: %s", write_report(cfg.run.output_dir, evals, "nemo-orchestra GRPO run"))

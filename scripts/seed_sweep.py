@@ -2,6 +2,7 @@
 
     python scripts/seed_sweep.py --seeds 1 2 3 4 5 [-- key=value ...]
     python scripts/seed_sweep.py --table runs/seeds/seed-1 runs/seeds/seed-2    # table of finished runs
+    python scripts/seed_sweep.py --table runs/seeds/seed-* --stages greedy      # from the greedy evaluation
 
 Each run goes to <--root>/seed-<N> (run.resume=false) with the overrides given after ``--``. The
 table has, per seed: wall time, held-out accuracy and cost per correct answer before and after
@@ -12,6 +13,10 @@ accuracy, "best expected" is what the held-out set allows at most: each task ans
 accurate route, the calculator (exact) where it is offered and the most accurate simulated expert
 elsewhere, at that expert's accuracy for the category. An accuracy gain larger than that minus the
 starting accuracy cannot be had.
+
+The figures come from the run's sampled held-out evaluation (``evaluation.samples`` rollouts per
+task at the rollout temperature and top-p: the policy GRPO trains, with 8 x the episodes) where the
+run has one, else from its greedy one; ``--stages greedy`` picks the greedy one.
 """
 
 from __future__ import annotations
@@ -61,14 +66,26 @@ def best_expected_accuracy(run_dir: str) -> float:
     return sum(best) / len(best) if best else math.nan
 
 
-def summary(run_dir: str) -> dict:
+def pick_stages(evals: dict, stages: str = "sampled") -> tuple[dict, dict]:
+    """The first and last held-out evaluation of ``stages``: "sampled" (the stages named "step N, K
+    samples", or the greedy ones where the run has none) or "greedy" (the stages named "step N")."""
+    sampled = [k for k in evals if k.endswith(" samples")]
+    if stages not in ("sampled", "greedy"):
+        raise ValueError(f"stages must be sampled or greedy, not {stages!r}")
+    names = sampled if stages == "sampled" and sampled else [k for k in evals if k not in sampled]
+    if not names:
+        raise ValueError(f"no {stages} held-out evaluation among {list(evals)}")
+    return evals[names[0]], evals[names[-1]]
+
+
+def summary(run_dir: str, stages: str = "sampled") -> dict:
     """The figures of one finished run, from its eval.json (first and last held-out evaluation)."""
     path = os.path.join(run_dir, "eval.json")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{run_dir}: no eval.json (the run did not finish its evaluation)")
     with open(path) as f:
         evals = json.load(f)
-    (_, before), (_, after) = list(evals.items())[0], list(evals.items())[-1]
+    before, after = pick_stages(evals, stages)
     arith = after.get("category/arithmetic/cost_sensitive", {})
     out = {
         "acc": (before["all"]["accuracy"], after["all"]["accuracy"]),
@@ -104,8 +121,8 @@ def row(seed: str, s: dict) -> str:
     )
 
 
-def table(runs: list[tuple[str, str]]) -> str:
-    return "\n".join([COLUMNS] + [row(seed, summary(d)) for seed, d in runs])
+def table(runs: list[tuple[str, str]], stages: str = "sampled") -> str:
+    return "\n".join([COLUMNS] + [row(seed, summary(d, stages)) for seed, d in runs])
 
 
 def main(argv: list[str]) -> int:
@@ -114,10 +131,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seeds", nargs="*", default=[])
     p.add_argument("--root", default="runs/seeds")
     p.add_argument("--table", nargs="*", default=None, metavar="RUN_DIR")
+    p.add_argument("--stages", choices=("sampled", "greedy"), default="sampled")
     args = p.parse_args(own)
     if args.table is not None:
         try:
-            print(table([(os.path.basename(d.rstrip("/")), d) for d in args.table]))
+            print(table([(os.path.basename(d.rstrip("/")), d) for d in args.table], args.stages))
         except (FileNotFoundError, KeyError, ValueError) as e:
             print(f"seed_sweep: {e}", file=sys.stderr)
             return 2
@@ -138,7 +156,7 @@ def main(argv: list[str]) -> int:
         with open(os.path.join(out, "wall_time_s"), "w") as f:
             f.write(f"{time.monotonic() - t0:.1f}\n")
         runs.append((seed, out))
-    print(table(runs))
+    print(table(runs, args.stages))
     return 0
 
 

@@ -25,12 +25,20 @@ def _fmt(value, spec: str) -> str:
     return spec.format(value)
 
 
+STAGES = (
+    "Held-out tasks before and after GRPO. `step N`: one rollout per task at `evaluation.temperature` "
+    "(0: greedy); `step N, K samples`: K rollouts per task at `rollout.temperature` and `rollout.top_p`, "
+    "as GRPO samples them, each figure over all K rollouts of every task (n counts rollouts)."
+)
+
+
 def write_report(out_dir: str, evals: dict[str, dict[str, dict[str, float]]], title: str) -> str:
-    """``evals``: {stage ("warm start", "final"): breakdown()}; writes report.md and eval.json."""
+    """``evals``: {stage ("step 0", "step 0, 8 samples", "step 80", ...): breakdown()}; writes report.md
+    and eval.json."""
     with open(os.path.join(out_dir, "eval.json"), "w") as f:
         json.dump(evals, f, indent=2)
     stages = list(evals)
-    lines = [f"# {title}", "", "Held-out tasks, one greedy rollout each, before and after GRPO.", ""]
+    lines = [f"# {title}", "", STAGES, ""]
     groups = sorted({g for e in evals.values() for g in e}, key=lambda g: (g != "all", g))
     lines += [
         "| slice | stage | n | " + " | ".join(c[1] for c in COLUMNS) + " |",

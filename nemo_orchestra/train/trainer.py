@@ -380,22 +380,26 @@ class Trainer:
                     + "\n"
                 )
 
-    def evaluate_heldout(self, tasks: list[TaskRecord]) -> dict:
-        """One rollout per held-out task at ``evaluation.temperature`` (on the replica's first
-        model-parallel rank, shared with the others); summaries by slice."""
+    def evaluate_heldout(self, tasks: list[TaskRecord], samples: int = 1, temperature: float | None = None) -> dict:
+        """``samples`` rollouts per held-out task at ``temperature`` (default ``evaluation.temperature``)
+        on the replica's first model-parallel rank, shared with the others; summaries by slice, each
+        over every rollout of its tasks."""
         from nemo_orchestra.evaluation.heldout import breakdown
 
-        temperature = self.cfg.evaluation.temperature
+        temperature = self.cfg.evaluation.temperature if temperature is None else temperature
+        rng = rng_state()  # an in-process engine samples from torch's generator: training's draws stay as they were
         trajs = broadcast_in_model_parallel_group(
-            self.on_rollout_rank(lambda: self.run_loop(tasks, 1, temperature, seed=HELDOUT_SEED))
+            self.on_rollout_rank(lambda: self.run_loop(tasks, samples, temperature, seed=HELDOUT_SEED))
         )
+        set_rng_state(rng)
         result = breakdown(trajs)
         log.info(
-            "held-out at step %d: accuracy %.3f, mean cost $%.6f over %d tasks",
+            "held-out at step %d: accuracy %.3f, mean cost $%.6f over %d tasks%s",
             self.step,
             result["all"]["accuracy"],
             result["all"]["cost_mean"],
-            result["all"]["n"],
+            len(tasks),
+            f" x {samples} samples at temperature {temperature:g}" if samples > 1 else "",
         )
         return result
 

@@ -27,6 +27,8 @@ SMALL = [
     "rollout.group_size=2",
     "rollout.max_turns=2",
     "rollout.engine=hf",
+    "data.num_eval_tasks=6",
+    "evaluation.samples=2",
 ]  # the vllm engine has its own end-to-end test
 
 
@@ -61,6 +63,17 @@ def test_metrics_per_step(run_dir):
         assert not missing, missing
         assert r["rollout/turns_mean"] >= 1
         assert r["perf/tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_heldout_report_greedy_and_sampled_before_and_after(run_dir):
+    evals = json.loads((run_dir / "eval.json").read_text())
+    (first, last) = sorted({int(k.split()[1].rstrip(",")) for k in evals})  # 0 and 2 (2 and 3 once resumed)
+    assert list(evals) == [f"step {first}", f"step {first}, 2 samples", f"step {last}", f"step {last}, 2 samples"]
+    for step in (first, last):
+        assert evals[f"step {step}"]["all"]["n"] == 6 and evals[f"step {step}, 2 samples"]["all"]["n"] == 12
+    report = (run_dir / "report.md").read_text()
+    assert f"| all | step {last}, 2 samples | 12 |" in report
 
 
 @pytest.mark.slow

@@ -43,3 +43,37 @@ def test_breakdown_crosses_category_and_profile():
 def test_tasks_without_a_profile_get_no_profile_slices():
     out = breakdown([traj(t=task(category="lookup"))])
     assert set(out) == {"all", "category/lookup"}
+
+
+def test_a_sampled_evaluation_leaves_trainings_random_draws_as_they_were():
+    """An in-process engine samples from torch's generator; the held-out evaluation must not shift
+    the draws of the GRPO steps after it (nor a resumed run's, which evaluates first)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from nemo_orchestra.rollout.loop import HELDOUT_SEED
+    from nemo_orchestra.train.trainer import Trainer
+
+    calls = []
+
+    def run_loop(tasks, samples, temperature, seed):
+        calls.append((samples, temperature, seed))
+        torch.rand(4)  # what sampling does to the generator
+        return [_t("lookup", "accuracy_first", "expert-large") for _ in range(len(tasks) * samples)]
+
+    trainer = SimpleNamespace(
+        cfg=SimpleNamespace(evaluation=SimpleNamespace(temperature=0.0)),
+        step=80,
+        run_loop=run_loop,
+        on_rollout_rank=lambda f: f(),
+    )
+    tasks = [task(category="lookup") for _ in range(3)]
+    torch.manual_seed(0)
+    expected = torch.rand(2)
+    torch.manual_seed(0)
+    sampled = Trainer.evaluate_heldout(trainer, tasks, 8, 0.7)
+    assert torch.equal(torch.rand(2), expected)
+    assert calls == [(8, 0.7, HELDOUT_SEED)] and sampled["all"]["n"] == 24  # every rollout counts
+    Trainer.evaluate_heldout(trainer, tasks)
+    assert calls[-1] == (1, 0.0, HELDOUT_SEED)  # one rollout per task at evaluation.temperature

@@ -75,3 +75,21 @@ def test_best_expected_accuracy_from_the_heldout_tasks_and_the_run_experts(tmp_p
     }
     (tmp_path / "seed-9" / "config.yaml").write_text(json.dumps({"tools": {"service": endpoints}}))
     assert math.isnan(summary(d)["best"])  # real experts: no accuracy known in advance
+
+
+def test_the_sampled_evaluation_is_judged_where_the_run_has_one(tmp_path):
+    d = _run(tmp_path, "seed-3", large_acc_first=0.9, calc_acc=0.86, seconds=500.0)
+    evals = json.loads((tmp_path / "seed-3" / "eval.json").read_text())
+    sampled_after = {**evals["step 80"], "all": _slice(0.8, 0.0006)}
+    evals = {
+        "step 0": evals["step 0"],
+        "step 0, 8 samples": {"all": _slice(0.45, 0.002)},
+        "step 80": evals["step 80"],
+        "step 80, 8 samples": sampled_after,
+    }
+    (tmp_path / "seed-3" / "eval.json").write_text(json.dumps(evals))
+    assert summary(d)["acc"] == (0.45, 0.8) and summary(d)["cpc"] == (0.002, 0.0006)
+    assert summary(d, "greedy")["acc"] == (0.3, 0.75)
+    assert main(["--table", d, "--stages", "greedy"]) == 0
+    assert main(["--table", d]) == 0  # and a run without sampled stages falls back to its greedy ones
+    assert summary(_run(tmp_path, "greedy-only", 0.9, 0.86, 500.0))["acc"] == (0.3, 0.75)
