@@ -109,7 +109,9 @@ def finish(cfg, info, trainer, evals: dict, eval_tasks: list) -> None:
         evals.update(heldout(cfg, trainer, eval_tasks))
         if info.is_main:
             plot_curves(cfg.run.output_dir)
-            log.info("report: %s", write_report(cfg.run.output_dir, evals, "nemo-orchestra GRPO run"))
+            r, k = cfg.rollout, cfg.evaluation.samples
+            sampled = f"checkpoint.temperature={r.temperature:g} checkpoint.top_p={r.top_p:g} samples={k}" if k else ""
+            log.info("report: %s", write_report(cfg.run.output_dir, evals, "nemo-orchestra GRPO run", sampled))
     if cfg.export.enabled:
         weights = full_state_dict(trainer.policy.module)  # gathered from the TP/PP shards: every rank joins
         if info.is_main:

@@ -32,9 +32,9 @@ STAGES = (
 )
 
 
-def write_report(out_dir: str, evals: dict[str, dict[str, dict[str, float]]], title: str) -> str:
+def write_report(out_dir: str, evals: dict[str, dict[str, dict[str, float]]], title: str, sampled: str = "") -> str:
     """``evals``: {stage ("step 0", "step 0, 8 samples", "step 80", ...): breakdown()}; writes report.md
-    and eval.json."""
+    and eval.json. ``sampled``: the evaluate.py arguments that recompute the sampled stages."""
     with open(os.path.join(out_dir, "eval.json"), "w") as f:
         json.dump(evals, f, indent=2)
     stages = list(evals)
@@ -73,11 +73,20 @@ def write_report(out_dir: str, evals: dict[str, dict[str, dict[str, float]]], ti
         "",
         "![curves](curves.png)",
         "",
-        "The held-out tasks are in `heldout.jsonl`; to recompute the final figures from the saved checkpoint:",
+        "The held-out tasks are in `heldout.jsonl`; to recompute the final figures from the saved checkpoint"
+        + (" (the second command draws the sampled ones afresh):" if sampled else ":"),
         "",
         "```bash",
         f"python recipes/evaluate.py tasks={out_dir}/heldout.jsonl output={out_dir}/evaluate "
         f"policies=checkpoint:{out_dir},strongest,cheapest preferences=record",
+        *(
+            [
+                f"python recipes/evaluate.py tasks={out_dir}/heldout.jsonl output={out_dir}/evaluate_sampled "
+                f"policies=checkpoint:{out_dir} preferences=record {sampled}"
+            ]
+            if sampled
+            else []
+        ),
         "```",
         "",
     ]

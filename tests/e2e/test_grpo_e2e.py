@@ -74,6 +74,7 @@ def test_heldout_report_greedy_and_sampled_before_and_after(run_dir):
         assert evals[f"step {step}"]["all"]["n"] == 6 and evals[f"step {step}, 2 samples"]["all"]["n"] == 12
     report = (run_dir / "report.md").read_text()
     assert f"| all | step {last}, 2 samples | 12 |" in report
+    assert "checkpoint.temperature=0.7 checkpoint.top_p=0.9 samples=2" in report  # how to draw them again
 
 
 @pytest.mark.slow
