@@ -116,7 +116,8 @@ def finish(cfg, info, trainer, evals: dict, eval_tasks: list) -> None:
         weights = full_state_dict(trainer.policy.module)  # gathered from the TP/PP shards: every rank joins
         if info.is_main:
             out = cfg.export.dir or os.path.join(cfg.run.output_dir, "hf")
-            export_hf(weights, cfg.model, trainer.vocab_size, trainer.tokenizer, out)
+            sampling = (cfg.rollout.temperature, cfg.rollout.top_p)  # the server's default: as trained
+            export_hf(weights, cfg.model, trainer.vocab_size, trainer.tokenizer, out, sampling=sampling)
             log.info("exported Hugging Face checkpoint to %s", out)
 
 

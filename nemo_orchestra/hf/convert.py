@@ -110,6 +110,19 @@ def find_tokenizer(ckpt_dir: str, explicit: str | None) -> str | None:
     return None
 
 
+def run_sampling(ckpt_dir: str) -> tuple[float, float]:
+    """The temperature and top-p the training run sampled its rollouts with (its ``config.yaml``, beside
+    ``checkpoints/``); (1.0, 1.0), the full distribution, for a checkpoint outside a run folder."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(ckpt_dir))), "config.yaml")
+    if not os.path.exists(path):
+        return 1.0, 1.0
+    import yaml
+
+    with open(path) as f:
+        rollout = (yaml.safe_load(f) or {}).get("rollout") or {}
+    return float(rollout.get("temperature", 1.0)), float(rollout.get("top_p", 1.0))
+
+
 def export_checkpoint(
     ckpt_dir: str,
     out_dir: str,
@@ -158,7 +171,15 @@ def export_checkpoint(
             log.warning("no tokenizer found for %s (pass tokenizer=DIR): the export has no tokenizer files", ckpt_dir)
         tmp = out_dir.rstrip("/") + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        export_hf(weights, model, meta["vocab_size"], tokenizer, tmp, dtype=TORCH_DTYPES[dtype or model.params_dtype])
+        export_hf(
+            weights,
+            model,
+            meta["vocab_size"],
+            tokenizer,
+            tmp,
+            dtype=TORCH_DTYPES[dtype or model.params_dtype],
+            sampling=run_sampling(ckpt_dir),
+        )
         shutil.rmtree(out_dir, ignore_errors=True)
         os.replace(tmp, out_dir)
     _barrier()

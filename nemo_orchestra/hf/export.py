@@ -2,6 +2,9 @@
 
 Weights go in shards of at most 2 GB with ``model.safetensors.index.json`` when there is more
 than one (one ``model.safetensors`` otherwise), as ``transformers`` and vLLM expect.
+``generation_config.json`` carries the sampling the policy was trained under (a run's
+``rollout.temperature`` and ``rollout.top_p``; temperature 0: greedy): vLLM's OpenAI server takes it
+as the default of a request that names none.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ def export_hf(
     tokenizer,
     out_dir: str,
     dtype: torch.dtype = torch.float32,
+    sampling: tuple[float, float] = (1.0, 1.0),
 ) -> str:
     from safetensors.torch import save_file
     from transformers import GenerationConfig
@@ -34,8 +38,11 @@ def export_hf(
     config = hf_config(model, vocab_size, tokenizer, dtype=dtype_name)
     config.architectures = [architecture(model)]
     config.save_pretrained(out_dir)
+    temperature, top_p = sampling  # the run's rollout.temperature and top_p: a server's default (vLLM reads them)
     GenerationConfig(
-        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, temperature=1.0, top_p=1.0, do_sample=True
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        **(dict(do_sample=True, temperature=temperature, top_p=top_p) if temperature > 0 else dict(do_sample=False)),
     ).save_pretrained(out_dir)
     shards, current, size = [], {}, 0
     for name in sorted(hf):

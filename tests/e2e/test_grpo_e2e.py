@@ -95,6 +95,8 @@ def test_export_loads_in_transformers_offline(run_dir):
     hf = run_dir / "hf"
     for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
         assert (hf / name).is_file(), name
+    gen = json.loads((hf / "generation_config.json").read_text())  # a server's default: as the rollouts sampled
+    assert (gen["do_sample"], gen["temperature"], gen["top_p"]) == (True, 0.7, 0.9)
     tok = AutoTokenizer.from_pretrained(hf, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(hf, local_files_only=True)
     ids = tok.apply_chat_template(

@@ -72,3 +72,29 @@ def test_export_folder_loads_offline(models, tmp_path):
     ids = torch.randint(0, VOCAB, (1, 19))
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, hf(ids).logits)
+
+
+@pytest.mark.parametrize("sampling", [(0.7, 0.9), (0.0, 1.0)], ids=["sampled", "greedy"])
+def test_export_generation_config_samples_as_the_run_did(models, tmp_path, sampling):
+    """A server that reads generation_config.json (vLLM's does) samples by default as training did."""
+    from transformers import GenerationConfig
+
+    from nemo_orchestra.hf.export import export_hf
+
+    cfg, gpt, _ = models
+    export_hf(full_state_dict(gpt), cfg.model, VOCAB, None, str(tmp_path), sampling=sampling)
+    gen = GenerationConfig.from_pretrained(str(tmp_path), local_files_only=True)
+    if sampling[0] > 0:
+        assert gen.do_sample and (gen.temperature, gen.top_p) == sampling
+    else:
+        assert not gen.do_sample
+
+
+def test_a_checkpoint_export_takes_its_runs_sampling(tmp_path):
+    from nemo_orchestra.hf.convert import run_sampling
+
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000003"
+    ckpt.mkdir(parents=True)
+    (tmp_path / "run" / "config.yaml").write_text("rollout:\n  temperature: 0.7\n  top_p: 0.9\n")
+    assert run_sampling(str(ckpt)) == (0.7, 0.9)
+    assert run_sampling(str(tmp_path / "imported")) == (1.0, 1.0)  # not in a run folder: the full distribution

@@ -5,7 +5,10 @@ The tests that need vLLM skip without it; the timeout and missing-package tests 
 """
 
 import importlib.util
+import os
+import stat
 import sys
+import tempfile
 import time
 from types import SimpleNamespace
 
@@ -43,14 +46,30 @@ def setup():
                 p.add_(0.1 * torch.randn_like(p))
             else:
                 p.mul_(4.0)
+    sockets_before = _sockets(tempfile.gettempdir())
     engine = VLLMEngine(cfg.model, VOCAB, None, CPU, full_state_dict(gpt), sync_timeout_s=60.0, max_model_len=256)
+    sockets_left = _sockets(tempfile.gettempdir()) - sockets_before
     tok = SimpleNamespace(get_vocab=dict, eos_token_id=1, pad_token_id=0)
     hf = HFEngine(cfg.model, VOCAB, tok, CPU)
     hf.load_weights(full_state_dict(gpt))
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(2, VOCAB, (n,), generator=g).tolist() for n in (5, 17, 30)]
-    yield SimpleNamespace(cfg=cfg, gpt=gpt, engine=engine, hf=hf, prompts=prompts)
+    yield SimpleNamespace(cfg=cfg, gpt=gpt, engine=engine, hf=hf, prompts=prompts, sockets_left=sockets_left)
     engine.close()
+    assert not os.path.exists(engine._ipc), "the engine's socket folder outlived close()"
+
+
+def _sockets(folder: str) -> set[str]:
+    return {e.name for e in os.scandir(folder) if stat.S_ISSOCK(e.stat(follow_symlinks=False).st_mode)}
+
+
+@needs_vllm
+def test_its_sockets_go_to_a_folder_of_its_own(setup):
+    """vLLM's processes talk over ZMQ sockets, files that outlive them: they go to the engine's own
+    folder (removed at close, checked as the module ends), not loose into the temp folder."""
+    assert not setup.sockets_left
+    assert _sockets(setup.engine._ipc)
+    assert "VLLM_RPC_BASE_PATH" not in os.environ  # set for the engine's start only
 
 
 @needs_vllm

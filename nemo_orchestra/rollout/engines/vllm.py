@@ -55,7 +55,15 @@ from nemo_orchestra.hf.export import export_hf
 from nemo_orchestra.hf.qwen3 import megatron_to_hf
 from nemo_orchestra.megatron.model import DTYPES
 from nemo_orchestra.rollout.engines.base import EngineCapabilities, EngineContext, Generation, GenerationEngine
-from nemo_orchestra.rollout.engines.vllm_memory import buckets, close_segment, layout, pinned_to, remove, sizes
+from nemo_orchestra.rollout.engines.vllm_memory import (
+    buckets,
+    close_segment,
+    env_defaults,
+    layout,
+    pinned_to,
+    remove,
+    sizes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +146,11 @@ class VLLMEngine(GenerationEngine):
         shm = os.environ.get("NEMO_ORCHESTRA_RUN_SHM") or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
         self._dir = tempfile.mkdtemp(prefix="nemo-orchestra-vllm-", dir=shm)
         self._segments: list = []  # shared-memory segments, unlinked with the folder
-        self._cleanup = weakref.finalize(self, remove, self._dir, self._segments)
+        # vLLM's processes talk over ZMQ sockets, files in VLLM_RPC_BASE_PATH (the temp folder) that
+        # outlive them: here a folder of the engine's own, removed with it (a short path, under the
+        # 107 bytes a socket path may have)
+        self._ipc = tempfile.mkdtemp(prefix="vllm-ipc-")
+        self._cleanup = weakref.finalize(self, remove, self._dir, self._segments, self._ipc)
         # token ids in and out, so no tokenizer in the engine: vLLM's chat-template warm-up then
         # fails harmlessly and would log a traceback at WARNING
         logging.getLogger("vllm.renderers.base").addFilter(_drop_chat_template_warmup)
@@ -151,7 +163,7 @@ class VLLMEngine(GenerationEngine):
                     enable_sleep_mode=sleep_mode,
                     gpu_memory_utilization=self._engine_share(init_state, kv_bytes, gpu_memory_utilization),
                 )
-            with pinned_to(device, cpus):
+            with pinned_to(device, cpus), env_defaults(VLLM_RPC_BASE_PATH=self._ipc):
                 self.llm = LLM(
                     model=folder,
                     dtype=str(self.dtype).removeprefix("torch."),

@@ -57,6 +57,19 @@ def engine_visible_devices(local_rank: int, visible: str | None) -> str:
 
 
 @contextmanager
+def env_defaults(**wanted: str):
+    """The environment variables of ``wanted`` that are not set, set for the block (processes started
+    inside inherit them); a variable already set is left as it is."""
+    added = {k: v for k, v in wanted.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+@contextmanager
 def pinned_to(device: torch.device, cpus: list[int] | None = None):
     """Processes started inside see only ``device``'s GPU (on CUDA); on a CPU with ``cpus``, every thread
     of the processes started inside runs on those cores (vLLM's worker binds its compute threads
@@ -70,16 +83,10 @@ def pinned_to(device: torch.device, cpus: list[int] | None = None):
         from nemo_orchestra.rollout.engines.vllm_plugin import ENV as SPIN_ENV, check_spin_env
 
         check_spin_env()
-        wanted = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cpus), SPIN_ENV: "0"}
-        added = {k: v for k, v in wanted.items() if k not in os.environ}
-        os.environ.update(added)
         before = {p.pid for p in psutil.Process().children(recursive=True)}
-        try:
+        with env_defaults(VLLM_CPU_OMP_THREADS_BIND=",".join(str(c) for c in cpus), **{SPIN_ENV: "0"}):
             yield
             pin_new_processes(before, cpus)
-        finally:
-            for k in added:
-                os.environ.pop(k, None)
         return
     before = os.environ.get("CUDA_VISIBLE_DEVICES")
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -128,7 +135,8 @@ def close_segment(shm) -> None:
         pass
 
 
-def remove(folder: str, segments: list) -> None:
-    shutil.rmtree(folder, ignore_errors=True)
+def remove(folder: str, segments: list, *folders: str) -> None:
+    for f in (folder, *folders):
+        shutil.rmtree(f, ignore_errors=True)
     for shm in segments:
         close_segment(shm)
