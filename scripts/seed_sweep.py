@@ -12,7 +12,9 @@ which only the free calculator reaches (an expert call costs more than $0.0002).
 accuracy, "best expected" is what the held-out set allows at most: each task answered by its most
 accurate route, the calculator (exact) where it is offered and the most accurate simulated expert
 elsewhere, at that expert's accuracy for the category. An accuracy gain larger than that minus the
-starting accuracy cannot be had.
+starting accuracy cannot be had. "Preference ceiling" is the same with each cost-sensitive task on
+the route its own reward prefers (``PREFERRED``, see ``nemo_orchestra/data/default_tasks.py``): what
+a policy that follows the preferences can expect at most.
 
 The figures come from the run's sampled held-out evaluation (``evaluation.samples`` rollouts per
 task at the rollout temperature and top-p: the policy GRPO trains, with 8 x the episodes) where the
@@ -31,9 +33,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = (
-    "| seed | time | accuracy | best expected | cost per correct $ | separation "
+    "| seed | time | accuracy | best expected | preference ceiling | cost per correct $ | separation "
     "| arithmetic, cost-sensitive: accuracy, $ per task | meets the targets |\n"
-    "| --- | --- | --- | --- | --- | --- | --- | --- |"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 )
 
 
@@ -41,10 +43,17 @@ def _large_share(s: dict) -> float:
     return s.get("expert_share/expert-large", 0.0)
 
 
-def best_expected_accuracy(run_dir: str) -> float:
+# the expert a cost-sensitive task's reward prefers under the default simulated experts, by category
+# (default_tasks.py); arithmetic that offers the calculator takes it under either preference
+PREFERRED = {"lookup": "expert-small", "reasoning": "expert-medium"}
+
+
+def best_expected_accuracy(run_dir: str, follow_preferences: bool = False) -> float:
     """The held-out set's expected accuracy when every task takes its most accurate route: the
     calculator (exact) on arithmetic that offers it, else the most accurate of the run's simulated
-    experts for the task's category. NaN without the run's heldout.jsonl and config.yaml."""
+    experts for the task's category. ``follow_preferences``: cost-sensitive tasks take the expert of
+    ``PREFERRED`` instead (the most accurate where it names none or the run lacks it). NaN without the
+    run's heldout.jsonl and config.yaml."""
     tasks_path, config_path = os.path.join(run_dir, "heldout.jsonl"), os.path.join(run_dir, "config.yaml")
     if not (os.path.exists(tasks_path) and os.path.exists(config_path)):
         return math.nan
@@ -60,9 +69,16 @@ def best_expected_accuracy(run_dir: str) -> float:
         return math.nan
     tasks = load_jsonl(tasks_path)
     exact = [t.category == "arithmetic" and "calculator" in t.tools for t in tasks]
-    best = [
-        1.0 if x else max(for_category(e.accuracy, t.category) for e in experts.values()) for t, x in zip(tasks, exact)
-    ]
+
+    def expected(t, calculator: bool) -> float:
+        if calculator:
+            return 1.0
+        alias = PREFERRED.get(t.category) if t.meta.get("preference_name") == "cost_sensitive" else None
+        if follow_preferences and alias in experts:
+            return for_category(experts[alias].accuracy, t.category)
+        return max(for_category(e.accuracy, t.category) for e in experts.values())
+
+    best = [expected(t, x) for t, x in zip(tasks, exact)]
     return sum(best) / len(best) if best else math.nan
 
 
@@ -94,6 +110,7 @@ def summary(run_dir: str, stages: str = "sampled") -> dict:
         - _large_share(after.get("preference/cost_sensitive", {})),
         "calc": (arith.get("accuracy", math.nan), arith.get("cost_mean", math.nan)),
         "best": best_expected_accuracy(run_dir),
+        "ceiling": best_expected_accuracy(run_dir, follow_preferences=True),
     }
     timing = os.path.join(run_dir, "wall_time_s")
     if os.path.exists(timing):
@@ -116,7 +133,8 @@ def row(seed: str, s: dict) -> str:
     t = s["time_s"]
     minutes = "?" if math.isnan(t) else f"{int(t // 60)} min {int(t % 60):02d} s"
     return (
-        f"| {seed} | {minutes} | {a0:.3f} -> {a1:.3f} | {s['best']:.3f} | {c0:.6f} -> {c1:.6f} | {s['separation']:+.2f} "
+        f"| {seed} | {minutes} | {a0:.3f} -> {a1:.3f} | {s['best']:.3f} | {s['ceiling']:.3f} | {c0:.6f} -> {c1:.6f} "
+        f"| {s['separation']:+.2f} "
         f"| {ca:.2f}, {cc:.6f} | {'yes' if meets(s) else 'no'} |"
     )
 

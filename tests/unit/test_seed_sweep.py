@@ -93,3 +93,24 @@ def test_the_sampled_evaluation_is_judged_where_the_run_has_one(tmp_path):
     assert main(["--table", d, "--stages", "greedy"]) == 0
     assert main(["--table", d]) == 0  # and a run without sampled stages falls back to its greedy ones
     assert summary(_run(tmp_path, "greedy-only", 0.9, 0.86, 500.0))["acc"] == (0.3, 0.75)
+
+
+def test_the_preference_ceiling_puts_cost_sensitive_tasks_on_the_route_their_reward_prefers(tmp_path):
+    d = _run(tmp_path, "seed-11", large_acc_first=0.9, calc_acc=0.86, seconds=500.0)
+    tasks = [
+        {"category": "lookup", "meta": {"preference_name": "cost_sensitive"}},  # expert-small: 0.8
+        {"category": "lookup", "meta": {"preference_name": "accuracy_first"}},  # the most accurate: 0.98
+        {"category": "arithmetic", "tools": ["calculator"], "meta": {"preference_name": "cost_sensitive"}},  # 1.0
+    ]
+    tasks = [{"problem": "q", "answer": "a", "tools": ["expert", "answer"], **t} for t in tasks]
+    (tmp_path / "seed-11" / "heldout.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    expert = {"price_in": 1.0, "price_out": 1.0, "latency_s": {"default": [1, 2]}, "output_tokens": {"default": 10}}
+    simulated = {
+        "expert-small": {**expert, "accuracy": {"lookup": 0.8, "default": 0.5}},
+        "expert-large": {**expert, "accuracy": {"lookup": 0.98, "default": 0.9}},
+    }
+    (tmp_path / "seed-11" / "config.yaml").write_text(
+        json.dumps({"tools": {"service": {"experts": {"simulated": simulated}}}})
+    )
+    s = summary(d)
+    assert abs(s["ceiling"] - (0.8 + 0.98 + 1.0) / 3) < 1e-9 and abs(s["best"] - (0.98 + 0.98 + 1.0) / 3) < 1e-9
