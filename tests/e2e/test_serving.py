@@ -5,10 +5,12 @@
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -63,6 +65,8 @@ def served(tmp_path_factory):
     assert r.returncode == 0, r.stderr[-4000:]
     port = _free_port()
     log = open(run / "server.log", "w")
+    ipc = tempfile.mkdtemp(prefix="vllm-ipc-")  # the server's ZMQ socket files, which outlive it (short path)
+    env["VLLM_RPC_BASE_PATH"] = ipc
     server = subprocess.Popen(
         [
             sys.executable,
@@ -115,6 +119,7 @@ def served(tmp_path_factory):
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(10)
         log.close()
+        shutil.rmtree(ipc, ignore_errors=True)
 
 
 def test_the_server_renders_the_training_prompt(served):
