@@ -283,9 +283,7 @@ class TrainerConfig:
 class EvaluationConfig:
     enabled: bool = MISSING  # held-out evaluation before and after GRPO, report.md and curves.png
     temperature: float = MISSING  # 0: greedy
-    samples: int = (
-        MISSING  # also this many rollouts per task as GRPO samples them (rollout.temperature, top_p); 0: none
-    )
+    samples: int = MISSING  # and this many per task as GRPO samples (rollout.temperature, top_p); 0: none
 
     def validate(self) -> None:
         _check(self.temperature >= 0, "evaluation.temperature", "must be >= 0")
