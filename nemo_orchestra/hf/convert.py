@@ -115,6 +115,10 @@ def run_sampling(ckpt_dir: str) -> tuple[float, float]:
     ``checkpoints/``); (1.0, 1.0), the full distribution, for a checkpoint outside a run folder."""
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(ckpt_dir))), "config.yaml")
     if not os.path.exists(path):
+        log.info(
+            "%s has no run config.yaml beside its checkpoints/: generation_config.json gets temperature 1, top-p 1",
+            ckpt_dir,
+        )
         return 1.0, 1.0
     import yaml
 

@@ -10,12 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from nemo_orchestra.rollout.engines.vllm_memory import ipc_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = [
@@ -65,7 +66,7 @@ def served(tmp_path_factory):
     assert r.returncode == 0, r.stderr[-4000:]
     port = _free_port()
     log = open(run / "server.log", "w")
-    ipc = tempfile.mkdtemp(prefix="vllm-ipc-")  # the server's ZMQ socket files, which outlive it (short path)
+    ipc = ipc_folder()  # the server's ZMQ socket files, which outlive it
     env["VLLM_RPC_BASE_PATH"] = ipc
     server = subprocess.Popen(
         [

@@ -265,3 +265,20 @@ def test_reload_warnings_for_layers_without_weights_are_dropped_once_and_others_
         assert shown("ParallelLMHead: Failed to load weights") and not shown("RotaryEmbedding: Failed to load weights")
     finally:
         log.filters[:] = saved
+
+
+def test_the_socket_folder_leaves_room_for_a_sockets_path(tmp_path, monkeypatch):
+    from nemo_orchestra.rollout.engines.vllm_memory import IPC_NAME, SOCKET_PATH_MAX, ipc_folder
+
+    short = ipc_folder()
+    assert os.path.dirname(short) == tempfile.gettempdir()
+    os.rmdir(short)
+    deep = tmp_path / ("d" * 90)  # a cluster's long TMPDIR: its own folder would leave no room for the uuid
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    folder = ipc_folder()
+    try:
+        assert os.path.dirname(folder) == "/tmp" and len(folder) + 1 + IPC_NAME <= SOCKET_PATH_MAX
+        assert not list(deep.iterdir())  # the first try is not left behind
+    finally:
+        os.rmdir(folder)

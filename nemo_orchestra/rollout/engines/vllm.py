@@ -59,6 +59,7 @@ from nemo_orchestra.rollout.engines.vllm_memory import (
     buckets,
     close_segment,
     env_defaults,
+    ipc_folder,
     layout,
     pinned_to,
     remove,
@@ -146,11 +147,8 @@ class VLLMEngine(GenerationEngine):
         shm = os.environ.get("NEMO_ORCHESTRA_RUN_SHM") or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
         self._dir = tempfile.mkdtemp(prefix="nemo-orchestra-vllm-", dir=shm)
         self._segments: list = []  # shared-memory segments, unlinked with the folder
-        # vLLM's processes talk over ZMQ sockets, files in VLLM_RPC_BASE_PATH (the temp folder) that
-        # outlive them: here a folder of the engine's own, removed with it (a short path, under the
-        # 107 bytes a socket path may have)
-        self._ipc = tempfile.mkdtemp(prefix="vllm-ipc-")
-        self._cleanup = weakref.finalize(self, remove, self._dir, self._segments, self._ipc)
+        self._ipc = ipc_folder()  # vLLM's ZMQ socket files, which outlive its processes: removed with the engine
+        self._cleanup = weakref.finalize(self, remove, self._segments, self._dir, self._ipc)
         # token ids in and out, so no tokenizer in the engine: vLLM's chat-template warm-up then
         # fails harmlessly and would log a traceback at WARNING
         logging.getLogger("vllm.renderers.base").addFilter(_drop_chat_template_warmup)

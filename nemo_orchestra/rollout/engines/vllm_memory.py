@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 from contextlib import contextmanager
 
 import psutil
@@ -54,6 +55,21 @@ def engine_visible_devices(local_rank: int, visible: str | None) -> str:
     if local_rank >= len(gpus):
         raise ValueError(f"local rank {local_rank} has no GPU: CUDA_VISIBLE_DEVICES={visible}")
     return gpus[local_rank]
+
+
+SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path, less its NUL) on Linux
+IPC_NAME = 36  # vLLM names each socket by a uuid4: VLLM_RPC_BASE_PATH/<36 characters>
+
+
+def ipc_folder() -> str:
+    """A new folder for vLLM's ZMQ socket files (``VLLM_RPC_BASE_PATH``; vLLM leaves them behind), in
+    the temp folder, or in /tmp where the temp folder's path is too long for a socket's path (a
+    cluster's TMPDIR can be): a path past ``SOCKET_PATH_MAX`` stops vLLM at start."""
+    folder = tempfile.mkdtemp(prefix="vllm-ipc-")
+    if len(os.fsencode(folder)) + 1 + IPC_NAME <= SOCKET_PATH_MAX:
+        return folder
+    os.rmdir(folder)
+    return tempfile.mkdtemp(prefix="vllm-ipc-", dir="/tmp")
 
 
 @contextmanager
@@ -135,8 +151,8 @@ def close_segment(shm) -> None:
         pass
 
 
-def remove(folder: str, segments: list, *folders: str) -> None:
-    for f in (folder, *folders):
+def remove(segments: list, *folders: str) -> None:
+    for f in folders:
         shutil.rmtree(f, ignore_errors=True)
     for shm in segments:
         close_segment(shm)
