@@ -96,6 +96,36 @@ def test_sampled_logprobs_are_under_the_sampling_temperature(setup):
 
 
 @needs_vllm
+def test_top_p_samples_within_the_nucleus_and_reports_its_logprobs(setup):
+    """On CPU vLLM's sampler takes its top-p mask from ``vllm_plugin.top_p_by_values_``: every sampled
+    token lies in the nucleus of the trainer's logits, and its logprob is the nucleus's renormalized one."""
+    from nemo_orchestra.megatron.forward import packed_forward
+    from nemo_orchestra.rollout.engines.vllm_plugin import top_p_by_values_
+    from nemo_orchestra.train.packing import pack
+    from tests.unit.helpers import traj
+
+    s = setup
+    assert s.engine.llm.collective_rpc("nemo_top_p") == ["by values"]
+    top_p = 0.5
+    gens = s.engine.generate(s.prompts, 16, temperature=1.0, top_p=top_p, stop_ids=[])
+    trajs = [traj(ids=p + g.token_ids, mask=[0] * len(p) + [1] * len(g.token_ids)) for p, g in zip(s.prompts, gens)]
+    (batch,) = pack(trajs, capacity=4096)
+    with torch.no_grad():
+        logits_TV = packed_forward(s.gpt, batch, CPU)[0].float()
+    tails = 0
+    for j, (a, b) in enumerate(zip(batch.cu_seqlens_B1[:-1].tolist(), batch.cu_seqlens_B1[1:].tolist())):
+        i = batch.traj_index_B[j]
+        rows_LV = logits_TV[a + len(s.prompts[i]) - 1 : b - 1]
+        nucleus_LV = top_p_by_values_(rows_LV.clone(), torch.full((rows_LV.shape[0],), top_p)).log_softmax(-1)
+        ids = torch.tensor(gens[i].token_ids)
+        picked = nucleus_LV.gather(1, ids[:, None])[:, 0]
+        assert torch.isfinite(picked).all(), "a token outside the nucleus was sampled"
+        torch.testing.assert_close(torch.tensor(gens[i].logprobs), picked, **TOL)
+        tails += int((rows_LV.log_softmax(-1).gather(1, ids[:, None])[:, 0] - picked).abs().max() > 1e-3)
+    assert tails == len(gens)  # the nucleus cut something at every prompt: the check is not vacuous
+
+
+@needs_vllm
 def test_generation_ends_at_a_stop_token_and_includes_it(setup):
     s = setup
     (greedy,) = s.engine.generate(s.prompts[:1], 12, 0.0, 1.0, [])

@@ -55,6 +55,7 @@ from nemo_orchestra.hf.export import export_hf
 from nemo_orchestra.hf.qwen3 import megatron_to_hf
 from nemo_orchestra.megatron.model import DTYPES
 from nemo_orchestra.rollout.engines.base import EngineCapabilities, EngineContext, Generation, GenerationEngine
+from nemo_orchestra.rollout.engines.vllm_plugin import TOP_P_ENV
 from nemo_orchestra.rollout.engines.vllm_memory import (
     buckets,
     close_segment,
@@ -161,7 +162,8 @@ class VLLMEngine(GenerationEngine):
                     enable_sleep_mode=sleep_mode,
                     gpu_memory_utilization=self._engine_share(init_state, kv_bytes, gpu_memory_utilization),
                 )
-            with pinned_to(device, cpus), env_defaults(VLLM_RPC_BASE_PATH=self._ipc):
+            fast_top_p = {TOP_P_ENV: "1"} if device.type == "cpu" else {}  # vllm_plugin: no argsort per step
+            with pinned_to(device, cpus), env_defaults(VLLM_RPC_BASE_PATH=self._ipc, **fast_top_p):
                 self.llm = LLM(
                     model=folder,
                     dtype=str(self.dtype).removeprefix("torch."),

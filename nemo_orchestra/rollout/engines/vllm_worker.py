@@ -10,6 +10,13 @@ class WeightSyncExtension:
     """Weight sync from the trainer, Hugging Face-named weights loaded in place: from a shared-memory
     segment (CPU), from CUDA IPC buckets (GPU), or from a safetensors file (the reference path)."""
 
+    def nemo_top_p(self) -> str:
+        """The top-p mask this worker's sampler applies: "by values" (``vllm_plugin.top_p_by_values_``,
+        set up by the plugin) or "vllm" (vLLM's own)."""
+        from vllm.v1.sample.ops import topk_topp_sampler
+
+        return "by values" if getattr(topk_topp_sampler.apply_top_k_top_p, "_nemo_orchestra", False) else "vllm"
+
     def nemo_reload_weights(self, path: str) -> int:
         """Reload every weight in the safetensors file ``path``; returns how many were loaded."""
         from safetensors.torch import load_file
