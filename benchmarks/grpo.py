@@ -7,7 +7,9 @@ steps, then ``--steps`` measured ones, and reports per step:
 - ``generation_s``: the engine's generate calls (wall time, on the rollout's worker thread)
 - ``environment_s``: the rest of the rollout: episode set-up, tool calls the engine waited
   for, and accounting (tool calls that overlap generation are not counted twice)
-- ``reference_logprobs_s``: the frozen reference's forward pass over the packed batch
+- ``reference_logprobs_s``: the frozen reference's forward pass over the packed batch; 0 when it
+  runs on a thread of its own beside the update (``perf.overlap_reference``), whose time is then
+  ``reference_ahead_s`` (the update's waits for it are in ``training_s``)
 - ``training_s``: forward, backward and the optimizer step (the policy's old logprobs come from
   this forward: one optimizer step per batch of rollouts)
 - ``weight_sync_s``: pushing the new weights into the generation engine
@@ -27,7 +29,8 @@ Groups whose rewards are all equal are kept (``advantage.min_group_std=-1``; the
 them) and so are rollouts with malformed calls (``advantage.drop_format_errors=false``; the recipe
 masks them out of the loss, and an untrained policy writes nothing else), so every step trains on
 its whole batch and the timings do not depend on luck. Rollouts sample at temperature 1, the
-workload the README compares with TRL's.
+workload the README compares with TRL's. With ``rollout.max_staleness=K`` the run is K steps longer
+than the steps it runs, so that every measured step has the next steps' rollouts running beside it.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ def summarize(steps: list[dict]) -> dict[str, float]:
     out["environment_s"] = mean(
         m.get("time/rollouts_wall_s", m["time/rollout_s"]) - m.get("time/generate_s", 0.0) for m in steps
     )
+    out["reference_ahead_s"] = mean(m.get("time/ref_logprobs_ahead_s", 0.0) for m in steps)
     out["step_s"] = mean(m["time/step_s"] for m in steps)
     out["other_s"] = out["step_s"] - sum(out[name] for name, _ in PHASES)
     out["rollout_wait_share"] = out["rollout_wait_s"] / out["step_s"]
@@ -109,6 +113,11 @@ def table(summary: dict[str, float]) -> str:
         + ", ".join(f"{name.removesuffix('_s')} {summary[name]:.3f} s" for name, _ in ROLLOUT_PHASES)
         + "): overlap training when rollout.max_staleness > 0"
     )
+    if summary.get("reference_ahead_s", 0.0) > 0:
+        rows.append(
+            f"reference logprobs beside the update: {summary['reference_ahead_s']:.3f} s on a thread of their own "
+            "(perf.overlap_reference)"
+        )
     rows.append(
         f"tokens/s {summary['tokens_per_s']:.0f} ({summary['tokens_per_step']:.0f} tokens/step); "
         f"generated tokens/s {summary['generated_tokens_per_s']:.0f} "
@@ -138,6 +147,9 @@ def main(args: Any) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    # rollouts run ahead of the last measured step too, as in the middle of a run: without the extra
+    # steps, the last one would train with an idle engine beside it
+    cfg.trainer.max_steps += cfg.rollout.max_staleness
 
     from nemo_orchestra.train.console import setup_logging
 

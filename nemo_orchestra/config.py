@@ -299,6 +299,7 @@ class ReferenceConfig:
 class PerfConfig:
     peak_tflops: Optional[float] = MISSING  # per device, for perf/mfu; null: look the device up in flops.py
     share_prompts: Optional[bool] = MISSING  # a group's common prompt once per pack; null: Config.share_prompts
+    overlap_reference: Optional[bool] = MISSING  # reference logprobs beside the update; null: Config.overlap_reference
 
     def validate(self) -> None:
         _check(self.peak_tflops is None or self.peak_tflops > 0, "perf.peak_tflops", "must be null or > 0")
@@ -390,6 +391,13 @@ class Config:
             m.num_query_groups % p.tp == 0 and m.ffn_hidden_size % p.tp == 0,
             "parallel.tp",
             f"must divide model.num_query_groups ({m.num_query_groups}) and model.ffn_hidden_size",
+        )
+        _check(
+            not (self.perf.overlap_reference and (p.tp > 1 or p.pp > 1 or self.reference.offload)),
+            "perf.overlap_reference",
+            "needs parallel.tp=1, parallel.pp=1 and reference.offload=false (two threads would interleave "
+            "the passes' collectives; an offloaded reference is swapped into the policy's own module): "
+            "set it to false or null",
         )
         _check(
             not (self.perf.share_prompts and m.attention_backend == "te"),

@@ -83,6 +83,9 @@ class PackedBatch:
     # per sequence, the index of the shared-prompt sequence it continues (-1: none; train/packing.py);
     # None: no sequence of the pack has one. Positions then continue from the prompt's.
     prefix_B: list[int] | None = None
+    # set while ``ref_logprobs_T`` is being computed on another thread (train/step.py: ReferenceAhead);
+    # its wait() returns once they are there
+    ref_pending: Any = None
 
     @property
     def num_tokens(self) -> int:

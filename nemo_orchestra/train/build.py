@@ -121,6 +121,23 @@ def engine_cpus(cfg: Config, device) -> list[int] | None:
     return cores[: len(cores) // 2]
 
 
+def overlap_reference(cfg: Config, device) -> bool:
+    """Whether the reference logprobs run on a thread beside the update (``perf.overlap_reference``; see
+    ``train/step.py: ReferenceAhead``). null: where the engine has cores of its own on a CPU
+    (``engine_cpus``) and the trainer's passes one thread, so a second one finds the engine's idle
+    cycles; not with tensor or pipeline parallelism (collectives from two threads), nor with
+    ``reference.offload`` (the reference's weights are swapped into the policy's module)."""
+    if cfg.perf.overlap_reference is not None:
+        return bool(cfg.perf.overlap_reference)
+    return (
+        cfg.loss.kl_coef > 0
+        and cfg.parallel.tp == 1
+        and cfg.parallel.pp == 1
+        and not cfg.reference.offload
+        and bool(engine_cpus(cfg, device))
+    )
+
+
 def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     """The trainer, its tool service (closed by ``stack``), warm-start data, tokenizer, policy and engine.
     A failure on the way closes the tool-service client and its event loop before it propagates."""
@@ -217,4 +234,5 @@ def _build(cfg: Config, info: DistInfo, tasks: list, client, loop: asyncio.Abstr
         dp_size=info.dp,
         loop=loop,
         engine_factory=engine_factory,
+        overlap_reference=overlap_reference(cfg, info.device),
     )

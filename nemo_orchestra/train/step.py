@@ -5,6 +5,8 @@ GRPO update of a batch of rollouts as ``loss.minibatches`` such steps."""
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from functools import partial
 
@@ -64,6 +66,79 @@ def reference_logprobs(policy: Policy, batches: list[PackedBatch], temperature: 
         return forward_logprobs(model, batches, policy.device, temperature, only_loss_tokens=True)
 
 
+class ReferenceAhead:
+    """The frozen reference's logprobs of the step's packs, computed pack by pack on a thread of its own
+    (``threads`` torch threads) while the update trains on the packs before them: the loss of a pack
+    waits only for its own (``PackedBatch.ref_pending``). On a CPU whose engine has cores of its own
+    (rollouts ahead of training) the trainer's passes run on one thread; this second one takes the
+    cycles the engine leaves idle. The reference and the policy are separate modules and the passes
+    hold no state in common: results are the same as ``reference_logprobs`` before the update.
+    Not with tensor or pipeline parallelism, whose collectives two threads would interleave."""
+
+    def __init__(self, policy: Policy, batches: list[PackedBatch], temperature: float = 1.0, threads: int = 1):
+        self.policy, self.batches, self.temperature, self.threads = policy, batches, temperature, threads
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self.ready = [threading.Event() for _ in batches]
+        self.cancelled = threading.Event()
+        for b, ready in zip(batches, self.ready):
+            b.ref_logprobs_T, b.ref_pending = None, _Pending(ready, self)
+        self.thread = threading.Thread(target=self._run, name="reference-logprobs", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        torch.set_num_threads(self.threads)  # a new thread starts with the process's default
+        idle_priority()
+        try:
+            with torch.no_grad(), self.policy.reference_model() as model:
+                for b, ready in zip(self.batches, self.ready):
+                    if self.cancelled.is_set():
+                        break
+                    b.ref_logprobs_T = forward_logprobs(model, b, self.policy.device, self.temperature, True)
+                    ready.set()
+        except BaseException as e:  # re-raised by the waiting loss and by join()
+            self.error = e
+        finally:
+            for ready in self.ready:
+                ready.set()
+            self.seconds = time.perf_counter() - t0
+
+    def cancel(self) -> None:
+        """The update failed: stop after the pack in progress and wait for the thread (no error raised)."""
+        self.cancelled.set()
+        self.thread.join()
+        for b in self.batches:
+            b.ref_pending = None
+
+    def join(self) -> float:
+        """Wait for the thread; its seconds. Raises what it raised."""
+        self.thread.join()
+        for b in self.batches:
+            b.ref_pending = None
+        if self.error is not None:
+            raise RuntimeError(f"reference logprobs failed: {self.error}") from self.error
+        return self.seconds
+
+
+def idle_priority() -> None:
+    """The calling thread runs only on cycles no other thread wants (Linux ``SCHED_IDLE``)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError) as e:  # not Linux, or not allowed: a normal thread
+        log.debug("reference logprobs at normal priority: %s", e)
+
+
+class _Pending:
+    def __init__(self, ready: threading.Event, ahead: ReferenceAhead):
+        self.ready, self.ahead = ready, ahead
+
+    def wait(self) -> None:
+        self.ready.wait()
+        if self.ahead.error is not None:
+            raise RuntimeError(f"reference logprobs failed: {self.ahead.error}") from self.ahead.error
+
+
 def grpo_loss_fn(loss_cfg: LossConfig):
     """The GRPO loss of a pack. Its old logprobs are the pack's ``old_logprobs_T`` or, when that is
     None, the update's own forward, detached: with one optimizer step per batch of rollouts
@@ -78,6 +153,8 @@ def grpo_loss_fn(loss_cfg: LossConfig):
 
     def fn(lp_T: torch.Tensor, batch: PackedBatch):
         dev = lp_T.device
+        if batch.ref_pending is not None:  # computed ahead on another thread (ReferenceAhead)
+            batch.ref_pending.wait()
         old = lp_T.detach() if batch.old_logprobs_T is None else batch.old_logprobs_T.to(dev)
         mask = batch.loss_mask_T.to(dev)
         lesson = None if batch.lesson_T is None else batch.lesson_T.to(dev)

@@ -48,6 +48,7 @@ from nemo_orchestra.train.metrics import MetricLogger
 from nemo_orchestra.train.policy import Policy, reset_optimizer_state, set_lr
 from nemo_orchestra.train.run_control import SaveSchedule, agree, param_versions
 from nemo_orchestra.train.step import (
+    ReferenceAhead,
     grpo_update,
     minibatch_packs,
     pack_for_step,
@@ -82,6 +83,7 @@ class Trainer:
     engine_factory: Callable[[dict | None], GenerationEngine] | None = None  # starts the engine (sync_weights)
     weights: EngineWeights = field(default_factory=EngineWeights)  # the version of the engine's weights
     rollouts: AsyncRollouts | None = None  # rollouts running ahead of training (rollout.max_staleness > 0)
+    overlap_reference: bool = False  # reference logprobs on a thread beside the update (ReferenceAhead)
 
     # ---- data order: a seeded permutation per epoch; position = step --------------------------------
     def batch_tasks(self, step: int) -> list[TaskRecord]:
@@ -250,6 +252,13 @@ class Trainer:
             b.ref_logprobs_T = r
         return {"time/ref_logprobs_s": time.perf_counter() - t0}
 
+    def reference_ahead(self, batches: list[PackedBatch]) -> ReferenceAhead | None:
+        """The reference logprobs on a thread of their own, beside the update (``perf.overlap_reference``),
+        or None: computed first, by ``fill_logprobs``."""
+        if not self.overlap_reference or self.cfg.loss.kl_coef == 0:
+            return None
+        return ReferenceAhead(self.policy, batches, self.cfg.rollout.temperature, torch.get_num_threads())
+
     def train_perf(self, batches: list[PackedBatch], seconds: float) -> dict:
         """perf/tflops_per_gpu, perf/mfu, perf/peak_mem_gb of the logprob + train stage (see flops.py)."""
         seqs, prefixes = sequence_lengths(batches)
@@ -306,9 +315,19 @@ class Trainer:
         minibatches = minibatch_packs(kept, self.cfg.loss.minibatches, self.cfg.parallel, self.cfg.share_prompts)
         batches = [b for mb in minibatches for b in mb]
         if batches:
-            metrics.update(self.fill_logprobs(batches))
+            ahead = self.reference_ahead(batches)
+            if ahead is None:
+                metrics.update(self.fill_logprobs(batches))
             t2 = time.perf_counter()
-            metrics.update(grpo_update(self.policy, minibatches, self.cfg.loss, self.cfg.rollout.temperature))
+            try:
+                metrics.update(grpo_update(self.policy, minibatches, self.cfg.loss, self.cfg.rollout.temperature))
+            except BaseException:
+                if ahead is not None:  # no thread left computing beside what comes next
+                    ahead.cancel()
+                raise
+            if ahead is not None:
+                metrics["time/ref_logprobs_s"] = 0.0  # off the critical path: waits are in the update's time
+                metrics["time/ref_logprobs_ahead_s"] = ahead.join()
             metrics["time/update_s"] = time.perf_counter() - t2
         else:
             metrics["train/step_skipped"] = 1.0

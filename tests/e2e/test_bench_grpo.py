@@ -57,8 +57,12 @@ def test_grpo_benchmark_rejects_a_bad_override(tmp_path):
 
 
 def test_grpo_benchmark_runs_rollouts_ahead_with_max_staleness(tmp_path):
-    _, report = bench(tmp_path, 3, "rollout.max_staleness=1", "loss.tis_cap=2.0")
+    stdout, report = bench(tmp_path, 3, "rollout.max_staleness=1", "loss.tis_cap=2.0", "perf.overlap_reference=true")
     assert report["config"]["max_staleness"] == 1
     steps = report["steps"]
     assert max(m["rollout/staleness_max"] for m in steps) == 1  # later steps' rollouts ran during training
     assert all(m["rollout/stale_dropped"] == 0 for m in steps)
+    # the reference pass ran on its own thread, off the step's critical path
+    s = report["per_step"]
+    assert s["reference_logprobs_s"] == 0 and s["reference_ahead_s"] > 0
+    assert s["other_s"] >= -1e-3 * s["step_s"] and "reference logprobs beside the update" in stdout

@@ -5,9 +5,9 @@ import os
 import pytest
 import torch
 
-from nemo_orchestra.config import load_config
+from nemo_orchestra.config import ConfigError, load_config
 from nemo_orchestra.rollout.engines.vllm_memory import pinned_to
-from nemo_orchestra.train.build import engine_cpus
+from nemo_orchestra.train.build import engine_cpus, overlap_reference
 
 CPU = torch.device("cpu")
 
@@ -40,6 +40,22 @@ def test_nothing_changes_otherwise(cores, monkeypatch):
     cores(16)
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-3")
     assert engine_cpus(load_config(ahead), CPU) is None  # the user's binding stands
+
+
+def test_the_reference_runs_beside_the_update_where_the_engine_has_cores_of_its_own(cores):
+    ahead = ["rollout.max_staleness=1", "loss.tis_cap=2.0"]
+    cores(2)
+    assert overlap_reference(load_config(ahead), CPU)
+    assert not overlap_reference(load_config([]), CPU)  # synchronous: the trainer has every core
+    assert not overlap_reference(load_config([*ahead, "loss.kl_coef=0"]), CPU)  # no reference pass
+    assert not overlap_reference(load_config([*ahead, "reference.offload=true"]), CPU)
+    assert not overlap_reference(load_config([*ahead, "parallel.tp=2"]), CPU)
+    assert not overlap_reference(load_config(ahead), torch.device("cuda", 0))
+    assert not overlap_reference(load_config([*ahead, "perf.overlap_reference=false"]), CPU)
+    assert overlap_reference(load_config(["perf.overlap_reference=true"]), CPU)  # asked for
+    for bad in ("parallel.tp=2", "parallel.pp=2", "reference.offload=true"):
+        with pytest.raises(ConfigError, match="perf.overlap_reference"):
+            load_config(["perf.overlap_reference=true", bad])
 
 
 def test_the_binding_reaches_the_engine_processes_and_is_undone(monkeypatch):

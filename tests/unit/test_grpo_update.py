@@ -4,6 +4,9 @@ is the mean |old - generator| over generated tokens; after the warm start the op
 moments are reset, so GRPO's first step is a fresh Adam step."""
 
 import dataclasses
+import os
+import sys
+import time
 
 import pytest
 import torch
@@ -15,7 +18,9 @@ from nemo_orchestra.megatron.parallel import init_distributed
 from nemo_orchestra.megatron.sharding import model_state
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.policy import build_policy, reset_optimizer_state, set_lr
+from nemo_orchestra.train import step as step_module
 from nemo_orchestra.train.step import (
+    ReferenceAhead,
     forward_backward,
     grpo_loss_fn,
     reference_logprobs,
@@ -229,3 +234,83 @@ def test_no_kl_term_needs_no_reference_logprobs(policy):
     g_unfilled, m_unfilled = _grads(policy, unfilled, cfg)
     assert all(torch.equal(a, b) for a, b in zip(g_filled, g_unfilled))
     assert float(m_unfilled["loss/kl"]) == 0.0 and all(torch.isfinite(a).all() for a in g_unfilled)
+
+
+def _packs():
+    """Six trajectories in several packs."""
+    g = torch.Generator().manual_seed(1)
+    trajs = []
+    for k in range(6):
+        n = 10 + 3 * k
+        t = traj(ids=torch.randint(1, VOCAB, (n,), generator=g).tolist(), mask=[0] * 4 + [1] * (n - 4))
+        t.advantage = float(k) - 2.5
+        t.gen_logprobs = [0.0] * 4 + (-torch.rand(n - 4, generator=g) * 3).tolist()
+        trajs.append(t)
+    packs = pack(trajs, capacity=40)
+    assert len(packs) >= 3
+    return packs
+
+
+def test_reference_logprobs_ahead_give_the_update_what_reference_first_gives(policy, monkeypatch):
+    """The reference pass on its own thread, beside the update (perf.overlap_reference): the same
+    reference logprobs and gradients as computing them first; each pack's loss waits for its own (a
+    slow reference pass: a loss that did not wait would find none), and the thread runs at idle priority."""
+    cfg = loss_cfg(tis_cap=2.0, kl_coef=0.1)
+    first = _packs()
+    for b, r in zip(first, reference_logprobs(policy, first)):
+        b.ref_logprobs_T = r
+    forward_backward(policy, first, grpo_loss_fn(cfg))
+    g_first = [p.main_grad.clone() for p in policy.model.parameters()]
+
+    forward, policies = step_module.forward_logprobs, []
+
+    def slow_reference(*args, **kwargs):
+        time.sleep(0.2)
+        if sys.platform == "linux":
+            policies.append(os.sched_getscheduler(0))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(step_module, "forward_logprobs", slow_reference)
+    packs = _packs()
+    ahead = ReferenceAhead(policy, packs, threads=torch.get_num_threads())
+    assert all(b.ref_logprobs_T is None for b in packs)
+    forward_backward(policy, packs, grpo_loss_fn(cfg))
+    assert ahead.join() >= 0.2 * len(packs)
+    g_ahead = [p.main_grad.clone() for p in policy.model.parameters()]
+    for a, b in zip(first, packs):
+        assert torch.equal(a.ref_logprobs_T, b.ref_logprobs_T)
+        assert b.ref_pending is None
+    assert all(torch.equal(a, b) for a, b in zip(g_first, g_ahead))
+    assert any(float(a.abs().max()) > 0 for a in g_ahead)
+    if sys.platform == "linux":
+        assert policies == [os.SCHED_IDLE] * len(packs)
+
+
+def test_a_failed_reference_pass_stops_the_update_with_its_error(policy, monkeypatch):
+    def broken(*args, **kwargs):
+        raise ValueError("no reference")
+
+    monkeypatch.setattr(step_module, "forward_logprobs", broken)
+    packs = _packs()
+    ahead = ReferenceAhead(policy, packs)
+    with pytest.raises(RuntimeError, match="reference logprobs failed: no reference"):
+        forward_backward(policy, packs, grpo_loss_fn(loss_cfg(kl_coef=0.1)))
+    with pytest.raises(RuntimeError, match="reference logprobs failed: no reference"):
+        ahead.join()
+
+
+def test_a_cancelled_reference_pass_stops_after_its_pack(policy, monkeypatch):
+    """A failed update cancels the thread: it ends after the pack in progress, and nothing waits."""
+    forward, done = step_module.forward_logprobs, []
+
+    def slow_reference(*args, **kwargs):
+        time.sleep(0.2)
+        done.append(1)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(step_module, "forward_logprobs", slow_reference)
+    packs = _packs()
+    ahead = ReferenceAhead(policy, packs)
+    ahead.cancel()
+    assert not ahead.thread.is_alive() and len(done) < len(packs)
+    assert all(b.ref_pending is None for b in packs)
