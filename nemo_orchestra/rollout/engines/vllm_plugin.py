@@ -19,10 +19,10 @@ busy cores (``tests/unit/test_vllm_spin.py``), and one step ahead of training ab
 
 With ``NEMO_ORCHESTRA_VLLM_FAST_TOP_P=1`` (the vllm engine sets it on CPU) vLLM's CPU sampler takes
 its top-p mask from ``top_p_by_values_``: the same nucleus found from the sorted probabilities alone,
-without vLLM's argsort and scatter. On a CPU that sort was a third of a decode step: 128 rows of a
-2,048-token vocabulary took 17 ms in ``torch.sort`` and 1.6 ms in NumPy's vectorized value sort
-(2-core AVX2 EPYC; the engine benchmark in README "Fast GRPO"). Requests that also set top-k, and
-other devices, keep vLLM's own.
+without vLLM's argsort and scatter. On a CPU that sort took a quarter of the worker's time in the
+GRPO benchmark: 128 rows of a 2,048-token vocabulary took 17 ms in ``torch.sort``, and the whole mask
+takes 3.6 ms with NumPy's vectorized value sort (2-core AVX2 EPYC; README "Fast GRPO"). Requests that
+also set top-k, and other devices, keep vLLM's own.
 """
 
 from __future__ import annotations

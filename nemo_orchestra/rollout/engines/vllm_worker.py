@@ -8,7 +8,8 @@ from __future__ import annotations
 
 class WeightSyncExtension:
     """Weight sync from the trainer, Hugging Face-named weights loaded in place: from a shared-memory
-    segment (CPU), from CUDA IPC buckets (GPU), or from a safetensors file (the reference path)."""
+    segment (CPU), from CUDA IPC buckets (GPU), or from a safetensors file (the reference path); and
+    which top-p mask the worker's sampler applies (``nemo_top_p``)."""
 
     def nemo_top_p(self) -> str:
         """The top-p mask this worker's sampler applies: "by values" (``vllm_plugin.top_p_by_values_``,
