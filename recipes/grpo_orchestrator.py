@@ -48,7 +48,9 @@ def main(argv: list[str]) -> int:
         return 2
     setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))  # before Megatron and vLLM are imported
     # the folder lock; one line at the end
-    return rc.guarded(lambda: train(cfg, stop), cfg.run.output_dir, stop, cfg.run.max_restarts)
+    code = rc.guarded(lambda: train(cfg, stop), cfg.run.output_dir, stop, cfg.run.max_restarts)
+    stop.ended(code)
+    return code
 
 
 def train(cfg, stop: rc.StopSignals) -> int:

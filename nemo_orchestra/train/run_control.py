@@ -198,6 +198,22 @@ class StopSignals:
         self.in_loop = False
         raise StopNow(self.signum)
 
+    def ended(self, code: int) -> None:
+        """The run is over (exit ``code``): a stop signal from now on, while the interpreter exits, has
+        nothing left to stop and gets one line, not a traceback from wherever the exit happens to be."""
+
+        def late(signum, frame) -> None:
+            try:
+                log.warning(
+                    "%s received after the run ended (exit code %d): nothing to stop", signal_name(signum), code
+                )
+            except Exception:  # logging already shut down
+                pass
+
+        for sig in (signal.SIGTERM, signal.SIGINT, self.preempt):
+            if sig is not None:
+                signal.signal(sig, late)
+
     def requested(self) -> bool:
         if self.signum is None and self.stop_file and os.path.exists(self.stop_file):
             log.warning("stop requested by %s: checkpoint, then exit", self.stop_file)

@@ -98,6 +98,24 @@ def test_first_signal_in_the_loop_asks_second_drops_outside_stops_at_once():
             signal.signal(s, h)
 
 
+def test_a_signal_after_the_run_ended_is_one_line_and_raises_nothing(caplog):
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    try:
+        stop = rc.StopSignals(rc.preempt_signal("USR1")).install()
+        stop.ended(0)
+        with caplog.at_level(logging.WARNING, logger=rc.__name__):
+            for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+                os.kill(os.getpid(), s)  # the run's handler would raise StopNow here
+        lines = [r.getMessage() for r in caplog.records]
+        assert lines == [
+            f"{name} received after the run ended (exit code 0): nothing to stop"
+            for name in ("SIGUSR1", "SIGTERM", "SIGINT")
+        ]
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def test_the_stop_file_asks_like_the_preempt_signal(tmp_path):
     stop = rc.StopSignals(signal.SIGUSR1, stop_file=str(tmp_path / "stop"))
     assert not stop.requested()
