@@ -71,8 +71,9 @@ def test_tied_probabilities_at_the_boundary_all_stay_and_the_kept_mass_is_at_lea
 def test_the_plugin_routes_cpu_top_p_only_calls(monkeypatch):
     from vllm.v1.sample.ops import topk_topp_sampler as sampler
 
-    original = sampler.apply_top_k_top_p
-    monkeypatch.setattr(sampler, "apply_top_k_top_p", original)  # restored after the test
+    # vLLM's own: an engine started in this process earlier has already had the plugin patch it
+    original = getattr(sampler.apply_top_k_top_p, "__wrapped__", sampler.apply_top_k_top_p)
+    monkeypatch.setattr(sampler, "apply_top_k_top_p", original)  # what was there comes back after the test
     monkeypatch.delenv(vllm_plugin.ENV, raising=False)
     monkeypatch.setenv(TOP_P_ENV, "0")
     register()
