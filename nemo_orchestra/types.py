@@ -6,7 +6,7 @@ Shape legend for packed tensors: T = total tokens in a pack, B = sequences in a 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -83,9 +83,9 @@ class PackedBatch:
     # per sequence, the index of the shared-prompt sequence it continues (-1: none; train/packing.py);
     # None: no sequence of the pack has one. Positions then continue from the prompt's.
     prefix_B: list[int] | None = None
-    # set while ``ref_logprobs_T`` is being computed on another thread (train/step.py: ReferenceAhead);
-    # its wait() returns once they are there
-    ref_pending: Any = None
+    # set while ``ref_logprobs_T`` is being computed on another thread (train/step.py: ReferenceAhead):
+    # calling it returns once they are there
+    ref_pending: Callable[[], None] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -81,8 +81,8 @@ class ReferenceAhead:
         self.seconds = 0.0
         self.ready = [threading.Event() for _ in batches]
         self.cancelled = threading.Event()
-        for b, ready in zip(batches, self.ready):
-            b.ref_logprobs_T, b.ref_pending = None, _Pending(ready, self)
+        for i, b in enumerate(batches):
+            b.ref_logprobs_T, b.ref_pending = None, partial(self.wait, i)
         self.thread = threading.Thread(target=self._run, name="reference-logprobs", daemon=True)
         self.thread.start()
 
@@ -111,14 +111,22 @@ class ReferenceAhead:
         for b in self.batches:
             b.ref_pending = None
 
+    def wait(self, i: int) -> None:
+        """Until pack ``i``'s reference logprobs are there; raises what the thread raised."""
+        self.ready[i].wait()
+        self._raise_failure()
+
     def join(self) -> float:
         """Wait for the thread; its seconds. Raises what it raised."""
         self.thread.join()
         for b in self.batches:
             b.ref_pending = None
+        self._raise_failure()
+        return self.seconds
+
+    def _raise_failure(self) -> None:
         if self.error is not None:
             raise RuntimeError(f"reference logprobs failed: {self.error}") from self.error
-        return self.seconds
 
 
 def idle_priority() -> None:
@@ -127,16 +135,6 @@ def idle_priority() -> None:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError) as e:  # not Linux, or not allowed: a normal thread
         log.debug("reference logprobs at normal priority: %s", e)
-
-
-class _Pending:
-    def __init__(self, ready: threading.Event, ahead: ReferenceAhead):
-        self.ready, self.ahead = ready, ahead
-
-    def wait(self) -> None:
-        self.ready.wait()
-        if self.ahead.error is not None:
-            raise RuntimeError(f"reference logprobs failed: {self.ahead.error}") from self.ahead.error
 
 
 def grpo_loss_fn(loss_cfg: LossConfig):
@@ -154,7 +152,7 @@ def grpo_loss_fn(loss_cfg: LossConfig):
     def fn(lp_T: torch.Tensor, batch: PackedBatch):
         dev = lp_T.device
         if batch.ref_pending is not None:  # computed ahead on another thread (ReferenceAhead)
-            batch.ref_pending.wait()
+            batch.ref_pending()
         old = lp_T.detach() if batch.old_logprobs_T is None else batch.old_logprobs_T.to(dev)
         mask = batch.loss_mask_T.to(dev)
         lesson = None if batch.lesson_T is None else batch.lesson_T.to(dev)

@@ -164,6 +164,7 @@ class VLLMEngine(GenerationEngine):
                 )
             fast_top_p = {TOP_P_ENV: "1"} if device.type == "cpu" else {}  # vllm_plugin: no argsort per step
             with pinned_to(device, cpus), env_defaults(VLLM_RPC_BASE_PATH=self._ipc, **fast_top_p):
+                wants_fast_top_p = bool(fast_top_p) and os.environ.get(TOP_P_ENV) == "1"  # not turned off by hand
                 self.llm = LLM(
                     model=folder,
                     dtype=str(self.dtype).removeprefix("torch."),
@@ -179,6 +180,12 @@ class VLLMEngine(GenerationEngine):
                     use_tqdm_on_load=False,  # the weights are one small local file: no progress bar of its own
                     enable_prefix_caching=True,  # a turn reuses its conversation's KV (reset at each weight sync)
                 )
+        if wants_fast_top_p and self.llm.collective_rpc("nemo_top_p") != ["by values"]:
+            log.warning(  # the plugin's own warning stays in vLLM's worker, out of sight
+                "vllm engine: this vLLM's CPU sampler kept its own top-p (a full sort per decode step): %s=1 "
+                "found no sampler to replace",
+                TOP_P_ENV,
+            )
 
     def _engine_share(self, state: dict[str, torch.Tensor], kv_bytes: int, cap: float | None) -> float:
         """vLLM's gpu_memory_utilization: the engine's own share of the GPU (weights, KV, 2 GiB of

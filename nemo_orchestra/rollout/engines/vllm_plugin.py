@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 
+import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
@@ -92,8 +93,6 @@ def top_p_by_values_(logits_BV: torch.Tensor, p_B: torch.Tensor) -> torch.Tensor
     value alone give the cumulative sums, hence the smallest kept probability, and every token below
     it goes. Where probabilities tie at that boundary, all tied tokens stay (vLLM keeps those its
     sort put last), so the kept mass is still >= p. Returns ``logits_BV``."""
-    import numpy as np
-
     V = logits_BV.shape[-1]
     probs_BV = logits_BV.softmax(dim=-1, dtype=torch.float32)
     sorted_BV = torch.from_numpy(np.sort(probs_BV.numpy(), axis=-1))
