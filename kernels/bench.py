@@ -14,7 +14,10 @@ On a GPU:
 - grouped advantage at 1M rewards (groups of 16), GB/s = (rewards read + advantages written +
   offsets read) / time, against the HBM bandwidth measured by a 1 GiB device-to-device copy
   (2 bytes moved per byte copied).
-On CPU: the references (the CPU training path) timed at small sizes.
+On CPU: the references (the CPU training path) timed at small sizes, and a group's attention as CPU
+training runs it with shared prompts (``kernels.reference.prefix_attention_ref``: a 220-token prompt
+and 8 continuations of 300 tokens, 4 heads, D=64, one thread, fp32 and bf16) by the blocked path
+(``kernels/cpu_attention.py``) and by PyTorch's CPU flash kernel.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kernels  # noqa: E402
-from kernels.reference import grouped_advantage_ref, varlen_attention_ref  # noqa: E402
+from kernels import cpu_attention  # noqa: E402
+from kernels.reference import grouped_advantage_ref, prefix_attention_ref, varlen_attention_ref  # noqa: E402
 
 
 def causal_flops_fwd(lengths, n_heads, head_dim):
@@ -127,6 +131,48 @@ def bench_attention(device, mixes, n_heads, n_kv_heads, head_dim, dtype):
     return rows
 
 
+def bench_shared_prompt(prompt=220, continuations=(300,) * 8, heads=4, head_dim=64):
+    """One group's attention with its prompt packed once, forward and forward + backward, on one thread:
+    the blocked CPU path against SDPA's flash kernel (``DENSE_MAX_SCORES`` 0 sends every sequence there)."""
+    lengths = [prompt, *continuations]
+    cu = cu_seqlens(lengths, "cpu")
+    prefix = [-1] + [0] * len(continuations)
+    flops = (
+        4 * heads * head_dim * (prompt * (prompt + 1) // 2 + sum(n * prompt + n * (n + 1) // 2 for n in continuations))
+    )
+    threads, limit, rows = torch.get_num_threads(), cpu_attention.DENSE_MAX_SCORES, []
+    torch.set_num_threads(1)
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            q, k, v = (torch.randn(sum(lengths), heads, head_dim, dtype=dtype, requires_grad=True) for _ in "qkv")
+            dout = torch.randn_like(q)
+            for name, max_scores in (("blocked", limit), ("sdpa_flash", 0)):
+                cpu_attention.DENSE_MAX_SCORES = max_scores
+
+                def fwd():
+                    with torch.no_grad():
+                        prefix_attention_ref(q, k, v, cu, prefix)
+
+                def fwd_bwd():
+                    torch.autograd.grad(prefix_attention_ref(q, k, v, cu, prefix), (q, k, v), dout)
+
+                fwd_ms, fwd_bwd_ms = time_ms(fwd, "cpu"), time_ms(fwd_bwd, "cpu")
+                rows.append(
+                    {
+                        "dtype": str(dtype).removeprefix("torch."),
+                        "impl": name,
+                        "fwd_ms": fwd_ms,
+                        "fwd_gflops": flops / fwd_ms / 1e6,
+                        "fwd_bwd_ms": fwd_bwd_ms,
+                        "fwd_bwd_gflops": 3.5 * flops / fwd_bwd_ms / 1e6,
+                    }
+                )
+    finally:
+        cpu_attention.DENSE_MAX_SCORES = limit
+        torch.set_num_threads(threads)
+    return rows
+
+
 def hbm_copy_gbs():
     src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -175,6 +221,7 @@ def main(argv=None):
         attn = bench_attention(device, mixes=[0], n_heads=8, n_kv_heads=2, head_dim=64, dtype=torch.float32)
         shape = {"Hq": 8, "Hkv": 2, "D": 64, "dtype": "float32", "lengths": [256, 100, 31, 125]}
     adv = bench_advantage(device, n=2**20 if device == "cuda" else 2**16)
+    shared = bench_shared_prompt() if device == "cpu" else []
     result = {
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
@@ -183,6 +230,8 @@ def main(argv=None):
         "attention": attn,
         "advantage": adv,
     }
+    if shared:
+        result["shared_prompt_attention"] = shared
     if device == "cuda":
         import triton
 
@@ -197,6 +246,12 @@ def main(argv=None):
         attn,
         ["mix", "tokens", "n_seqs", "impl", "fwd_ms", "fwd_tflops", "fwd_bwd_ms", "fwd_bwd_tflops"],
     )
+    if shared:
+        print_table(
+            "a group's attention, shared prompt (220 + 8 x 300 tokens, 4 heads, D=64, one thread)",
+            shared,
+            ["dtype", "impl", "fwd_ms", "fwd_gflops", "fwd_bwd_ms", "fwd_bwd_gflops"],
+        )
     print_table("grouped advantage", adv, [c for c in ("impl", "n", "group", "ms", "gbs", "pct_of_hbm") if c in adv[0]])
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

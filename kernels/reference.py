@@ -7,15 +7,15 @@ B sequences (``cu_seqlens_B1`` holds B+1 offsets), N rewards, G groups.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from kernels.checks import check_advantage_inputs, check_varlen_inputs
+from kernels.cpu_attention import attend
 
 
 def varlen_attention_ref(
     q_THD, k_THD, v_THD, cu_seqlens_B1, max_seqlen, *, causal=True, softmax_scale=None, return_lse=True
 ):
-    """Attention over packed sequences: one SDPA call per sequence (the fastest CPU path measured).
+    """Attention over packed sequences, one sequence at a time (``kernels.cpu_attention.attend``).
 
     q_THD is [T, Hq, D], k_THD and v_THD are [T, Hkv, D] with Hq a multiple of Hkv (query head h
     reads key/value head h // (Hq // Hkv)). Token i of a sequence attends to tokens j <= i of the
@@ -35,8 +35,7 @@ def varlen_attention_ref(
     for q_HLD, k_HLD, v_HLD in zip(qs, ks, vs):
         if q_HLD.shape[1] == 0:
             continue
-        # a batch dimension of 1: 3-D inputs fall back to SDPA's math path (8x slower on CPU)
-        o_HLD = F.scaled_dot_product_attention(q_HLD[None], k_HLD[None], v_HLD[None], is_causal=causal, scale=scale)[0]
+        o_HLD = attend(q_HLD, k_HLD, v_HLD, offset=0 if causal else None, scale=scale)
         outs.append(o_HLD.transpose(0, 1))
         if return_lse:
             lses.append(_lse(q_HLD, k_HLD, scale, causal))
@@ -49,9 +48,9 @@ def prefix_attention_ref(q_THD, k_THD, v_THD, cu_seqlens_B1, prefix_B, *, softma
     (-1: none): its tokens attend to all of that sequence's tokens and causally to their own, as if
     the prefix were written in front of it (a prompt shared by several continuations, packed once:
     ``nemo_orchestra/train/packing.py``). A prefix sequence attends causally to itself and continues
-    none. Shapes and heads as in ``varlen_attention_ref``; returns out_THD. One SDPA call per
-    sequence, a continuation's with its prefix's keys and values in front and a bottom-right causal
-    mask. Differentiable by autograd: a prefix's keys and values get every continuation's gradient.
+    none. Shapes and heads as in ``varlen_attention_ref``; returns out_THD. One sequence at a time
+    (``kernels.cpu_attention.attend``), a continuation's with its prefix's keys and values in front
+    and a bottom-right causal mask. Differentiable by autograd: a prefix's keys and values get every continuation's gradient.
     """
     cu = check_varlen_inputs(q_THD, k_THD, v_THD, cu_seqlens_B1, q_THD.shape[0])
     if len(prefix_B) != len(cu) - 1:
@@ -68,16 +67,11 @@ def prefix_attention_ref(q_THD, k_THD, v_THD, cu_seqlens_B1, prefix_B, *, softma
         if n == 0:
             continue
         if p < 0:
-            o_HLD = F.scaled_dot_product_attention(qs[b][None], ks[b][None], vs[b][None], is_causal=True, scale=scale)[
-                0
-            ]
+            o_HLD = attend(qs[b], ks[b], vs[b], offset=0, scale=scale)
         else:
             k_HKD, v_HKD = torch.cat([ks[p], ks[b]], dim=1), torch.cat([vs[p], vs[b]], dim=1)
             # query i (of n) sees the lens[p] prefix keys and its own keys 0..i
-            visible = torch.ones(n, lens[p] + n, dtype=torch.bool, device=q_THD.device).tril_(lens[p])
-            o_HLD = F.scaled_dot_product_attention(
-                qs[b][None], k_HKD[None], v_HKD[None], attn_mask=visible, scale=scale
-            )[0]
+            o_HLD = attend(qs[b], k_HKD, v_HKD, offset=lens[p], scale=scale)
         outs.append(o_HLD.transpose(0, 1))
     return torch.cat(outs, dim=0) if outs else q_THD.clone()
 

@@ -1,0 +1,104 @@
+"""The CPU attention path (``kernels.cpu_attention``): blocks of queries with kept probabilities and
+a backward of its own, against autograd through the plain math and against SDPA."""
+
+import pytest
+import torch
+
+from kernels import cpu_attention
+from kernels.cpu_attention import BLOCK, BlockedAttention, attend
+
+
+def math_attention(q, k, v, offset, scale):
+    """softmax(scale q k^T, query i sees keys j <= offset + i) v, in q's dtype, by autograd."""
+    s = torch.matmul(q, k.transpose(1, 2)) * scale
+    if offset is not None:
+        L, S = s.shape[1:]
+        s = s.masked_fill(torch.ones(L, S, dtype=torch.bool).triu_(offset + 1), float("-inf"))
+    return torch.matmul(torch.softmax(s, dim=-1), v)
+
+
+def qkv(H, L, S, D, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(H, n, D, generator=g) * 1.5).to(dtype).requires_grad_() for n in (L, S, S)]
+
+
+# lengths around the block size: shorter than a block, a block and one token, several blocks
+CASES = [(5, 5, 0), (BLOCK + 1, BLOCK + 1, 0), (3 * BLOCK - 7, 3 * BLOCK - 7, 0), (70, 70 + 41, 41), (130, 131, 1)]
+
+
+@pytest.mark.parametrize("L,S,offset", [*CASES, (70, 70, None), (9, 150, None)])
+def test_the_backward_is_the_gradient_of_the_forward(L, S, offset):
+    q, k, v = qkv(2, L, S, 8, torch.float64)
+    assert torch.autograd.gradcheck(lambda q, k, v: BlockedAttention.apply(q, k, v, offset, 0.3), (q, k, v))
+
+
+@pytest.mark.parametrize("L,S,offset", [*CASES, (70, 70, None)])
+def test_fp32_equals_the_math_with_its_gradients(L, S, offset):
+    q, k, v = qkv(4, L, S, 64, torch.float32, seed=1)
+    do = torch.randn(4, L, 64)
+    got = attend(q, k, v, offset=offset, scale=0.125)
+    grads = torch.autograd.grad(got, (q, k, v), do)
+    want = math_attention(q, k, v, offset, 0.125)
+    want_grads = torch.autograd.grad(want, (q, k, v), do)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("L,S,offset", [(300, 520, 220), (220, 220, 0)])
+@pytest.mark.parametrize("seed", [2, 3])
+def test_bf16_meets_the_flash_attention_precision_rule(L, S, offset, seed):
+    """bf16 inputs (scores and softmax in fp32, probabilities and the softmax gradient in bf16 for the
+    products, as flash attention on a GPU): against fp32 math of the same inputs, the error of the
+    output and of each gradient is at most twice that of the plain math in bf16, plus a floor
+    (flash-attention's rule, as ``test_varlen_attention.py``)."""
+    q, k, v = qkv(4, L, S, 64, torch.bfloat16, seed=seed)
+    do = torch.randn(4, L, 64, generator=torch.Generator().manual_seed(seed)).bfloat16()
+    exact = [x.detach().float().requires_grad_() for x in (q, k, v)]
+
+    def results(fn, q, k, v, do):
+        out = fn(q, k, v)
+        return [out, *torch.autograd.grad(out, (q, k, v), do)]
+
+    want = results(lambda q, k, v: math_attention(q, k, v, offset, 0.125), *exact, do.float())
+    plain = results(lambda q, k, v: math_attention(q, k, v, offset, 0.125), q, k, v, do)
+    ours = results(lambda q, k, v: attend(q, k, v, offset=offset, scale=0.125), q, k, v, do)
+    for name, a, b, c in zip(("out", "dq", "dk", "dv"), ours, plain, want):
+        err, err_plain = (a.float() - c).abs().max().item(), (b.float() - c).abs().max().item()
+        assert err <= 2 * err_plain + 1e-3, f"{name}: {err:.3g} against plain bf16 math's {err_plain:.3g}"
+
+
+def test_large_score_matrices_run_the_flash_kernel(monkeypatch):
+    """Above DENSE_MAX_SCORES the probabilities are not kept: SDPA runs, with the same result."""
+    q, k, v = qkv(2, 40, 60, 16, torch.float32, seed=3)
+    small = attend(q, k, v, offset=20, scale=0.25)
+    calls = []
+    monkeypatch.setattr(cpu_attention, "DENSE_MAX_SCORES", 2 * 20 * 20 - 1)
+    monkeypatch.setattr(BlockedAttention, "apply", lambda *a: calls.append(a))
+    for offset in (20, None):
+        large = attend(q, k, v, offset=offset, scale=0.25)
+        torch.testing.assert_close(large, math_attention(q, k, v, offset, 0.25), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(small, math_attention(q, k, v, 20, 0.25), rtol=1e-5, atol=1e-5)
+    causal = attend(q[:, :20], k[:, :20], v[:, :20], offset=0, scale=0.25)
+    torch.testing.assert_close(causal, math_attention(q[:, :20], k[:, :20], v[:, :20], 0, 0.25), rtol=1e-5, atol=1e-5)
+    assert calls == []
+
+
+def test_an_offset_that_does_not_put_the_extra_keys_in_front_is_refused():
+    q, k, v = qkv(1, 4, 6, 8, torch.float32)
+    with pytest.raises(ValueError, match=r"S - L = 2"):
+        attend(q, k, v, offset=1, scale=1.0)
+
+
+def test_the_kernel_benchmark_times_both_paths_and_restores_the_limit():
+    from kernels.bench import bench_shared_prompt
+
+    rows = bench_shared_prompt(prompt=16, continuations=(8, 5), heads=2, head_dim=8)
+    assert [(r["dtype"], r["impl"]) for r in rows] == [
+        ("float32", "blocked"),
+        ("float32", "sdpa_flash"),
+        ("bfloat16", "blocked"),
+        ("bfloat16", "sdpa_flash"),
+    ]
+    assert all(r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 for r in rows)
+    assert cpu_attention.DENSE_MAX_SCORES == 1 << 24
