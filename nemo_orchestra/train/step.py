@@ -70,13 +70,21 @@ class ReferenceAhead:
     """The frozen reference's logprobs of the step's packs, computed pack by pack on a thread of its own
     (``threads`` torch threads) while the update trains on the packs before them: the loss of a pack
     waits only for its own (``PackedBatch.ref_pending``). On a CPU whose engine has cores of its own
-    (rollouts ahead of training) the trainer's passes run on one thread; this second one takes the
-    cycles the engine leaves idle. The reference and the policy are separate modules and the passes
+    (rollouts ahead of training) the trainer's passes run on one thread; this second one runs beside
+    them, on the engine's cycles. The reference and the policy are separate modules and the passes
     hold no state in common: results are the same as ``reference_logprobs`` before the update.
-    Not with tensor or pipeline parallelism, whose collectives two threads would interleave."""
+    Not with tensor or pipeline parallelism, whose collectives two threads would interleave.
 
-    def __init__(self, policy: Policy, batches: list[PackedBatch], temperature: float = 1.0, threads: int = 1):
+    ``idle``: the thread runs at idle priority (``idle_priority``), on cycles no other thread wants,
+    for a step whose engine is behind (the trainer waited for its rollouts): it then takes nothing from
+    generation. Otherwise at normal priority, so it shares the engine's core while the engine keeps
+    ahead of the trainer (see ``Trainer.reference_ahead``)."""
+
+    def __init__(
+        self, policy: Policy, batches: list[PackedBatch], temperature: float = 1.0, threads: int = 1, idle: bool = True
+    ):
         self.policy, self.batches, self.temperature, self.threads = policy, batches, temperature, threads
+        self.idle = idle
         self.error: BaseException | None = None
         self.seconds = 0.0
         self.ready = [threading.Event() for _ in batches]
@@ -89,7 +97,8 @@ class ReferenceAhead:
     def _run(self) -> None:
         t0 = time.perf_counter()
         torch.set_num_threads(self.threads)  # a new thread starts with the process's default
-        idle_priority()
+        if self.idle:
+            idle_priority()
         try:
             with torch.no_grad(), self.policy.reference_model() as model:
                 for b, ready in zip(self.batches, self.ready):

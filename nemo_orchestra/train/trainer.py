@@ -61,6 +61,9 @@ from tools_env.recovery import tool_service_context, with_tool_service
 
 log = logging.getLogger(__name__)
 
+# a wait for a step's rollouts longer than this: the engine is behind the trainer (Trainer.reference_ahead)
+ENGINE_BEHIND_S = 0.05
+
 
 @dataclass
 class Trainer:
@@ -252,12 +255,18 @@ class Trainer:
             b.ref_logprobs_T = r
         return {"time/ref_logprobs_s": time.perf_counter() - t0}
 
-    def reference_ahead(self, batches: list[PackedBatch]) -> ReferenceAhead | None:
+    def reference_ahead(self, batches: list[PackedBatch], waited_s: float = 0.0) -> ReferenceAhead | None:
         """The reference logprobs on a thread of their own, beside the update (``perf.overlap_reference``),
-        or None: computed first, by ``fill_logprobs``."""
+        or None: computed first, by ``fill_logprobs``. The thread runs at idle priority when the trainer
+        waited for this step's rollouts (``waited_s`` over ``ENGINE_BEHIND_S``: the engine bounds the
+        step, so the thread takes only cycles nothing else wants), else at normal priority: the engine
+        keeps ahead, and the thread may take cycles from it. On a 2-core AVX512-BF16 machine (bf16,
+        the matched benchmark, the engine ahead) normal priority gave 6.96 s a step against 7.53 s at
+        idle; on an AVX2-only one (fp32, the engine behind) idle had given 10.0 s against 11.4 s."""
         if not self.overlap_reference or self.cfg.loss.kl_coef == 0:
             return None
-        return ReferenceAhead(self.policy, batches, self.cfg.rollout.temperature, torch.get_num_threads())
+        idle = waited_s > ENGINE_BEHIND_S
+        return ReferenceAhead(self.policy, batches, self.cfg.rollout.temperature, torch.get_num_threads(), idle=idle)
 
     def train_perf(self, batches: list[PackedBatch], seconds: float) -> dict:
         """perf/tflops_per_gpu, perf/mfu, perf/peak_mem_gb of the logprob + train stage (see flops.py)."""
@@ -315,7 +324,7 @@ class Trainer:
         minibatches = minibatch_packs(kept, self.cfg.loss.minibatches, self.cfg.parallel, self.cfg.share_prompts)
         batches = [b for mb in minibatches for b in mb]
         if batches:
-            ahead = self.reference_ahead(batches)
+            ahead = self.reference_ahead(batches, waited)
             if ahead is None:
                 metrics.update(self.fill_logprobs(batches))
             t2 = time.perf_counter()
@@ -328,6 +337,7 @@ class Trainer:
             if ahead is not None:
                 metrics["time/ref_logprobs_s"] = 0.0  # off the critical path: waits are in the update's time
                 metrics["time/ref_logprobs_ahead_s"] = ahead.join()
+                metrics["perf/ref_logprobs_idle"] = float(ahead.idle)
             metrics["time/update_s"] = time.perf_counter() - t2
         else:
             metrics["train/step_skipped"] = 1.0

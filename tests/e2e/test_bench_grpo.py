@@ -66,3 +66,10 @@ def test_grpo_benchmark_runs_rollouts_ahead_with_max_staleness(tmp_path):
     s = report["per_step"]
     assert s["reference_logprobs_s"] == 0 and s["reference_ahead_s"] > 0
     assert s["other_s"] >= -1e-3 * s["step_s"] and "reference logprobs beside the update" in stdout
+    # at idle priority exactly in the steps whose trainer waited for its rollouts
+    from nemo_orchestra.train.trainer import ENGINE_BEHIND_S
+
+    assert [m["perf/ref_logprobs_idle"] for m in steps] == [
+        float(m["time/rollout_wait_s"] > ENGINE_BEHIND_S) for m in steps
+    ]
+    assert s["reference_idle_share"] == sum(m["perf/ref_logprobs_idle"] for m in steps) / len(steps)

@@ -7,6 +7,7 @@ import dataclasses
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -251,10 +252,12 @@ def _packs():
     return packs
 
 
-def test_reference_logprobs_ahead_give_the_update_what_reference_first_gives(policy, monkeypatch):
+@pytest.mark.parametrize("idle", [True, False])
+def test_reference_logprobs_ahead_give_the_update_what_reference_first_gives(policy, monkeypatch, idle):
     """The reference pass on its own thread, beside the update (perf.overlap_reference): the same
     reference logprobs and gradients as computing them first; each pack's loss waits for its own (a
-    slow reference pass: a loss that did not wait would find none), and the thread runs at idle priority."""
+    slow reference pass: a loss that did not wait would find none), and the thread runs at idle
+    priority when asked (the engine behind), else at normal priority."""
     cfg = loss_cfg(tis_cap=2.0, kl_coef=0.1)
     first = _packs()
     for b, r in zip(first, reference_logprobs(policy, first)):
@@ -272,7 +275,7 @@ def test_reference_logprobs_ahead_give_the_update_what_reference_first_gives(pol
 
     monkeypatch.setattr(step_module, "forward_logprobs", slow_reference)
     packs = _packs()
-    ahead = ReferenceAhead(policy, packs, threads=torch.get_num_threads())
+    ahead = ReferenceAhead(policy, packs, threads=torch.get_num_threads(), idle=idle)
     assert all(b.ref_logprobs_T is None for b in packs)
     forward_backward(policy, packs, grpo_loss_fn(cfg))
     assert ahead.join() >= 0.2 * len(packs)
@@ -283,7 +286,23 @@ def test_reference_logprobs_ahead_give_the_update_what_reference_first_gives(pol
     assert all(torch.equal(a, b) for a, b in zip(g_first, g_ahead))
     assert any(float(a.abs().max()) > 0 for a in g_ahead)
     if sys.platform == "linux":
-        assert policies == [os.SCHED_IDLE] * len(packs)
+        assert policies == [os.SCHED_IDLE if idle else os.SCHED_OTHER] * len(packs)
+
+
+def test_the_reference_thread_is_idle_only_when_the_trainer_waited_for_its_rollouts(policy):
+    """Trainer.reference_ahead: at normal priority while the engine keeps ahead (no wait for the step's
+    rollouts), at idle priority once the trainer waited (the engine bounds the step); no thread
+    without a KL term."""
+    from nemo_orchestra.train.trainer import ENGINE_BEHIND_S, Trainer
+
+    cfg = SimpleNamespace(loss=loss_cfg(tis_cap=2.0, kl_coef=0.1), rollout=SimpleNamespace(temperature=1.0))
+    trainer = SimpleNamespace(overlap_reference=True, cfg=cfg, policy=policy)
+    for waited, idle in ((0.0, False), (ENGINE_BEHIND_S / 2, False), (2 * ENGINE_BEHIND_S, True), (3.0, True)):
+        ahead = Trainer.reference_ahead(trainer, _packs(), waited)
+        ahead.join()
+        assert ahead.idle is idle, waited
+    cfg.loss = loss_cfg(tis_cap=2.0, kl_coef=0.0)
+    assert Trainer.reference_ahead(trainer, _packs(), 3.0) is None
 
 
 def test_a_failed_reference_pass_stops_the_update_with_its_error(policy, monkeypatch):
