@@ -12,6 +12,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 LOGPROB_TOL = 2e-5  # fp32 rounding of a 256-entry log-softmax, summed in another order
 GRAD_TOL = 2e-6  # about 1e-6 relative to the largest gradient entry (~1.7)
+SHARED_GRAD_REL_TOL = 3e-6  # relative to the largest gradient entry: 25 fp32 ulps
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,9 @@ def test_shared_prompts_match_whole_trajectories_on_one_rank(results, layout):
     assert r["shared_prompts"] >= 2, r  # the path under test ran
     assert r["logprobs"] < LOGPROB_TOL and r["reference_logprobs"] < LOGPROB_TOL, r
     assert r["metrics"] < 1e-5 and r["entropy"] < 1e-5, r
-    assert r["grads"] < GRAD_TOL, r
+    # fp32 rounding: the prompt's attention runs in other query blocks than inside the whole trajectory
+    # (kernels/cpu_attention.py), and its keys' gradients sum over the continuations in another order
+    assert r["grads"] < SHARED_GRAD_REL_TOL * r["grad_scale"], r
 
 
 def test_checkpoint_saved_at_tp2_resumes_at_dp2(results):

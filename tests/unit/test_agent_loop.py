@@ -96,7 +96,7 @@ class Recording(EnginePolicy):
     async def act(self, episodes):
         for e in episodes:
             if e.turn == 0:
-                self.seen.append((copy.deepcopy(e.messages), copy.deepcopy(e.tools), list(e.traj.token_ids)))
+                self.seen.append((e.group, copy.deepcopy(e.messages), copy.deepcopy(e.tools), list(e.traj.token_ids)))
         return await super().act(episodes)
 
 
@@ -134,12 +134,14 @@ def test_prompt_ids_are_the_exported_chat_templates(service, tmp_path, kind):
 
     trajs = asyncio.run(go())
     assert len(policy.seen) == len(tasks)
-    for messages, tools, ids in policy.seen:
+    # in task order, as the trajectories: episodes reach the policy in the order their set-up finished
+    seen = [s[1:] for s in sorted(policy.seen, key=lambda s: s[0])]
+    for messages, tools, ids in seen:
         assert tools and messages[0]["role"] == "system"
         assert (
             _ids(exported.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)) == ids
         )
-    for t, (_, tools, _) in zip(trajs, policy.seen):
+    for t, (_, tools, _) in zip(trajs, seen):
         assert t.format_errors == 1 and t.stop_reason == "answer"  # the first turn has no call
         rendered = exported.apply_chat_template(t.messages, tools=tools, tokenize=False)
         assert rendered == chat.decode(t.token_ids) + "\n"
