@@ -34,9 +34,12 @@ def fake_openai():
         time.sleep(0.02)
     with open(ready) as f:
         url = json.load(f)["url"]
-    yield url + "/v1"
-    proc.terminate()
-    proc.wait(5)
+    try:
+        yield url + "/v1"
+    finally:
+        proc.terminate()
+        proc.wait(5)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(params=[True, False], ids=["warm", "cold"])
