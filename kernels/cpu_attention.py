@@ -97,13 +97,15 @@ def attend(q_HLD, k_HSD, v_HSD, *, offset: int | None, scale: float) -> torch.Te
     S = k_HSD.shape[1]
     if offset is not None and offset != S - L:
         raise ValueError(f"offset must be the keys in front of the queries (S - L = {S - L}) or None, got {offset}")
+    if L == 0:
+        return q_HLD.clone()
     if q_HLD.device.type == "cpu" and H * L * S <= DENSE_MAX_SCORES:
         return BlockedAttention.apply(q_HLD, k_HSD, v_HSD, offset, scale)
     # a batch dimension of 1: 3-D inputs fall back to SDPA's math path (8x slower on CPU)
     q, k, v = q_HLD[None], k_HSD[None], v_HSD[None]
     if offset is None:
         return F.scaled_dot_product_attention(q, k, v, scale=scale)[0]
-    if offset == 0 and L == S:
+    if offset == 0:  # L == S
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)[0]
     visible = torch.ones(L, S, dtype=torch.bool, device=q_HLD.device).tril_(offset)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)[0]

@@ -50,7 +50,8 @@ def prefix_attention_ref(q_THD, k_THD, v_THD, cu_seqlens_B1, prefix_B, *, softma
     ``nemo_orchestra/train/packing.py``). A prefix sequence attends causally to itself and continues
     none. Shapes and heads as in ``varlen_attention_ref``; returns out_THD. One sequence at a time
     (``kernels.cpu_attention.attend``), a continuation's with its prefix's keys and values in front
-    and a bottom-right causal mask. Differentiable by autograd: a prefix's keys and values get every continuation's gradient.
+    and a bottom-right causal mask. Differentiable: a prefix's keys and values get every
+    continuation's gradient.
     """
     cu = check_varlen_inputs(q_THD, k_THD, v_THD, cu_seqlens_B1, q_THD.shape[0])
     if len(prefix_B) != len(cu) - 1:

@@ -84,6 +84,13 @@ def test_large_score_matrices_run_the_flash_kernel(monkeypatch):
     assert calls == []
 
 
+def test_a_sequence_without_queries_attends_to_nothing():
+    q, k, v = qkv(2, 0, 5, 8, torch.float32)
+    for offset in (5, None):
+        out = attend(q, k, v, offset=offset, scale=1.0)
+        assert out.shape == (2, 0, 8)
+
+
 def test_an_offset_that_does_not_put_the_extra_keys_in_front_is_refused():
     q, k, v = qkv(1, 4, 6, 8, torch.float32)
     with pytest.raises(ValueError, match=r"S - L = 2"):
@@ -93,6 +100,7 @@ def test_an_offset_that_does_not_put_the_extra_keys_in_front_is_refused():
 def test_the_kernel_benchmark_times_both_paths_and_restores_the_limit():
     from kernels.bench import bench_shared_prompt
 
+    limit = cpu_attention.DENSE_MAX_SCORES
     rows = bench_shared_prompt(prompt=16, continuations=(8, 5), heads=2, head_dim=8)
     assert [(r["dtype"], r["impl"]) for r in rows] == [
         ("float32", "blocked"),
@@ -101,4 +109,4 @@ def test_the_kernel_benchmark_times_both_paths_and_restores_the_limit():
         ("bfloat16", "sdpa_flash"),
     ]
     assert all(r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 for r in rows)
-    assert cpu_attention.DENSE_MAX_SCORES == 1 << 24
+    assert cpu_attention.DENSE_MAX_SCORES == limit
