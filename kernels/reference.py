@@ -13,7 +13,16 @@ from kernels.cpu_attention import attend
 
 
 def varlen_attention_ref(
-    q_THD, k_THD, v_THD, cu_seqlens_B1, max_seqlen, *, causal=True, softmax_scale=None, return_lse=True
+    q_THD,
+    k_THD,
+    v_THD,
+    cu_seqlens_B1,
+    max_seqlen,
+    *,
+    causal=True,
+    softmax_scale=None,
+    return_lse=True,
+    rows_N=None,
 ):
     """Attention over packed sequences, one sequence at a time (``kernels.cpu_attention.attend``).
 
@@ -22,28 +31,30 @@ def varlen_attention_ref(
     same sequence when ``causal``, to all of them otherwise; scores are scaled by ``softmax_scale``
     (default D**-0.5). Returns ``(out_THD, lse_HT)``: out in q's dtype, and lse_HT[h, i] =
     log(sum_j exp(score_ij)) in fp32 (natural log), or None when ``return_lse`` is False.
-    Differentiable by autograd.
+    With ``rows_N`` (ascending positions in the pack) only those queries are computed: out_NHD and
+    lse_HN, as the whole pack's results at those rows. Differentiable by autograd.
     """
     cu = check_varlen_inputs(q_THD, k_THD, v_THD, cu_seqlens_B1, max_seqlen)
     T, Hq, D = q_THD.shape
     scale = D**-0.5 if softmax_scale is None else float(softmax_scale)
-    if T == 0:
-        lse = torch.empty(Hq, 0, dtype=torch.float32, device=q_THD.device) if return_lse else None
-        return q_THD.clone(), lse
     outs, lses = [], []
-    _, qs, ks, vs = _per_sequence(q_THD, k_THD, v_THD, cu)
-    for q_HLD, k_HLD, v_HLD in zip(qs, ks, vs):
-        if q_HLD.shape[1] == 0:
+    lens, qs, ks, vs = _per_sequence(q_THD, k_THD, v_THD, cu)
+    for q_HLD, k_HLD, v_HLD, rows_n in zip(qs, ks, vs, _rows_per_sequence(rows_N, cu)):
+        if (q_HLD.shape[1] if rows_n is None else rows_n.numel()) == 0:
             continue
-        o_HLD = attend(q_HLD, k_HLD, v_HLD, offset=0 if causal else None, scale=scale)
+        o_HLD = attend(q_HLD, k_HLD, v_HLD, offset=0 if causal else None, scale=scale, rows_N=rows_n)
         outs.append(o_HLD.transpose(0, 1))
         if return_lse:
-            lses.append(_lse(q_HLD, k_HLD, scale, causal))
+            lse_HL = _lse(q_HLD, k_HLD, scale, causal)
+            lses.append(lse_HL if rows_n is None else lse_HL[:, rows_n])
+    if not outs:  # no tokens, or no rows
+        lse = torch.empty(Hq, 0, dtype=torch.float32, device=q_THD.device) if return_lse else None
+        return (q_THD.clone() if rows_N is None else q_THD.index_select(0, rows_N)), lse
     out_THD = torch.cat(outs, dim=0)
     return out_THD, (torch.cat(lses, dim=1) if return_lse else None)
 
 
-def prefix_attention_ref(q_THD, k_THD, v_THD, cu_seqlens_B1, prefix_B, *, softmax_scale=None):
+def prefix_attention_ref(q_THD, k_THD, v_THD, cu_seqlens_B1, prefix_B, *, softmax_scale=None, rows_N=None):
     """Causal attention over packed sequences, where sequence b may continue sequence ``prefix_B[b]``
     (-1: none): its tokens attend to all of that sequence's tokens and causally to their own, as if
     the prefix were written in front of it (a prompt shared by several continuations, packed once:
@@ -51,7 +62,8 @@ def prefix_attention_ref(q_THD, k_THD, v_THD, cu_seqlens_B1, prefix_B, *, softma
     none. Shapes and heads as in ``varlen_attention_ref``; returns out_THD. One sequence at a time
     (``kernels.cpu_attention.attend``), a continuation's with its prefix's keys and values in front
     and a bottom-right causal mask. Differentiable: a prefix's keys and values get every
-    continuation's gradient.
+    continuation's gradient. With ``rows_N`` (ascending positions in the pack) only those queries are
+    computed: out_NHD, the whole pack's output at those rows.
     """
     cu = check_varlen_inputs(q_THD, k_THD, v_THD, cu_seqlens_B1, q_THD.shape[0])
     if len(prefix_B) != len(cu) - 1:
@@ -63,18 +75,28 @@ def prefix_attention_ref(q_THD, k_THD, v_THD, cu_seqlens_B1, prefix_B, *, softma
     scale = D**-0.5 if softmax_scale is None else float(softmax_scale)
     lens, qs, ks, vs = _per_sequence(q_THD, k_THD, v_THD, cu)
     outs = []
-    for b, p in enumerate(prefix_B):
-        n = lens[b]
-        if n == 0:
+    for b, (p, rows_n) in enumerate(zip(prefix_B, _rows_per_sequence(rows_N, cu))):
+        if (lens[b] if rows_n is None else rows_n.numel()) == 0:
             continue
         if p < 0:
-            o_HLD = attend(qs[b], ks[b], vs[b], offset=0, scale=scale)
+            o_HLD = attend(qs[b], ks[b], vs[b], offset=0, scale=scale, rows_N=rows_n)
         else:
             k_HKD, v_HKD = torch.cat([ks[p], ks[b]], dim=1), torch.cat([vs[p], vs[b]], dim=1)
             # query i (of n) sees the lens[p] prefix keys and its own keys 0..i
-            o_HLD = attend(qs[b], k_HKD, v_HKD, offset=lens[p], scale=scale)
+            o_HLD = attend(qs[b], k_HKD, v_HKD, offset=lens[p], scale=scale, rows_N=rows_n)
         outs.append(o_HLD.transpose(0, 1))
-    return torch.cat(outs, dim=0) if outs else q_THD.clone()
+    if outs:
+        return torch.cat(outs, dim=0)
+    return q_THD.clone() if rows_N is None else q_THD.index_select(0, rows_N)
+
+
+def _rows_per_sequence(rows_N: torch.Tensor | None, cu: list[int]) -> list[torch.Tensor | None]:
+    """Per sequence, the positions of ``rows_N`` (ascending, in the pack) inside it, from its start;
+    all None without rows."""
+    if rows_N is None:
+        return [None] * (len(cu) - 1)
+    bounds = torch.searchsorted(rows_N, torch.tensor(cu, dtype=rows_N.dtype, device=rows_N.device)).tolist()
+    return [rows_N[lo:hi] - start for lo, hi, start in zip(bounds[:-1], bounds[1:], cu[:-1])]
 
 
 def _per_sequence(q_THD, k_THD, v_THD, cu: list[int]):

@@ -44,6 +44,7 @@ class PackedCoreAttention(MegatronModule):
     """Causal varlen attention: q_THD, k_THD, v_THD + cu_seqlens -> out_T(HqD)."""
 
     backend: str = "torch"  # set per model class by ``make_core_attention``
+    rows_N: torch.Tensor | None = None  # set by ``forward.last_layer_at``: only these queries of a THD pack
 
     def __init__(
         self,
@@ -65,6 +66,8 @@ class PackedCoreAttention(MegatronModule):
     ):
         assert attention_bias is None, "attention bias is not supported"
         if packed_seq_params is None:  # [S, B, H, D]: run each batch row as one sequence
+            if self.rows_N is not None:
+                raise ValueError("rows_N selects positions of a THD pack; this input is [S, B, H, D]")
             s, b = query.shape[:2]
             q_TND, k_TND, v_TND = (x.transpose(0, 1).reshape(b * s, *x.shape[2:]) for x in (query, key, value))
             cu_seqlens = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=query.device)
@@ -76,20 +79,27 @@ class PackedCoreAttention(MegatronModule):
             from kernels.reference import prefix_attention_ref
 
             out_TND = prefix_attention_ref(
-                query, key, value, packed_seq_params.cu_seqlens_q, prefix_B, softmax_scale=self.softmax_scale
+                query,
+                key,
+                value,
+                packed_seq_params.cu_seqlens_q,
+                prefix_B,
+                softmax_scale=self.softmax_scale,
+                rows_N=self.rows_N,
             )
             return out_TND.reshape(out_TND.shape[0], -1)
         out_TND = self._attend(query, key, value, packed_seq_params.cu_seqlens_q, packed_seq_params.max_seqlen_q)
         return out_TND.reshape(out_TND.shape[0], -1)
 
     def _attend(self, q_TND, k_TND, v_TND, cu_seqlens, max_seqlen):
+        """Every query's output, or those of ``rows_N`` (the Triton kernel computes all of them)."""
         if self.backend == "triton":
             import kernels
 
             out, _ = kernels.varlen_attention(
                 q_TND, k_TND, v_TND, cu_seqlens, int(max_seqlen), causal=True, softmax_scale=self.softmax_scale
             )
-            return out
+            return out if self.rows_N is None else out.index_select(0, self.rows_N)
         from kernels.reference import varlen_attention_ref
 
         out, _ = varlen_attention_ref(
@@ -101,6 +111,7 @@ class PackedCoreAttention(MegatronModule):
             causal=True,
             softmax_scale=self.softmax_scale,
             return_lse=False,
+            rows_N=self.rows_N,
         )
         return out
 

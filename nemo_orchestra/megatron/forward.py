@@ -9,7 +9,10 @@ broadcasts its logprobs to the other stages.
 Only the loss's tokens need logits: with ``loss_rows`` the output layer runs on the rows where
 ``loss_mask_T`` is 1 (``logits_at``), and their logprobs are scattered back to the pack's length
 (0 elsewhere). In a GRPO or warm-start pack most tokens are prompt and tool observations, so this
-skips most of the output layer's matmul and the vocabulary-wide softmax.
+skips most of the output layer's matmul and the vocabulary-wide softmax. The last transformer layer
+needs no more rows than that either, past its key/value projection (``last_layer_at``): its queries,
+attention output, MLP and final norm run on those rows only (about a quarter of the tokens in the
+GRPO benchmark's packs).
 """
 
 from __future__ import annotations
@@ -89,13 +92,19 @@ def _output_layer(m):
 @contextmanager
 def logits_at(m, rows_N: torch.Tensor | None):
     """Within: the model returns the logits of ``rows_N`` only (sequence positions of a THD pack,
-    batch 1). The output layer sees only those rows' hidden states; with sequence parallelism its
-    input is a sequence shard that it gathers itself, so there the rows are taken from its output
-    instead (the logits are computed in full, the callers see the same shape). Nothing changes
-    without rows or on a pipeline stage without the output layer."""
+    batch 1, ascending). Where ``last_layer_at`` applies, the last transformer layer already keeps
+    only those rows; otherwise the output layer sees only those rows' hidden states. With sequence
+    parallelism its input is a sequence shard that it gathers itself, so there the rows are taken from
+    its output instead (the logits are computed in full, the callers see the same shape). Nothing
+    changes without rows or on a pipeline stage without the output layer."""
     layer = _output_layer(m)
     if rows_N is None or layer is None:
         yield
+        return
+    last = _last_layer(m)
+    if last is not None and not getattr(layer, "sequence_parallel", False):
+        with last_layer_at(last, rows_N):
+            yield
         return
 
     def select_input(module, args, kwargs):
@@ -113,6 +122,76 @@ def logits_at(m, rows_N: torch.Tensor | None):
         yield
     finally:
         handle.remove()
+
+
+def _last_layer(m):
+    """The model's last transformer layer when this stage holds it and ``last_layer_at`` can run it
+    on selected rows: not with activation recomputation (the recomputed forward would run without
+    the selection) nor an attention output gate (computed on every row)."""
+    decoder = _submodule(m, "decoder")
+    layers = getattr(decoder, "layers", None)
+    if not layers:
+        return None
+    last = layers[-1]
+    config = getattr(last, "config", None)
+    attention = getattr(last, "self_attention", None)
+    if (
+        config is None
+        or getattr(config, "recompute_granularity", None) is not None
+        or getattr(config, "attention_output_gate", False)
+        or getattr(config, "sequence_parallel", False)
+        or not hasattr(last, "input_layernorm")
+        or not hasattr(attention, "core_attention")
+    ):
+        return None
+    return last
+
+
+@contextmanager
+def last_layer_at(layer, rows_N: torch.Tensor):
+    """Within: ``layer`` (a Megatron ``TransformerLayer`` of a THD pack, the model's last) takes every
+    row up to its key/value projection and returns ``rows_N`` only. Its input norm and QKV projection
+    run on all rows (every query attends to their keys and values); its core attention computes the
+    queries of ``rows_N`` (``PackedCoreAttention.rows_N``; another core attention's output is taken at
+    those rows); the output projection, residuals, MLP and, after the layer, the final norm and the
+    output layer see those rows only. The gradient reaches every row's input through the keys and
+    values."""
+    from nemo_orchestra.megatron.attention import PackedCoreAttention
+
+    full = {}
+
+    def select_rows(module, args, kwargs):
+        if "hidden_states" in kwargs:
+            full["hidden"] = kwargs["hidden_states"]
+            kwargs = {**kwargs, "hidden_states": full["hidden"].index_select(0, rows_N)}
+        else:
+            full["hidden"] = args[0]
+            args = (args[0].index_select(0, rows_N), *args[1:])
+        return args, kwargs
+
+    def norm_every_row(module, args):
+        return (full["hidden"], *args[1:])
+
+    def attention_at_rows(module, args, output):
+        return output.index_select(0, rows_N)
+
+    core = layer.self_attention.core_attention
+    handles = [
+        layer.register_forward_pre_hook(select_rows, with_kwargs=True),
+        layer.input_layernorm.register_forward_pre_hook(norm_every_row),
+    ]
+    if isinstance(core, PackedCoreAttention):
+        core.rows_N = rows_N
+    else:
+        handles.append(core.register_forward_hook(attention_at_rows))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        if isinstance(core, PackedCoreAttention):
+            core.rows_N = None
+        full.clear()
 
 
 def scatter_rows(values_N: torch.Tensor, rows_N: torch.Tensor | None, length: int) -> torch.Tensor:

@@ -8,13 +8,15 @@ from kernels import cpu_attention
 from kernels.cpu_attention import BLOCK, BlockedAttention, attend
 
 
-def math_attention(q, k, v, offset, scale):
-    """softmax(scale q k^T, query i sees keys j <= offset + i) v, in q's dtype, by autograd."""
+def math_attention(q, k, v, offset, scale, rows=None):
+    """softmax(scale q k^T, query i sees keys j <= offset + i) v, in q's dtype, by autograd; with
+    ``rows`` the output of those queries only."""
     s = torch.matmul(q, k.transpose(1, 2)) * scale
     if offset is not None:
         L, S = s.shape[1:]
         s = s.masked_fill(torch.ones(L, S, dtype=torch.bool).triu_(offset + 1), float("-inf"))
-    return torch.matmul(torch.softmax(s, dim=-1), v)
+    out = torch.matmul(torch.softmax(s, dim=-1), v)
+    return out if rows is None else out[:, rows]
 
 
 def qkv(H, L, S, D, dtype, seed=0):
@@ -29,7 +31,8 @@ CASES = [(5, 5, 0), (BLOCK + 1, BLOCK + 1, 0), (3 * BLOCK - 7, 3 * BLOCK - 7, 0)
 @pytest.mark.parametrize("L,S,offset", [*CASES, (70, 70, None), (9, 150, None)])
 def test_the_backward_is_the_gradient_of_the_forward(L, S, offset):
     q, k, v = qkv(2, L, S, 8, torch.float64)
-    assert torch.autograd.gradcheck(lambda q, k, v: BlockedAttention.apply(q, k, v, offset, 0.3), (q, k, v))
+    pos = None if offset is None else torch.arange(L) + offset
+    assert torch.autograd.gradcheck(lambda q, k, v: BlockedAttention.apply(q, k, v, pos, 0.3), (q, k, v))
 
 
 @pytest.mark.parametrize("L,S,offset", [*CASES, (70, 70, None)])
@@ -68,6 +71,42 @@ def test_bf16_meets_the_flash_attention_precision_rule(L, S, offset, seed):
         assert err <= 2 * err_plain + 1e-3, f"{name}: {err:.3g} against plain bf16 math's {err_plain:.3g}"
 
 
+# selected queries: scattered, in runs longer than a block (the loss's tokens of a multi-turn
+# trajectory), the first and the last
+ROWS = [[0, 3, 4, 5, 60, 61, 62, 63, 64, 65, 100], [*range(10, 90), *range(120, 129)], [129]]
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("offset", [0, 41, None])
+def test_selected_queries_equal_those_rows_of_the_whole_sequence(rows, offset):
+    """``rows_N`` computes only those queries (over every key they may see): the same output rows, and
+    the same gradients as the whole sequence's output taken at those rows (0 for the other queries)."""
+    L = 130
+    S = L + (offset or 0)
+    q, k, v = qkv(2, L, S, 8, torch.float64, seed=4)
+    rows_N = torch.tensor(rows)
+    do = torch.randn(2, len(rows), 8, dtype=torch.float64)
+    got = attend(q, k, v, offset=offset, scale=0.3, rows_N=rows_N)
+    want = math_attention(q, k, v, offset, 0.3, rows)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    for a, b in zip(torch.autograd.grad(got, (q, k, v), do), torch.autograd.grad(want, (q, k, v), do)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    pos = None if offset is None else rows_N + offset
+    sel = q.detach()[:, rows].requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: BlockedAttention.apply(q, k, v, pos, 0.3), (sel, k, v), fast_mode=True
+    )
+
+
+def test_selected_queries_beyond_the_limit_run_the_flash_kernel(monkeypatch):
+    q, k, v = qkv(2, 40, 60, 16, torch.float32, seed=3)
+    rows = [1, 2, 17, 39]
+    monkeypatch.setattr(cpu_attention, "DENSE_MAX_SCORES", 0)
+    for offset in (20, None):
+        got = attend(q, k, v, offset=offset, scale=0.25, rows_N=torch.tensor(rows))
+        torch.testing.assert_close(got, math_attention(q, k, v, offset, 0.25, rows), rtol=1e-5, atol=1e-5)
+
+
 def test_large_score_matrices_run_the_flash_kernel(monkeypatch):
     """Above DENSE_MAX_SCORES the probabilities are not kept: SDPA runs, with the same result."""
     q, k, v = qkv(2, 40, 60, 16, torch.float32, seed=3)
@@ -89,6 +128,9 @@ def test_a_sequence_without_queries_attends_to_nothing():
     for offset in (5, None):
         out = attend(q, k, v, offset=offset, scale=1.0)
         assert out.shape == (2, 0, 8)
+    q, k, v = qkv(2, 5, 5, 8, torch.float32)
+    out = attend(q, k, v, offset=0, scale=1.0, rows_N=torch.tensor([], dtype=torch.long))
+    assert out.shape == (2, 0, 8)
 
 
 def test_an_offset_that_does_not_put_the_extra_keys_in_front_is_refused():
@@ -110,3 +152,35 @@ def test_the_kernel_benchmark_times_both_paths_and_restores_the_limit():
     ]
     assert all(r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 for r in rows)
     assert cpu_attention.DENSE_MAX_SCORES == limit
+
+
+@pytest.mark.parametrize("shared_prompt", [False, True])
+def test_packed_references_with_rows_equal_the_whole_pack_at_those_rows(shared_prompt):
+    """``varlen_attention_ref`` and ``prefix_attention_ref`` with ``rows_N``: outputs (and lse) of the
+    whole pack at those rows, gradients of the whole pack's output taken at those rows; sequences
+    without a selected row, and the prompt's, are skipped."""
+    from kernels.reference import prefix_attention_ref, varlen_attention_ref
+
+    lens, prefix = [30, 70, 9, 140], [-1, 0, 0, -1]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(sum(lens), 4, 8, generator=g).requires_grad_()
+    k, v = (torch.randn(sum(lens), 2, 8, generator=g).requires_grad_() for _ in range(2))
+    # none in the prompt or in sequence 2; runs inside 1 and 3, the last token
+    rows = torch.tensor([31, 32, 33, 60, 99, 112, 113, *range(150, 230), 248])
+    do = torch.randn(len(rows), 4, 8, generator=g)
+    if shared_prompt:
+        whole = prefix_attention_ref(q, k, v, cu, prefix)
+        got = prefix_attention_ref(q, k, v, cu, prefix, rows_N=rows)
+    else:
+        whole, lse = varlen_attention_ref(q, k, v, cu, max(lens))
+        got, got_lse = varlen_attention_ref(q, k, v, cu, max(lens), rows_N=rows)
+        torch.testing.assert_close(got_lse, lse[:, rows])
+    torch.testing.assert_close(got, whole[rows], rtol=1e-6, atol=1e-6)
+    for a, b in zip(torch.autograd.grad(got, (q, k, v), do), torch.autograd.grad(whole[rows], (q, k, v), do)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    empty = torch.tensor([], dtype=torch.long)
+    if shared_prompt:
+        assert prefix_attention_ref(q, k, v, cu, prefix, rows_N=empty).shape == (0, 4, 8)
+    else:
+        assert varlen_attention_ref(q, k, v, cu, max(lens), rows_N=empty)[0].shape == (0, 4, 8)

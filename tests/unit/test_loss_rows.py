@@ -95,3 +95,62 @@ def test_flops_count_the_output_layer_on_the_loss_rows_only():
     rows = forward_flops(cfg.model, 2176, [300, 200], logit_tokens=120)
     assert full == forward_flops(cfg.model, 2176, [300, 200], logit_tokens=500)
     assert full - rows == 2.0 * 2176 * cfg.model.hidden_size * (500 - 120)
+
+
+def _rows_seen(gpt, batch, rows) -> dict[str, list[int]]:
+    """Rows each module of the first and last layer took in one forward."""
+    first, last = gpt.decoder.layers[0], gpt.decoder.layers[-1]
+    seen: dict[str, list[int]] = {}
+    modules = {
+        "first mlp": first.mlp,
+        "last qkv": last.self_attention.linear_qkv,
+        "last proj": last.self_attention.linear_proj,
+        "last mlp": last.mlp,
+        "final norm": gpt.decoder.final_layernorm,
+    }
+    handles = [
+        mod.register_forward_pre_hook(lambda mod, args, name=name: seen.setdefault(name, []).append(args[0].shape[0]))
+        for name, mod in modules.items()
+    ]
+    try:
+        with torch.no_grad():
+            packed_forward(gpt, batch, torch.device("cpu"), rows)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def test_the_last_layer_runs_past_its_keys_and_values_on_the_loss_rows_only(setup):
+    """Keys and values for every token; the last layer's attention output, MLP and the final norm on
+    the loss's rows (their logprobs and gradients equal the full forward's: the tests above)."""
+    gpt, batch = setup
+    T, N = batch.num_tokens, int(batch.loss_mask_T.sum())
+    every, loss = [T], [N]
+    want = {"first mlp": every, "last qkv": every}
+    assert _rows_seen(gpt, batch, loss_rows(batch, torch.device("cpu"))) == {
+        **want,
+        "last proj": loss,
+        "last mlp": loss,
+        "final norm": loss,
+    }
+    assert _rows_seen(gpt, batch, None) == {**want, "last proj": every, "last mlp": every, "final norm": every}
+    assert gpt.decoder.layers[-1].self_attention.core_attention.rows_N is None  # reset after the forward
+
+
+def test_with_activation_recompute_the_last_layer_takes_every_row():
+    """A recomputed layer reruns its forward in the backward, outside the selection: there only the
+    output layer takes the rows, and the gradients still equal the full forward's."""
+    cfg = load_config(["model.num_layers=2", "parallel.activation_recompute=true"])
+    init_distributed(cfg.parallel, seed=3)
+    torch.manual_seed(0)
+    gpt = build_gpt_model(cfg.model, cfg.parallel, VOCAB, torch.device("cpu"))
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, VOCAB, (41,), generator=g).tolist()
+    (batch,) = pack([traj(ids=ids, mask=[0] * 30 + [1] * 11)], capacity=64)
+    gpt.train()
+    seen = _rows_seen(gpt, batch, loss_rows(batch, torch.device("cpu")))
+    assert seen["last mlp"] == [41] and seen["final norm"] == [41]
+    full, rows = _grads(gpt, batch, False), _grads(gpt, batch, True)
+    for n in full:
+        torch.testing.assert_close(rows[n], full[n], atol=1e-5, rtol=1e-4, msg=n)
