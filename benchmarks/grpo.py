@@ -9,8 +9,9 @@ steps, then ``--steps`` measured ones, and reports per step:
   for, and accounting (tool calls that overlap generation are not counted twice)
 - ``reference_logprobs_s``: the frozen reference's forward pass over the packed batch; 0 when it
   runs on a thread of its own beside the update (``perf.overlap_reference``), whose time is then
-  ``reference_ahead_s`` (the update's waits for it are in ``training_s``), at idle priority in a
-  ``reference_idle_share`` of the steps (those whose trainer waited for its rollouts)
+  ``reference_ahead_s`` (the update's waits for it, ``reference_wait_s``, are in ``training_s``),
+  at idle priority in a ``reference_idle_share`` of the steps (those whose trainer waited for its
+  rollouts)
 - ``training_s``: forward, backward and the optimizer step (the policy's old logprobs come from
   this forward: one optimizer step per batch of rollouts)
 - ``weight_sync_s``: pushing the new weights into the generation engine
@@ -86,6 +87,7 @@ def summarize(steps: list[dict]) -> dict[str, float]:
         m.get("time/rollouts_wall_s", m["time/rollout_s"]) - m.get("time/generate_s", 0.0) for m in steps
     )
     out["reference_ahead_s"] = mean(m.get("time/ref_logprobs_ahead_s", 0.0) for m in steps)
+    out["reference_wait_s"] = mean(m.get("time/ref_logprobs_wait_s", 0.0) for m in steps)
     out["reference_idle_share"] = mean(m.get("perf/ref_logprobs_idle", 0.0) for m in steps)
     out["step_s"] = mean(m["time/step_s"] for m in steps)
     out["other_s"] = out["step_s"] - sum(out[name] for name, _ in PHASES)
@@ -118,7 +120,8 @@ def table(summary: dict[str, float]) -> str:
     if summary.get("reference_ahead_s", 0.0) > 0:
         rows.append(
             f"reference logprobs beside the update: {summary['reference_ahead_s']:.3f} s on a thread of their own "
-            f"(perf.overlap_reference), at idle priority in {summary['reference_idle_share']:.0%} of the steps"
+            f"(perf.overlap_reference), at idle priority in {summary['reference_idle_share']:.0%} of the steps; "
+            f"the update waited {summary['reference_wait_s']:.3f} s for it"
         )
     rows.append(
         f"tokens/s {summary['tokens_per_s']:.0f} ({summary['tokens_per_step']:.0f} tokens/step); "

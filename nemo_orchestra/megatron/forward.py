@@ -101,9 +101,8 @@ def logits_at(m, rows_N: torch.Tensor | None):
     if rows_N is None or layer is None:
         yield
         return
-    last = _last_layer(m)
-    if last is not None and not getattr(layer, "sequence_parallel", False):
-        with last_layer_at(last, rows_N):
+    if selects_last_layer_rows(m):
+        with last_layer_at(_last_layer(m), rows_N):
             yield
         return
 
@@ -122,6 +121,17 @@ def logits_at(m, rows_N: torch.Tensor | None):
         yield
     finally:
         handle.remove()
+
+
+def selects_last_layer_rows(model) -> bool:
+    """Whether ``logits_at`` runs the last layer on the loss's rows (``last_layer_at``) in ``model``
+    (the last pipeline stage's: other stages compute every row)."""
+    chunks = model if isinstance(model, list | tuple) else [model]
+    for m in chunks:
+        layer = _output_layer(m)
+        if layer is not None:
+            return _last_layer(m) is not None and not getattr(layer, "sequence_parallel", False)
+    return False
 
 
 def _last_layer(m):

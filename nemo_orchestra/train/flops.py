@@ -13,7 +13,10 @@ A forward pass over a pack of sequences of lengths s_i (T = sum s_i tokens) cost
 the second term being causal attention: for the query at position j, QK^T and PV each take
 2 Hq D (j + 1) FLOPs, and sum_{j<s} 2 (j + 1) = s (s + 1). A sequence that continues a shared
 prompt of p tokens (``train/packing.py``) also attends to those: s (s + 1) + 2 s p. The count is
-of the pack as computed: a shared prompt once. Backward costs twice the forward, so
+of the pack as computed: a shared prompt once. Where the last layer runs past its QKV projection on
+the loss's rows only (``megatron.forward.last_layer_at``), its output projection, MLP and attention
+count those rows: a query at position j of a sequence after p prompt tokens, 2 (j + 1 + p) pairs.
+Backward costs twice the forward, so
 a training step is 3F (= 6 N_mm T + 6 L Hq D sum s_i^2 + ..., the usual 6N rule plus attention),
 and each forward-only pass (old logprobs, reference logprobs) is F. Not counted: embedding
 lookups, norms, softmax, RoPE (well under 1%), and padding tokens. No activation recomputation.
@@ -58,35 +61,54 @@ def forward_flops(
     seq_lens: list[int],
     logit_tokens: int | None = None,
     prefix_lens: list[int] | None = None,
+    last_layer_rows: list[list[int]] | None = None,
 ) -> float:
     """FLOPs of one forward pass over sequences of these lengths (packed or not: the same), the output
     layer over ``logit_tokens`` of them (all by default; the trainer's passes compute logits only
     for the loss's tokens, ``megatron.forward.logits_at``); ``prefix_lens[i]``: the shared prompt's
-    tokens that sequence i also attends to (0 by default)."""
+    tokens that sequence i also attends to (0 by default). ``last_layer_rows[i]``: the positions in
+    sequence i of the rows the last layer computes past its QKV projection (``last_layer_at``); the
+    output layer then takes those rows, whatever ``logit_tokens`` says."""
     tokens = sum(seq_lens)
     logit_tokens = tokens if logit_tokens is None else logit_tokens
     prefix_lens = prefix_lens or [0] * len(seq_lens)
     pairs = sum(s * (s + 1) + 2 * s * p for s, p in zip(seq_lens, prefix_lens, strict=True))
-    attn = 2 * model.num_attention_heads * model.head_dim * pairs
-    body = matmul_params(model, vocab_size) - vocab_size * model.hidden_size
-    return 2.0 * (body * tokens + vocab_size * model.hidden_size * logit_tokens) + model.num_layers * attn
+    per_pair = 2 * model.num_attention_heads * model.head_dim
+    H, D, F = model.hidden_size, model.head_dim, model.ffn_hidden_size
+    body = matmul_params(model, vocab_size) - vocab_size * H
+    flops = 2.0 * body * tokens + model.num_layers * per_pair * pairs
+    if last_layer_rows is not None:
+        logit_tokens = sum(len(r) for r in last_layer_rows)
+        past_qkv = model.num_attention_heads * D * H + 3 * H * F  # output projection and MLP, per row
+        last_pairs = sum(2 * (j + 1 + p) for r, p in zip(last_layer_rows, prefix_lens, strict=True) for j in r)
+        flops -= 2.0 * past_qkv * (tokens - logit_tokens) + per_pair * (pairs - last_pairs)
+    return flops + 2.0 * vocab_size * H * logit_tokens
 
 
 def sequence_lengths(batches) -> tuple[list[int], list[int]]:
     """Lengths of the real (non-padding) sequences in packed batches, shared prompts included, and the
     length of the shared prompt each one continues (0: none)."""
+    lens, prefixes, _ = sequence_layout(batches)
+    return lens, prefixes
+
+
+def sequence_layout(batches) -> tuple[list[int], list[int], list[list[int]]]:
+    """``sequence_lengths`` and, per sequence, the positions (from its start) of its loss rows."""
     from nemo_orchestra.train.packing import PADDING
 
-    lens, prefixes = [], []
+    lens, prefixes, rows = [], [], []
     for b in batches:
         cu = b.cu_seqlens_B1.tolist()
         seg = [e - s for s, e in zip(cu[:-1], cu[1:])]
         of = b.prefix_B or [-1] * len(seg)
-        for n, j, p in zip(seg, b.traj_index_B, of):
+        loss = torch.nonzero(b.loss_mask_T > 0)[:, 0]
+        bounds = torch.searchsorted(loss, torch.tensor(cu, dtype=loss.dtype)).tolist()
+        for i, (n, j, p) in enumerate(zip(seg, b.traj_index_B, of)):
             if j != PADDING:
                 lens.append(n)
                 prefixes.append(seg[p] if p >= 0 else 0)
-    return lens, prefixes
+                rows.append((loss[bounds[i] : bounds[i + 1]] - cu[i]).tolist())
+    return lens, prefixes, rows
 
 
 def peak_tflops(configured: float | None) -> float | None:

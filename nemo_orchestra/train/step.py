@@ -87,6 +87,7 @@ class ReferenceAhead:
         self.idle = idle
         self.error: BaseException | None = None
         self.seconds = 0.0
+        self.waited_s = 0.0  # the update's waits for packs not yet done
         self.ready = [threading.Event() for _ in batches]
         self.cancelled = threading.Event()
         for i, b in enumerate(batches):
@@ -122,7 +123,10 @@ class ReferenceAhead:
 
     def wait(self, i: int) -> None:
         """Until pack ``i``'s reference logprobs are there; raises what the thread raised."""
-        self.ready[i].wait()
+        if not self.ready[i].is_set():
+            t0 = time.perf_counter()
+            self.ready[i].wait()
+            self.waited_s += time.perf_counter() - t0
         self._raise_failure()
 
     def join(self) -> float:

@@ -25,6 +25,7 @@ from nemo_orchestra.config import Config
 from nemo_orchestra.grpo.advantages import assign_advantages, informative_groups
 from nemo_orchestra.grpo.reward import assign_rewards
 from nemo_orchestra.hf.qwen3 import full_state_dict
+from nemo_orchestra.megatron.forward import selects_last_layer_rows
 from nemo_orchestra.rollout.engines.base import GenerationEngine
 from nemo_orchestra.megatron.parallel import (
     broadcast_in_model_parallel_group,
@@ -43,7 +44,7 @@ from nemo_orchestra.train.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from nemo_orchestra.train.flops import forward_flops, perf_metrics, sequence_lengths
+from nemo_orchestra.train.flops import forward_flops, perf_metrics, sequence_layout
 from nemo_orchestra.train.metrics import MetricLogger
 from nemo_orchestra.train.policy import Policy, reset_optimizer_state, set_lr
 from nemo_orchestra.train.run_control import SaveSchedule, agree, param_versions
@@ -270,10 +271,11 @@ class Trainer:
 
     def train_perf(self, batches: list[PackedBatch], seconds: float) -> dict:
         """perf/tflops_per_gpu, perf/mfu, perf/peak_mem_gb of the logprob + train stage (see flops.py)."""
-        seqs, prefixes = sequence_lengths(batches)
+        seqs, prefixes, rows = sequence_layout(batches)
         passes = 3 + (self.cfg.loss.kl_coef > 0)  # forward + backward, and the reference's logprobs
-        logit_tokens = int(sum(float(b.loss_mask_T.sum()) for b in batches))  # the LM head's rows (logits_at)
-        flops = forward_flops(self.cfg.model, self.vocab_size, seqs, logit_tokens, prefixes)
+        logit_tokens = sum(len(r) for r in rows)  # the LM head's rows (logits_at)
+        last_rows = rows if selects_last_layer_rows(self.policy.model) else None
+        flops = forward_flops(self.cfg.model, self.vocab_size, seqs, logit_tokens, prefixes, last_rows)
         flops = data_parallel_sum([passes * flops])[0]
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         return perf_metrics(flops, seconds, world, self.cfg.perf.peak_tflops)
@@ -337,6 +339,7 @@ class Trainer:
             if ahead is not None:
                 metrics["time/ref_logprobs_s"] = 0.0  # off the critical path: waits are in the update's time
                 metrics["time/ref_logprobs_ahead_s"] = ahead.join()
+                metrics["time/ref_logprobs_wait_s"] = ahead.waited_s
                 metrics["perf/ref_logprobs_idle"] = float(ahead.idle)
             metrics["time/update_s"] = time.perf_counter() - t2
         else:

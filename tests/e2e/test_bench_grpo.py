@@ -65,6 +65,9 @@ def test_grpo_benchmark_runs_rollouts_ahead_with_max_staleness(tmp_path):
     # the reference pass ran on its own thread, off the step's critical path
     s = report["per_step"]
     assert s["reference_logprobs_s"] == 0 and s["reference_ahead_s"] > 0
+    # the update's waits for it are part of its time
+    assert all(0 <= m["time/ref_logprobs_wait_s"] <= m["time/update_s"] for m in steps)
+    assert s["reference_wait_s"] == sum(m["time/ref_logprobs_wait_s"] for m in steps) / len(steps)
     assert s["other_s"] >= -1e-3 * s["step_s"] and "reference logprobs beside the update" in stdout
     # at idle priority exactly in the steps whose trainer waited for its rollouts
     from nemo_orchestra.train.trainer import ENGINE_BEHIND_S

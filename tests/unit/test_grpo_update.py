@@ -279,6 +279,7 @@ def test_reference_logprobs_ahead_give_the_update_what_reference_first_gives(pol
     assert all(b.ref_logprobs_T is None for b in packs)
     forward_backward(policy, packs, grpo_loss_fn(cfg))
     assert ahead.join() >= 0.2 * len(packs)
+    assert 0.05 < ahead.waited_s < ahead.seconds  # the first pack's loss waited (time/ref_logprobs_wait_s)
     g_ahead = [p.main_grad.clone() for p in policy.model.parameters()]
     for a, b in zip(first, packs):
         assert torch.equal(a.ref_logprobs_T, b.ref_logprobs_T)

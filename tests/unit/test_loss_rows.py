@@ -154,3 +154,36 @@ def test_with_activation_recompute_the_last_layer_takes_every_row():
     full, rows = _grads(gpt, batch, False), _grads(gpt, batch, True)
     for n in full:
         torch.testing.assert_close(rows[n], full[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_flops_of_the_last_layer_on_the_loss_rows():
+    """With ``last_layer_rows`` the last layer's output projection, MLP and attention count those rows:
+    every row selected gives the full count; the difference per unselected row is exact."""
+    from nemo_orchestra.train.flops import forward_flops
+
+    cfg = load_config([])
+    m = cfg.model
+    full = forward_flops(m, 2176, [300, 200], prefix_lens=[0, 50])
+    every = forward_flops(
+        m, 2176, [300, 200], prefix_lens=[0, 50], last_layer_rows=[list(range(300)), list(range(200))]
+    )
+    assert every == full
+    # drop row 299 of sequence 0 (it attended to 300 keys) and row 0 of sequence 1 (1 + 50 prompt keys)
+    fewer = forward_flops(
+        m, 2176, [300, 200], prefix_lens=[0, 50], last_layer_rows=[list(range(299)), list(range(1, 200))]
+    )
+    per_row = 2.0 * (m.num_attention_heads * m.head_dim * m.hidden_size + 3 * m.hidden_size * m.ffn_hidden_size)
+    per_pair = 2 * m.num_attention_heads * m.head_dim
+    head = 2.0 * 2176 * m.hidden_size
+    assert full - fewer == 2 * (per_row + head) + per_pair * (2 * 300 + 2 * 51)
+
+
+def test_the_trainer_counts_the_rows_its_layout_selects(setup):
+    from nemo_orchestra.megatron.forward import selects_last_layer_rows
+    from nemo_orchestra.train.flops import sequence_layout
+
+    gpt, batch = setup
+    assert selects_last_layer_rows(gpt)
+    lens, prefixes, rows = sequence_layout([batch])
+    assert lens == [41, 23, 17] and prefixes == [0, 0, 0]
+    assert rows == [list(range(29, 40)), list(range(8, 22)), []]
