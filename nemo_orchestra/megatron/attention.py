@@ -87,9 +87,9 @@ class PackedCoreAttention(MegatronModule):
                 softmax_scale=self.softmax_scale,
                 rows_N=self.rows_N,
             )
-            return out_TND.reshape(out_TND.shape[0], -1)
+            return out_TND.flatten(1)
         out_TND = self._attend(query, key, value, packed_seq_params.cu_seqlens_q, packed_seq_params.max_seqlen_q)
-        return out_TND.reshape(out_TND.shape[0], -1)
+        return out_TND.flatten(1)
 
     def _attend(self, q_TND, k_TND, v_TND, cu_seqlens, max_seqlen):
         """Every query's output, or those of ``rows_N`` (the Triton kernel computes all of them)."""

@@ -101,7 +101,7 @@ def logits_at(m, rows_N: torch.Tensor | None):
     if rows_N is None or layer is None:
         yield
         return
-    if selects_last_layer_rows(m):
+    if rows_N.numel() and selects_last_layer_rows(m):  # a pack without loss rows (padding) runs whole
         with last_layer_at(_last_layer(m), rows_N):
             yield
         return

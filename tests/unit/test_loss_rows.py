@@ -187,3 +187,19 @@ def test_the_trainer_counts_the_rows_its_layout_selects(setup):
     lens, prefixes, rows = sequence_layout([batch])
     assert lens == [41, 23, 17] and prefixes == [0, 0, 0]
     assert rows == [list(range(29, 40)), list(range(8, 22)), []]
+
+
+def test_a_pack_without_loss_rows_runs_and_gets_no_gradient(setup):
+    """A pack with no loss token (the all-padding pack of a rank without data) goes through the
+    same path: no logits, no error, a zero gradient."""
+    gpt, _ = setup
+    (batch,) = pack([traj(ids=list(range(1, 20)), mask=[0] * 19)], capacity=32)
+    gpt.zero_grad(set_to_none=True)
+    dev = torch.device("cpu")
+    rows = loss_rows(batch, dev)
+    assert rows.numel() == 0
+    logits = packed_forward(gpt, batch, dev, rows)
+    assert logits.shape[1] == 0
+    lp = scatter_rows(token_logprobs(logits, batch.target_ids_T[rows], 1.0), rows, batch.num_tokens)
+    (-(lp * batch.loss_mask_T).sum()).backward()
+    assert all(p.grad is None or float(p.grad.abs().max()) == 0 for p in gpt.parameters())
