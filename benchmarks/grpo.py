@@ -144,13 +144,16 @@ def main(args: Any) -> int:
     if args.steps < 1 or args.warmup < 0:
         print(f"error: --steps must be >= 1 and --warmup >= 0 (got {args.steps} and {args.warmup})", file=sys.stderr)
         return 2
-    overrides = list(args.overrides)
+    overrides, scratch = list(args.overrides), None
     if not any(o.startswith("run.output_dir=") for o in overrides):
-        overrides.append(f"run.output_dir={tempfile.mkdtemp(prefix='bench_grpo-')}")
+        scratch = tempfile.mkdtemp(prefix="bench_grpo-")
+        overrides.append(f"run.output_dir={scratch}")
     try:
         cfg = load_config([*BENCH_DEFAULTS, *overrides, f"trainer.max_steps={args.warmup + args.steps}"])
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
+        if scratch is not None:  # nothing was written there
+            os.rmdir(scratch)
         return 2
     # rollouts run ahead of the last measured step too, as in the middle of a run: without the extra
     # steps, the last one would train with an idle engine beside it

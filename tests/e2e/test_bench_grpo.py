@@ -50,10 +50,13 @@ def test_grpo_benchmark_reports_every_phase(tmp_path):
 
 
 def test_grpo_benchmark_rejects_a_bad_override(tmp_path):
+    """Exit 2 naming the key, and no output folder left behind (the run's default one is a temp dir)."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
     p = subprocess.run(
-        [sys.executable, SCRIPT, "grpo", "rollout.group_size=one"], capture_output=True, text=True, timeout=120
+        [sys.executable, SCRIPT, "grpo", "rollout.group_size=one"], capture_output=True, text=True, timeout=120, env=env
     )
     assert p.returncode == 2 and "rollout.group_size" in p.stdout + p.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_grpo_benchmark_runs_rollouts_ahead_with_max_staleness(tmp_path):
