@@ -137,7 +137,8 @@ def selects_last_layer_rows(model) -> bool:
 def _last_layer(m):
     """The model's last transformer layer when this stage holds it and ``last_layer_at`` can run it
     on selected rows: not with activation recomputation (the recomputed forward would run without
-    the selection) nor an attention output gate (computed on every row)."""
+    the selection), an attention output gate (computed on every row) or FP8 (TransformerEngine's FP8
+    GEMMs take row counts in multiples of 16 only)."""
     decoder = _submodule(m, "decoder")
     layers = getattr(decoder, "layers", None)
     if not layers:
@@ -150,6 +151,7 @@ def _last_layer(m):
         or getattr(config, "recompute_granularity", None) is not None
         or getattr(config, "attention_output_gate", False)
         or getattr(config, "sequence_parallel", False)
+        or getattr(config, "fp8", None)
         or not hasattr(last, "input_layernorm")
         or not hasattr(attention, "core_attention")
     ):

@@ -138,6 +138,19 @@ def test_the_last_layer_runs_past_its_keys_and_values_on_the_loss_rows_only(setu
     assert gpt.decoder.layers[-1].self_attention.core_attention.rows_N is None  # reset after the forward
 
 
+@pytest.mark.parametrize("setting", [("fp8", "hybrid"), ("attention_output_gate", True), ("sequence_parallel", True)])
+def test_settings_the_selection_cannot_serve_keep_the_whole_last_layer(setup, monkeypatch, setting):
+    """FP8 GEMMs (row counts in multiples of 16), an output gate computed on every row, sequence-sharded
+    hidden states: the last layer then takes every row, and only the output layer the loss's rows
+    (as with activation recomputation, below)."""
+    from nemo_orchestra.megatron.forward import selects_last_layer_rows
+
+    gpt, _ = setup
+    assert selects_last_layer_rows(gpt)
+    monkeypatch.setattr(gpt.decoder.layers[-1].config, *setting)
+    assert not selects_last_layer_rows(gpt)
+
+
 def test_with_activation_recompute_the_last_layer_takes_every_row():
     """A recomputed layer reruns its forward in the backward, outside the selection: there only the
     output layer takes the rows, and the gradients still equal the full forward's."""
