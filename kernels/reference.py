@@ -39,7 +39,7 @@ def varlen_attention_ref(
     scale = D**-0.5 if softmax_scale is None else float(softmax_scale)
     outs, lses = [], []
     lens, qs, ks, vs = _per_sequence(q_THD, k_THD, v_THD, cu)
-    for q_HLD, k_HLD, v_HLD, rows_n in zip(qs, ks, vs, _rows_per_sequence(rows_N, cu)):
+    for q_HLD, k_HLD, v_HLD, rows_n in zip(qs, ks, vs, rows_per_sequence(rows_N, cu)):
         if (q_HLD.shape[1] if rows_n is None else rows_n.numel()) == 0:
             continue
         o_HLD = attend(q_HLD, k_HLD, v_HLD, offset=0 if causal else None, scale=scale, rows_N=rows_n)
@@ -75,7 +75,7 @@ def prefix_attention_ref(q_THD, k_THD, v_THD, cu_seqlens_B1, prefix_B, *, softma
     scale = D**-0.5 if softmax_scale is None else float(softmax_scale)
     lens, qs, ks, vs = _per_sequence(q_THD, k_THD, v_THD, cu)
     outs = []
-    for b, (p, rows_n) in enumerate(zip(prefix_B, _rows_per_sequence(rows_N, cu))):
+    for b, (p, rows_n) in enumerate(zip(prefix_B, rows_per_sequence(rows_N, cu))):
         if (lens[b] if rows_n is None else rows_n.numel()) == 0:
             continue
         if p < 0:
@@ -90,7 +90,7 @@ def prefix_attention_ref(q_THD, k_THD, v_THD, cu_seqlens_B1, prefix_B, *, softma
     return q_THD.clone() if rows_N is None else q_THD.index_select(0, rows_N)
 
 
-def _rows_per_sequence(rows_N: torch.Tensor | None, cu: list[int]) -> list[torch.Tensor | None]:
+def rows_per_sequence(rows_N: torch.Tensor | None, cu: list[int]) -> list[torch.Tensor | None]:
     """Per sequence, the positions of ``rows_N`` (ascending, in the pack) inside it, from its start;
     all None without rows."""
     if rows_N is None:

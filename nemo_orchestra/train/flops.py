@@ -94,6 +94,7 @@ def sequence_lengths(batches) -> tuple[list[int], list[int]]:
 
 def sequence_layout(batches) -> tuple[list[int], list[int], list[list[int]]]:
     """``sequence_lengths`` and, per sequence, the positions (from its start) of its loss rows."""
+    from kernels.reference import rows_per_sequence
     from nemo_orchestra.train.packing import PADDING
 
     lens, prefixes, rows = [], [], []
@@ -101,13 +102,12 @@ def sequence_layout(batches) -> tuple[list[int], list[int], list[list[int]]]:
         cu = b.cu_seqlens_B1.tolist()
         seg = [e - s for s, e in zip(cu[:-1], cu[1:])]
         of = b.prefix_B or [-1] * len(seg)
-        loss = torch.nonzero(b.loss_mask_T > 0)[:, 0]
-        bounds = torch.searchsorted(loss, torch.tensor(cu, dtype=loss.dtype)).tolist()
-        for i, (n, j, p) in enumerate(zip(seg, b.traj_index_B, of)):
+        per_sequence = rows_per_sequence(torch.nonzero(b.loss_mask_T > 0)[:, 0], cu)
+        for n, j, p, r in zip(seg, b.traj_index_B, of, per_sequence):
             if j != PADDING:
                 lens.append(n)
                 prefixes.append(seg[p] if p >= 0 else 0)
-                rows.append((loss[bounds[i] : bounds[i + 1]] - cu[i]).tolist())
+                rows.append(r.tolist())
     return lens, prefixes, rows
 
 
