@@ -14,7 +14,7 @@ import torch
 
 from nemo_orchestra.config import load_config
 from nemo_orchestra.rollout.engines.vllm_memory import pinned_to
-from nemo_orchestra.rollout.engines.vllm_plugin import ENV, RECHECK_MS, register
+from nemo_orchestra.rollout.engines.vllm_plugin import ENV, PINNED_SPIN_S, RECHECK_MS, register
 
 VOCAB = 256
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
@@ -94,7 +94,7 @@ def test_pinned_to_sets_the_spin_and_the_binding_for_the_start_only_and_keeps_th
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     with pinned_to(torch.device("cpu"), [0]):
-        assert os.environ[ENV] == "0" and os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+        assert float(os.environ[ENV]) == PINNED_SPIN_S and os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0"
     assert ENV not in os.environ and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
     with pinned_to(torch.device("cpu"), None):  # synchronous: vLLM's defaults
         assert ENV not in os.environ
@@ -158,6 +158,39 @@ def test_a_blocked_reader_rechecks_the_buffer_itself_only_when_asked(monkeypatch
         t0 = time.perf_counter()
         reader.wait(timeout_ms=5000)  # no notification will come
         assert time.perf_counter() - t0 < 20 * RECHECK_MS / 1000
+    finally:
+        reader.local_notify_socket.close(linger=0)
+        reader.read_cancel_socket.close(linger=0)
+        reader.write_cancel_socket.close(linger=0)
+        context.term()
+
+
+@needs_vllm
+def test_a_pinned_engines_reader_spins_only_briefly_after_a_message(monkeypatch, tmp_path):
+    """An engine on cores of its own (``pinned_to``): right after a message a reader spins (the next
+    hand-over of a decode step comes within milliseconds, and a blocked reader lost those wake-ups),
+    and once ``PINNED_SPIN_S`` has passed it blocks, as between two generate calls."""
+    import zmq
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    vllms_wait = shm_broadcast.SpinCondition.wait
+    monkeypatch.setattr(shm_broadcast.SpinCondition, "wait", getattr(vllms_wait, "__wrapped__", vllms_wait))
+    monkeypatch.delattr(shm_broadcast.SpinCondition, "_nemo_orchestra_spin_s", raising=False)
+    monkeypatch.delenv(ENV, raising=False)
+    with pinned_to(torch.device("cpu"), [0]):
+        register()  # as in the engine's processes, which start inside pinned_to
+    context = zmq.Context()
+    reader = shm_broadcast.SpinCondition(True, context, f"ipc://{tmp_path}/notify")
+    try:
+        reader.record_read()
+        t0 = time.perf_counter()
+        reader.wait(timeout_ms=5000)  # within the window: a yield, no wait for a notification
+        assert time.perf_counter() - t0 < 0.5 * RECHECK_MS / 1000
+        assert reader.busy_loop_s == PINNED_SPIN_S
+        time.sleep(2 * PINNED_SPIN_S)
+        t0 = time.perf_counter()
+        reader.wait(timeout_ms=5000)  # past it: blocks until the recheck (no notification comes)
+        assert 0.8 * RECHECK_MS / 1000 <= time.perf_counter() - t0 < 20 * RECHECK_MS / 1000
     finally:
         reader.local_notify_socket.close(linger=0)
         reader.read_cancel_socket.close(linger=0)

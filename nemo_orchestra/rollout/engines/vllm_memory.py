@@ -89,18 +89,18 @@ def env_defaults(**wanted: str):
 def pinned_to(device: torch.device, cpus: list[int] | None = None):
     """Processes started inside see only ``device``'s GPU (on CUDA); on a CPU with ``cpus``, every thread
     of the processes started inside runs on those cores (vLLM's worker binds its compute threads
-    there, ``VLLM_CPU_OMP_THREADS_BIND``; ``pin_new_processes`` the rest) and vLLM's processes block
-    instead of spinning while they wait for each other (``vllm_plugin``: the other cores are the
-    trainer's). A variable already set is left as it is."""
+    there, ``VLLM_CPU_OMP_THREADS_BIND``; ``pin_new_processes`` the rest) and vLLM's processes spin
+    only ``PINNED_SPIN_S`` after a message before they block, not vLLM's second (``vllm_plugin``:
+    the reference pass takes the engine's idle cycles). A variable already set is left as it is."""
     if device.type != "cuda":
         if not cpus:
             yield
             return
-        from nemo_orchestra.rollout.engines.vllm_plugin import ENV as SPIN_ENV, check_spin_env
+        from nemo_orchestra.rollout.engines.vllm_plugin import ENV as SPIN_ENV, PINNED_SPIN_S, check_spin_env
 
         check_spin_env()
         before = {p.pid for p in psutil.Process().children(recursive=True)}
-        with env_defaults(VLLM_CPU_OMP_THREADS_BIND=",".join(str(c) for c in cpus), **{SPIN_ENV: "0"}):
+        with env_defaults(VLLM_CPU_OMP_THREADS_BIND=",".join(str(c) for c in cpus), **{SPIN_ENV: str(PINNED_SPIN_S)}):
             yield
             pin_new_processes(before, cpus)
         return

@@ -4,12 +4,18 @@
 What it sets: how long a vLLM process busy-waits for the next message from another (vLLM's
 ``SpinCondition``: a reader calls ``sched_yield`` in a loop for 1 s after each message before it
 blocks on a socket). On a CPU whose cores the engine shares with the trainer (rollouts ahead of
-training, ``train/build.py: engine_cpus``) that loop takes cycles from the trainer whenever the
-engine core waits for its worker or the worker for its next step. With
-``NEMO_ORCHESTRA_VLLM_SPIN_S`` set (``vllm_memory.pinned_to`` sets 0 for such an engine) readers
-block after that many seconds instead. Measured on the GRPO benchmark (2-core AVX2 EPYC, 16 x 8,
-one step ahead, README "Fast GRPO"). Without the variable nothing changes: on cores of its own
-vLLM's spinning pays (a decode step of 128 sequences: 49.6 ms spinning, 56.7 ms blocking).
+training, ``train/build.py: engine_cpus``) a second of that loop after each call takes the engine's
+core from the trainer's threads (the reference pass runs on its idle cycles) until the next call.
+With ``NEMO_ORCHESTRA_VLLM_SPIN_S`` set, readers spin that many seconds after a message, then block;
+``vllm_memory.pinned_to`` sets ``PINNED_SPIN_S`` for such an engine, whose processes all run on its
+own cores. Not 0: within a decode step the engine core and the worker hand over to each other twice,
+a few milliseconds apart, and a reader that blocked at once lost a wake-up (below) at nearly every
+step: one sequence took 33 ms a decode step so, 8.4 ms with the recheck at 5 ms instead of 50, and
+2.9 ms spinning 5 ms (8 sequences: 21.6 ms blocking, 4.3 ms spinning; 128: about 27 ms either way;
+the tiny model on one core of a 2-core AVX512-BF16 EPYC). Idle between calls, readers block after
+those 5 ms.
+Without the variable nothing changes: on cores of its own vLLM's spinning pays (a decode step of 128
+sequences: 49.6 ms spinning, 56.7 ms blocking).
 
 A blocked reader also wakes every ``RECHECK_MS`` to look at the buffer itself. vLLM's wake-up can
 be lost: the writer's socket keeps one notification in flight and drops the next (``SNDHWM=1``),
@@ -38,6 +44,7 @@ log = logging.getLogger(__name__)
 ENV = "NEMO_ORCHESTRA_VLLM_SPIN_S"
 TOP_P_ENV = "NEMO_ORCHESTRA_VLLM_FAST_TOP_P"
 RECHECK_MS = 50  # a lost wake-up costs at most this; an idle reader wakes 20 times a second
+PINNED_SPIN_S = 0.005  # an engine on cores of its own beside the trainer: spin this long after a message
 
 
 def check_spin_env() -> None:
