@@ -178,3 +178,51 @@ def test_generation_overlaps_slow_tool_calls(service, chat):
     slow_call_latency = min(t.latency_s for t in trajs if SLOW in t.task.problem) * 0.05
     assert slow_answer - fast_answer > 0.5 * slow_call_latency  # lockstep turns would generate them together
     assert stats["generate_calls"] >= 3 and stats["generate_s"] > 0 and stats["env_wait_s"] > 0.2
+
+
+class StreamingEngine(ScriptedEngine):
+    """Hands over the sequences of a call one by one (``generate_each``), the fast tasks' first; in the
+    first call it holds the slow ones back until the fast episodes' next turns have joined the call."""
+
+    def __init__(self, chat: ChatFormat):
+        super().__init__(chat)
+        self.calls_sizes: list[int] = []
+        self.joined = 0  # prompts that joined the first call while it ran
+
+    def generate_each(self, prompts, max_new_tokens, temperature, top_p, stop_ids, more=None):
+        self.calls_sizes.append(len(prompts))
+        gens = self.generate(prompts, max_new_tokens, temperature, top_p, stop_ids)
+        slow = [SLOW in self.chat.decode(p) for p in prompts]
+        for i in [i for i in range(len(prompts)) if not slow[i]]:
+            yield i, gens[i]
+        if len(self.calls_sizes) == 1:
+            joined, deadline = [], time.monotonic() + 10
+            while len(joined) < 2 and time.monotonic() < deadline:
+                joined += more()
+                time.sleep(0.005)
+            self.joined = len(joined)
+            for k, g in enumerate(
+                self.generate(joined, max_new_tokens, temperature, top_p, stop_ids) if joined else []
+            ):
+                yield len(prompts) + k, g
+        for i in [i for i in range(len(prompts)) if slow[i]]:
+            yield i, gens[i]
+
+
+def test_a_turn_goes_on_as_soon_as_its_own_sequence_ends(service, chat):
+    """An episode's tool call starts when its own sequence ends, while the engine still decodes the
+    call's others, and its next turn joins the running call."""
+    engine = StreamingEngine(chat)
+    client = ToolsEnvClient(service)
+
+    async def go():
+        try:
+            tasks = [_task(SLOW, "reasoning"), _task(FAST, "arithmetic")]
+            return await run_rollouts(tasks, 2, engine, client, chat, _rollout_cfg(), reward_cfg())
+        finally:
+            await client.aclose()
+
+    trajs = asyncio.run(go())
+    assert all(t.stop_reason == "answer" and t.turns == 2 for t in trajs)
+    assert engine.joined == 2, "the fast episodes' tool calls waited for the whole first call"
+    assert engine.calls_sizes[0] == 4 and sum(engine.calls_sizes[1:]) == 2  # then the slow episodes' answers
