@@ -152,39 +152,32 @@ def test_engine_thread_runs_waiting_work_by_priority_then_submission_and_skips_c
     assert engine.submit(work("after an error")).result(10) == "after an error"  # the thread goes on
 
 
-class GatedEngine:
-    """Records each call's prompts (their first ids) and weight loads; the call whose first prompt
-    starts with 0 holds until ``gate`` is set (``started`` says it runs)."""
-
-    def __init__(self, chat):
-        self.chat, self.order, self.gate, self.started = chat, [], threading.Event(), threading.Event()
-
-    def load_weights(self, state):
-        self.order.append("weights")
-
-    def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids):
-        self.order.append([p[0] for p in prompts])
-        if prompts[0][0] == 0:
-            self.started.set()
-            self.gate.wait(10)
-        return [Generation([self.chat.end_of_turn_id], [0.0], True) for _ in prompts]
-
-
-def one_token_episode(marker):
-    traj = Trajectory(task=TASK, group=0, token_ids=[marker], loss_mask=[0], gen_logprobs=[0.0], prompt_len=1)
-    return Episode(TASK, 0, 0, "", [], [], traj)
-
-
 def test_the_older_steps_turns_and_weight_loads_overtake_a_newer_steps_waiting_turn(chat):
     """Rollouts of two steps share the engine: while a call runs, a weight load from the trainer goes
     before the turns that wait, and the older step's turn before the newer step's that was queued
     first; the two waiting turns then run as one engine call (same engine, weights and sampling)."""
-    engine, weights = GatedEngine(chat), EngineWeights()
-    order, gate, started = engine.order, engine.gate, engine.started
+    order, gate, started = [], threading.Event(), threading.Event()
+
+    class Engine:
+        def load_weights(self, state):
+            order.append("weights")
+
+        def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids):
+            order.append([p[0] for p in prompts])
+            if prompts[0][0] == 0:
+                started.set()
+                gate.wait(10)
+            return [Generation([chat.end_of_turn_id], [0.0], True) for _ in prompts]
+
+    engine, weights = Engine(), EngineWeights()
+
+    def episode(marker):
+        traj = Trajectory(task=TASK, group=0, token_ids=[marker], loss_mask=[0], gen_logprobs=[0.0], prompt_len=1)
+        return Episode(TASK, 0, 0, "", [], [], traj)
 
     def act(step, marker):
         policy = EnginePolicy(engine, chat, 8, 1.0, weights=weights, priority=step)
-        return asyncio.run(policy.act([one_token_episode(marker)]))
+        return asyncio.run(policy.act([episode(marker)]))
 
     def queued(n):  # wait until n calls wait on the engine thread (the order they arrive in is the test's)
         deadline = time.monotonic() + 10
@@ -213,8 +206,21 @@ def test_the_older_steps_turns_and_weight_loads_overtake_a_newer_steps_waiting_t
 def test_a_waiting_call_whose_run_stopped_never_reaches_the_engine(chat):
     """Turns queued behind a running call, whose run then stops (their awaiting tasks cancelled, as
     ``AsyncRollouts.close`` does), are dropped, and do not join the next call."""
-    engine, weights = GatedEngine(chat), EngineWeights()
-    calls, gate, started, episode = engine.order, engine.gate, engine.started, one_token_episode
+    calls, gate, started = [], threading.Event(), threading.Event()
+
+    class Engine:
+        def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids):
+            calls.append([p[0] for p in prompts])
+            if prompts[0][0] == 0:
+                started.set()
+                gate.wait(10)
+            return [Generation([chat.end_of_turn_id], [0.0], True) for _ in prompts]
+
+    engine, weights = Engine(), EngineWeights()
+
+    def episode(marker):
+        traj = Trajectory(task=TASK, group=0, token_ids=[marker], loss_mask=[0], gen_logprobs=[0.0], prompt_len=1)
+        return Episode(TASK, 0, 0, "", [], [], traj)
 
     def policy(step):
         return EnginePolicy(engine, chat, 8, 1.0, weights=weights, priority=step)
