@@ -127,7 +127,7 @@ def table(summary: dict[str, float]) -> str:
         f"tokens/s {summary['tokens_per_s']:.0f} ({summary['tokens_per_step']:.0f} tokens/step); "
         f"generated tokens/s {summary['generated_tokens_per_s']:.0f} "
         f"({summary['generated_tokens_per_step']:.0f}/step in {summary['generate_calls_per_step']:.1f} "
-        "turn batches asked of the engine)"
+        "engine calls)"
     )
     if "mfu" in summary:
         rows.append(

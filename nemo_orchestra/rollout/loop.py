@@ -20,11 +20,6 @@ Policies differ only in how a turn is produced (``TurnPolicy.act``):
 Generation overlaps the tools: while some episodes wait for their tool calls, the policy produces
 the next turn of every episode that is ready in one call (one batched engine call). When none is
 ready the loop waits for the first tool call to return, then up to ``batch_window_s`` for others.
-A token-level policy hands each episode its turn as soon as its own sequence ends (``EnginePolicy.
-start``), while the call's other sequences still decode: the episode's tool call starts then, not
-when the call's longest turn ends. Episodes that become ready while a call runs join it between two
-decode steps when the engine can take them (vLLM), else wait on the engine thread, where calls with
-the same engine, weights and sampling run as one.
 """
 
 from __future__ import annotations
@@ -52,7 +47,7 @@ from nemo_orchestra.prompting.chat import (
     tool_message,
 )
 from nemo_orchestra.prompting.prompts import task_messages, with_default_preference
-from nemo_orchestra.rollout.engines.base import Generation, GenerationEngine
+from nemo_orchestra.rollout.engines.base import GenerationEngine
 from nemo_orchestra.types import StopReason, TaskRecord, Trajectory
 from tools_env.tools.base import ToolArgumentError, check_arguments
 
@@ -85,117 +80,18 @@ class EngineThread:
             self._wake.notify()
         return future
 
-    def submit_generate(self, job: "GenerateJob", priority: float = -math.inf) -> concurrent.futures.Future:
-        """``job``'s sequences in an engine call; calls that wait with the same ``job.key`` when the
-        first of them starts join it (one engine call, the first's sequences first). The future ends
-        with the call; each sequence reaches ``job.on_done`` as it ends."""
-        return self.submit(job, priority)
-
     def _work(self) -> None:
         while True:
             with self._wake:
                 while not self._queue:
                     self._wake.wait()
                 _, _, fn, future = heapq.heappop(self._queue)
-                joined = self._joining(fn) if isinstance(fn, GenerateJob) else []
-            if not _claim(fn, future):  # its caller gave up on it while it waited
-                if not joined:
-                    continue
-                fn, future = joined.pop(0)
-            if isinstance(fn, GenerateJob):
-                _run_generate([(fn, future)] + joined, lambda key=fn.key: self._joining_now(key))
+            if not future.set_running_or_notify_cancel():  # its caller gave up on it while it waited
                 continue
             try:
                 future.set_result(fn())
             except BaseException as e:
                 future.set_exception(e)
-
-    def _joining(self, job: "GenerateJob") -> list:
-        """The waiting generate calls that can run with ``job`` (same key), in queue order; taken out of
-        the queue, those whose callers gave up dropped. Called with the lock held."""
-        same = sorted(e for e in self._queue if isinstance(e[2], GenerateJob) and e[2].key == job.key)
-        if not same:
-            return []
-        self._queue = [e for e in self._queue if not (isinstance(e[2], GenerateJob) and e[2].key == job.key)]
-        heapq.heapify(self._queue)
-        return [(j, f) for _, _, j, f in same if _claim(j, f)]
-
-    def _joining_now(self, key: tuple) -> list:
-        """Between two decode steps of a running call: the waiting calls that join it, when the first
-        in line has its key; none when other work comes first (a weight load: the call then drains)."""
-        with self._wake:
-            if not self._queue or not isinstance(self._queue[0][2], GenerateJob) or self._queue[0][2].key != key:
-                return []
-            return self._joining(self._queue[0][2])
-
-
-def _claim(work, future: concurrent.futures.Future) -> bool:
-    """Whether waiting work is still wanted (its future then running): not when its caller cancelled
-    the future, nor a generate call all of whose turns' awaiting tasks were cancelled (a run that stopped)."""
-    if isinstance(work, GenerateJob) and work.abandoned():
-        future.cancel()
-    return future.set_running_or_notify_cancel()
-
-
-@dataclass(eq=False)
-class GenerateJob:
-    """One policy call's prompts, for the engine thread. ``on_done(i, version, generation)`` gets each
-    sequence as it ends (``i``: its index in ``prompts``; ``version``: the engine's weights); a failed
-    engine call reaches ``on_error`` instead, for the sequences not done yet."""
-
-    engine: GenerationEngine
-    weights: "EngineWeights | None"
-    prompts: list[list[int]]
-    sampling: tuple  # max_new_tokens, temperature, top_p, stop ids (a tuple)
-    on_done: Any  # Callable[[int, int, Generation], None]
-    on_error: Any  # Callable[[BaseException], None]
-    abandoned: Any = lambda: False  # Callable[[], bool]: nobody waits for any of its sequences any more
-
-    @property
-    def key(self) -> tuple:
-        """Calls with equal keys can run as one: the same engine, weights and sampling."""
-        return id(self.engine), id(self.weights), self.sampling
-
-
-def _run_generate(jobs: list[tuple[GenerateJob, concurrent.futures.Future]], joining=None) -> None:
-    """The jobs' prompts in one engine call, on the engine thread: each sequence handed to its job as
-    it ends (``generate_each``); calls that wait meanwhile join it between two decode steps
-    (``joining()``), where the engine takes them. No weight load comes between the version read and
-    the call's end."""
-    first = jobs[0][0]
-    version = first.weights.version if first.weights is not None else 0
-    owners = [(job, i) for job, _ in jobs for i in range(len(job.prompts))]
-    prompts = [p for job, _ in jobs for p in job.prompts]
-
-    def more() -> list[list[int]]:
-        added = joining() if joining is not None else []
-        jobs.extend(added)
-        owners.extend((job, i) for job, _ in added for i in range(len(job.prompts)))
-        return [p for job, _ in added for p in job.prompts]
-
-    max_new_tokens, temperature, top_p, stop_ids = first.sampling
-    try:
-        each = generate_each(first.engine, prompts, max_new_tokens, temperature, top_p, list(stop_ids), more)
-        for k, generation in each:
-            job, i = owners[k]
-            job.on_done(i, version, generation)
-    except BaseException as e:
-        for job, future in jobs:
-            job.on_error(e)
-            future.set_exception(e)
-        return
-    for _, future in jobs:
-        future.set_result(None)
-
-
-def generate_each(engine, prompts, max_new_tokens, temperature, top_p, stop_ids, more=None):
-    """(index, Generation) of each prompt as its sequence ends: the engine's ``generate_each`` when it
-    has one (``more()``: prompts that join the call, numbered after those before them), else all of
-    them once ``generate`` returns."""
-    each = getattr(engine, "generate_each", None)
-    if each is not None:
-        return each(prompts, max_new_tokens, temperature, top_p, stop_ids, more)
-    return enumerate(engine.generate(prompts, max_new_tokens, temperature, top_p, stop_ids))
 
 
 _ENGINE_THREAD = EngineThread("rollout-engine")
@@ -325,73 +221,36 @@ class EnginePolicy:
     # now; the step, for rollouts ahead of training
     priority: float = -math.inf
 
-    def start(self, episodes: list[Episode]) -> list[asyncio.Future]:
-        """Each episode's next turn, as a future of this event loop that is done as soon as the episode's
-        own sequence ends (the engine's other sequences may still be decoding)."""
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in episodes]
-
-        def done(i: int, version: int, g: Generation) -> None:  # on the engine thread
-            _call_soon(loop, _settle_future, futures[i], lambda: self._turn(episodes[i], g, version))
-
-        def failed(e: BaseException) -> None:
-            for f in futures:
-                _call_soon(loop, _fail_future, f, e)
-
-        sampling = (self.max_new_tokens, self.temperature, self.top_p, (self.chat.end_of_turn_id,))
-        prompts = [e.traj.token_ids for e in episodes]  # read by the engine before the episodes go on
-        _ENGINE_THREAD.submit_generate(
-            GenerateJob(
-                self.engine, self.weights, prompts, sampling, done, failed, lambda: all(f.done() for f in futures)
-            ),
-            self.priority,
-        )
-        return futures
-
     async def act(self, episodes: list[Episode]) -> list[Turn]:
-        results = await asyncio.gather(*self.start(episodes), return_exceptions=True)
-        error = next((r for r in results if isinstance(r, BaseException)), None)
-        if error is not None:
-            raise error
-        return results
+        def generate():  # on the engine thread, so no weight load can come between the version and the call
+            version = self.weights.version if self.weights is not None else 0
+            return version, self.engine.generate(
+                [e.traj.token_ids for e in episodes],
+                self.max_new_tokens,
+                self.temperature,
+                self.top_p,
+                [self.chat.end_of_turn_id],
+            )
 
-    def _turn(self, e: Episode, g: Generation, version: int) -> Turn:
-        eot = self.chat.end_of_turn_id
-        ids = g.token_ids[:-1] if g.finished and g.token_ids[-1:] == [eot] else g.token_ids
-        return Turn(
-            self.chat.decode(ids),
-            g.token_ids,
-            g.logprobs,
-            g.finished,
-            prompt_tokens=len(e.traj.token_ids),
-            completion_tokens=len(g.token_ids),
-            version=version,
-        )
+        version, gens = await asyncio.wrap_future(_ENGINE_THREAD.submit(generate, self.priority))
+        turns = []
+        for e, g in zip(episodes, gens):
+            ids = g.token_ids[:-1] if g.finished and g.token_ids[-1:] == [self.chat.end_of_turn_id] else g.token_ids
+            turns.append(
+                Turn(
+                    self.chat.decode(ids),
+                    g.token_ids,
+                    g.logprobs,
+                    g.finished,
+                    prompt_tokens=len(e.traj.token_ids),
+                    completion_tokens=len(g.token_ids),
+                    version=version,
+                )
+            )
+        return turns
 
     async def aclose(self) -> None:
         pass
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
-    """``fn(*args)`` on ``loop``'s thread; nothing when the loop is closed (nobody waits any more)."""
-    try:
-        loop.call_soon_threadsafe(fn, *args)
-    except RuntimeError:
-        pass
-
-
-def _settle_future(future: asyncio.Future, make) -> None:
-    if future.done():  # cancelled: the run ended
-        return
-    try:
-        future.set_result(make())
-    except Exception as e:
-        future.set_exception(e)
-
-
-def _fail_future(future: asyncio.Future, error: BaseException) -> None:
-    if not future.done():
-        future.set_exception(error)
 
 
 async def run_episodes(
@@ -440,8 +299,6 @@ class _Run:
         self.episodes: list[Episode | None] = [None] * self.total
         self.ready: list[Episode] = []
         self.in_flight: set[asyncio.Future] = set()
-        self.generating = 0  # episodes whose turn is being generated
-        self.busy_since = self.idle_since = time.perf_counter()  # when the first began, the last ended
         stats.update(generate_s=0.0, env_wait_s=0.0, generate_calls=0)
 
     async def all(self, concurrency: int | None) -> list[Trajectory]:
@@ -494,34 +351,14 @@ class _Run:
         batch = [ep for ep in batch if ep.traj.stop_reason != StopReason.CONTEXT]
         if not batch:
             return
+        t0 = time.perf_counter()
+        turns = await self.policy.act(batch)
+        self.stats["generate_s"] += time.perf_counter() - t0
         self.stats["generate_calls"] += 1
-        start = getattr(self.policy, "start", None)
-        if start is None:  # a message-level policy: the batch's turns all at once
-            t0 = time.perf_counter()
-            turns = await self.policy.act(batch)
-            self.stats["generate_s"] += time.perf_counter() - t0
-            self.idle_since = time.perf_counter()
-            self.in_flight |= {asyncio.ensure_future(self.turn(ep, t)) for ep, t in zip(batch, turns)}
-            return
-        if self.generating == 0:
-            self.busy_since = time.perf_counter()
-        self.generating += len(batch)
-        self.in_flight |= {asyncio.ensure_future(self.generated(ep, f)) for ep, f in zip(batch, start(batch))}
-
-    async def generated(self, ep: Episode, turn: asyncio.Future) -> None:
-        """The episode's turn once its sequence ends, then its tool call (``turn``)."""
-        try:
-            t = await turn
-        finally:
-            self.generating -= 1
-            if self.generating == 0:
-                self.idle_since = time.perf_counter()
-                self.stats["generate_s"] += self.idle_since - self.busy_since
-        await self.turn(ep, t)
+        self.in_flight |= {asyncio.ensure_future(self.turn(ep, t)) for ep, t in zip(batch, turns)}
 
     async def wait_for_tools(self) -> None:
-        """No episode is ready: wait for the first turn or tool call to end, then up to ``batch_window_s``
-        for others. The time no turn was being generated meanwhile is the policy's wait for tools."""
+        """All episodes wait for tools: wait for the first call, then up to ``batch_window_s`` for others."""
         t0 = time.perf_counter()
         done, self.in_flight = await asyncio.wait(self.in_flight, return_when=asyncio.FIRST_COMPLETED)
         if self.in_flight and self.limits.batch_window_s > 0:
@@ -530,8 +367,7 @@ class _Run:
         error = _first_error(done)
         if error is not None:  # a tool call that raised ends the run with its error
             raise error
-        if self.generating == 0:
-            self.stats["env_wait_s"] += time.perf_counter() - max(t0, self.idle_since)
+        self.stats["env_wait_s"] += time.perf_counter() - t0
 
     async def turn(self, ep: Episode, t: Turn) -> None:
         done = await _apply(ep, t, self.client, self.policy.chat)

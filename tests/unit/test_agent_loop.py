@@ -93,11 +93,11 @@ class ScriptedEngine:
 class Recording(EnginePolicy):
     """The engine policy, keeping each episode's first prompt: its messages, tools and token ids."""
 
-    def start(self, episodes):
+    async def act(self, episodes):
         for e in episodes:
             if e.turn == 0:
                 self.seen.append((e.group, copy.deepcopy(e.messages), copy.deepcopy(e.tools), list(e.traj.token_ids)))
-        return super().start(episodes)
+        return await super().act(episodes)
 
 
 def _ids(encoded):

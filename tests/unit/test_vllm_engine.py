@@ -137,36 +137,6 @@ def test_generation_ends_at_a_stop_token_and_includes_it(setup):
 
 
 @needs_vllm
-def test_each_sequence_is_handed_over_as_it_ends_and_abandoned_ones_are_aborted(setup):
-    """``generate_each`` yields (index, generation) as sequences end, shorter ones first, each equal to
-    ``generate``'s; a prompt handed over mid-call joins it; requests left when the caller stops reading
-    are aborted, and the engine goes on."""
-    s = setup
-    greedy = s.engine.generate(s.prompts, 12, 0.0, 1.0, [])
-    stop = greedy[1].token_ids[2]  # ends the second prompt's sequence at its third token, or sooner
-    whole = s.engine.generate(s.prompts, 12, 0.0, 1.0, [stop])
-    each = list(s.engine.generate_each(s.prompts, 12, 0.0, 1.0, [stop]))
-    assert sorted(i for i, _ in each) == [0, 1, 2]
-    for i, g in each:
-        assert g.token_ids == whole[i].token_ids and g.finished == whole[i].finished
-        assert g.logprobs == pytest.approx(whole[i].logprobs, abs=1e-6)
-    lengths = [len(g.token_ids) for _, g in each]
-    assert lengths == sorted(lengths) and lengths[0] <= 3 < lengths[-1]  # in the order they ended
-
-    pending = [s.prompts[2]]  # joins the call after its first decode step (continuous batching)
-    joined = dict(s.engine.generate_each(s.prompts[:2], 12, 0.0, 1.0, [stop], lambda: pending[:1] and [pending.pop()]))
-    assert sorted(joined) == [0, 1, 2] and not pending
-    assert joined[2].token_ids == whole[2].token_ids
-    assert joined[2].logprobs == pytest.approx(whole[2].logprobs, abs=1e-4)
-
-    stream = s.engine.generate_each(s.prompts, 12, 0.0, 1.0, [stop])
-    next(stream)
-    stream.close()  # the caller stops reading: the other two requests are aborted
-    assert not s.engine.llm.llm_engine.has_unfinished_requests()
-    assert s.engine.generate(s.prompts, 12, 0.0, 1.0, [stop]) == whole
-
-
-@needs_vllm
 def test_invalid_weights_are_rejected_before_reaching_the_engine(setup):
     s = setup
     before = s.engine.generate(s.prompts, 6, 0.0, 1.0, [])

@@ -1,8 +1,7 @@
 """The generation-engine interface: token ids in, token ids and their logprobs out.
 
 Every engine (``rollout.engine``: ``vllm``, ``hf``, ``megatron``) implements ``GenerationEngine``.
-The agent loop (``rollout/loop.py``) drives it through ``generate_each`` (``generate``'s results as
-each sequence ends); the trainer pushes its
+The agent loop (``rollout/loop.py``) drives it through ``generate`` only; the trainer pushes its
 weights with ``load_weights`` after each optimizer step, unless the engine reads the policy's own
 parameters (``capabilities.reads_policy_weights``); ``close`` releases what the engine holds
 (processes, files); ``sleep`` and ``wake_up`` bracket the training stage, so that an engine sharing
@@ -15,7 +14,6 @@ Engines are built in one place, ``rollout.engines.start_engine``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -61,22 +59,6 @@ class GenerationEngine(Protocol):
         """One ``Generation`` per prompt. temperature <= 0 is greedy (logprobs then under temperature
         1); a sequence ends after a token of ``stop_ids`` (kept, finished) or at ``max_new_tokens``."""
         ...
-
-    def generate_each(
-        self,
-        prompts: list[list[int]],
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        stop_ids: list[int],
-        more: Callable[[], list[list[int]]] | None = None,
-    ) -> Iterator[tuple[int, Generation]]:
-        """``generate``'s results as the sequences end: (index of the prompt, its ``Generation``), in the
-        order they end. An engine that decodes sequences side by side (vLLM) hands each over as soon as
-        it stops while the others go on, and between two decode steps takes the prompts ``more()``
-        returns into the call (numbered after those before them); by default all of them once
-        ``generate`` returns, and ``more`` is not called."""
-        yield from enumerate(self.generate(prompts, max_new_tokens, temperature, top_p, stop_ids))
 
     def load_weights(self, megatron_state: dict[str, torch.Tensor]) -> None:
         """The trainer's full (gathered) Megatron state dict, loaded in place."""

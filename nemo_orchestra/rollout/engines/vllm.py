@@ -6,8 +6,7 @@ the weights then live in the engine. vLLM runs its engine core and its worker in
 their own (its CPU build requires that), so the trainer's torch.distributed groups, threads and
 memory stay the trainer's. One engine per process.
 
-Generation: token ids in (``TokensPrompt``), token ids and one logprob per id out; no text. Each
-sequence is handed over as soon as it ends (``generate_each``), while the others still decode.
+Generation: token ids in (``TokensPrompt``), token ids and one logprob per id out; no text.
 
 Logprobs: the engine is built with ``logprobs_mode="processed_logprobs"``: log-softmax of the
 logits after temperature (and top-p), i.e. log p(token) under the sampling temperature, as the
@@ -42,14 +41,12 @@ next forward kills the engine core) and a second reload does not repair it.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import pickle
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Iterator
 
 import torch
 
@@ -144,7 +141,6 @@ class VLLMEngine(GenerationEngine):
         self._failure: str | None = None
         self._warned_top_p = False
         self._shm = None  # the CPU weight-sync segment, made at the first sync
-        self._request_ids = itertools.count()
         max_model_len = min(max_model_len or model_cfg.max_position_embeddings, model_cfg.max_position_embeddings)
         kv_bytes = kv_cache_bytes or self._kv_bytes(max_model_len)
         # Weight-sync files go to a private folder, removed at close() or when the engine is collected
@@ -208,30 +204,12 @@ class VLLMEngine(GenerationEngine):
     def generate(
         self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, stop_ids: list[int]
     ) -> list[Generation]:
-        out = dict(self.generate_each(prompts, max_new_tokens, temperature, top_p, stop_ids))
-        return [out[i] for i in range(len(prompts))]
-
-    def generate_each(
-        self,
-        prompts: list[list[int]],
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        stop_ids: list[int],
-        more: Callable[[], list[list[int]]] | None = None,
-    ) -> Iterator[tuple[int, Generation]]:
-        """Every prompt becomes a request of vLLM's engine, which decodes them side by side; each
-        sequence is handed over as soon as vLLM reports it finished, while the others go on (what
-        ``LLM.generate`` does, without waiting for the last). After each engine step the prompts of
-        ``more()`` join as new requests (continuous batching). Requests left when the caller stops
-        reading are aborted."""
         self._check_usable()
         if not prompts:
-            return
+            return []
         self._wake_kv_cache()
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
 
         if top_p < 1.0 and temperature > 0 and not self._warned_top_p:
             log.warning(
@@ -250,31 +228,16 @@ class VLLMEngine(GenerationEngine):
             logprobs=0,
             detokenize=False,
             skip_special_tokens=False,
-            output_kind=RequestOutputKind.FINAL_ONLY,  # one output per request, when it ends
         )
-        engine = self.llm.llm_engine
-        waiting: dict[str, int] = {}
-        added = 0
-
-        def add(batch: list[list[int]]) -> None:
-            nonlocal added
-            for p in batch:
-                request_id = f"{next(self._request_ids)}"
-                engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(p)), params)
-                waiting[request_id] = added
-                added += 1
-
-        try:
-            add(prompts)
-            while waiting:
-                for out in engine.step():
-                    if out.finished and out.request_id in waiting:
-                        yield waiting.pop(out.request_id), _generation(out)
-                if more is not None:
-                    add(more())
-        finally:
-            if waiting:
-                engine.abort_request(list(waiting))
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        results = []
+        for out in outputs:
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            assert c.logprobs is not None and len(c.logprobs) == len(ids), "vLLM returned no logprob per token"
+            lps = [float(c.logprobs[j][t].logprob) for j, t in enumerate(ids)]
+            results.append(Generation(ids, lps, c.finish_reason == "stop"))
+        return results
 
     # ---- weight sync --------------------------------------------------------------------------------
     def load_weights(self, megatron_state: dict[str, torch.Tensor]) -> None:
@@ -425,13 +388,6 @@ class VLLMEngine(GenerationEngine):
                 log.warning("vllm engine: shutdown failed: %s", e)
             log.info("vllm engine: shut down")
         self._cleanup()
-
-
-def _generation(out) -> Generation:
-    c = out.outputs[0]
-    ids = list(c.token_ids)
-    assert c.logprobs is not None and len(c.logprobs) == len(ids), "vLLM returned no logprob per token"
-    return Generation(ids, [float(c.logprobs[j][t].logprob) for j, t in enumerate(ids)], c.finish_reason == "stop")
 
 
 def _shapes(hf: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
