@@ -28,6 +28,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 SUITE_TMP = None  # the suite's temp folder, made by the first pytest process (not an xdist worker)
 if not os.environ.get("PYTEST_XDIST_WORKER"):
     SUITE_TMP = tempfile.mkdtemp(prefix="nemo-tests-")
+    os.chmod(SUITE_TMP, 0o1777)  # as /tmp: the sandbox tests' unprivileged user reaches folders below it
     os.environ["TMPDIR"] = SUITE_TMP
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
     atexit.register(shutil.rmtree, SUITE_TMP, ignore_errors=True)  # also after a usage error
