@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -155,6 +156,16 @@ def main(args: Any) -> int:
         if scratch is not None:  # nothing was written there
             os.rmdir(scratch)
         return 2
+    try:
+        return measure(args, cfg)
+    finally:
+        if scratch is not None and args.out:  # the report went elsewhere: the run's temp folder is spent
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def measure(args: Any, cfg) -> int:
+    """Build the run, take ``args.warmup`` + ``args.steps`` GRPO steps, write the report (``args.out``,
+    else ``bench_grpo.json`` in the run's folder)."""
     # rollouts run ahead of the last measured step too, as in the middle of a run: without the extra
     # steps, the last one would train with an idle engine beside it
     cfg.trainer.max_steps += cfg.rollout.max_staleness

@@ -21,19 +21,26 @@ TINY = [
 ]
 
 
-def bench(tmp_path, steps: int, *overrides: str):
-    """``benchmark.py grpo`` on the tiny run: (its stdout, its JSON report)."""
+def bench(tmp_path, steps: int, *overrides: str, env=None):
+    """``benchmark.py grpo`` on the tiny run: (its stdout, its JSON report). Its run folder is
+    ``tmp_path/run`` unless the overrides name one (or the environment is given: the default, a
+    temp folder)."""
     out = tmp_path / "grpo.json"
-    args = ["--steps", str(steps), "--warmup", "0", "--out", str(out), f"run.output_dir={tmp_path / 'run'}"]
+    args = ["--steps", str(steps), "--warmup", "0", "--out", str(out)]
+    if env is None and not any(o.startswith("run.output_dir=") for o in overrides):
+        args.append(f"run.output_dir={tmp_path / 'run'}")
     p = subprocess.run(
-        [sys.executable, SCRIPT, "grpo", *args, *TINY, *overrides], capture_output=True, text=True, timeout=600
+        [sys.executable, SCRIPT, "grpo", *args, *TINY, *overrides], capture_output=True, text=True, timeout=600, env=env
     )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     return p.stdout, json.loads(out.read_text())
 
 
 def test_grpo_benchmark_reports_every_phase(tmp_path):
-    stdout, report = bench(tmp_path, 2)
+    temp = tmp_path / "temp"  # the run's folder is a temp folder, spent once the report is written elsewhere
+    temp.mkdir()
+    stdout, report = bench(tmp_path, 2, env={**os.environ, "TMPDIR": str(temp)})
+    assert not [e.name for e in temp.iterdir() if e.name.startswith("bench_grpo-")]
     s = report["per_step"]
     phases = ("rollout_wait_s", "reference_logprobs_s", "training_s", "weight_sync_s")  # the step's critical path
     assert all(s[k] > 0 for k in phases + ("generation_s", "environment_s")), s

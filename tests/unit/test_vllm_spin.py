@@ -135,64 +135,62 @@ def test_the_plugin_sets_how_long_a_reader_spins_and_only_when_asked(monkeypatch
     assert not hasattr(shm_broadcast.SpinCondition, "_nemo_orchestra_spin_s")
 
 
-@needs_vllm
-def test_a_blocked_reader_rechecks_the_buffer_itself_only_when_asked(monkeypatch, tmp_path):
-    """A wake-up that never comes (vLLM drops one when its socket has one in flight) costs a blocked
-    reader RECHECK_MS, not vLLM's 5 s recheck; readers that spin as vLLM's default keep its timeouts."""
-    import zmq
-    from vllm.distributed.device_communicators import shm_broadcast
-
-    vllms_wait = shm_broadcast.SpinCondition.wait  # vLLM's own, unless an engine of this process set the plugin
-    monkeypatch.setattr(shm_broadcast.SpinCondition, "wait", getattr(vllms_wait, "__wrapped__", vllms_wait))
-    monkeypatch.delattr(shm_broadcast.SpinCondition, "_nemo_orchestra_spin_s", raising=False)
-    context = zmq.Context()
-    reader = shm_broadcast.SpinCondition(True, context, f"ipc://{tmp_path}/notify", busy_loop_s=0.0)
-    try:
-        monkeypatch.delenv(ENV, raising=False)
-        register()  # not asked: vLLM's own timeout
-        t0 = time.perf_counter()
-        reader.wait(timeout_ms=300)
-        assert time.perf_counter() - t0 >= 0.29
-        monkeypatch.setenv(ENV, "0")
-        register()
-        t0 = time.perf_counter()
-        reader.wait(timeout_ms=5000)  # no notification will come
-        assert time.perf_counter() - t0 < 20 * RECHECK_MS / 1000
-    finally:
-        reader.local_notify_socket.close(linger=0)
-        reader.read_cancel_socket.close(linger=0)
-        reader.write_cancel_socket.close(linger=0)
-        context.term()
-
-
-@needs_vllm
-def test_a_pinned_engines_reader_spins_only_briefly_after_a_message(monkeypatch, tmp_path):
-    """An engine on cores of its own (``pinned_to``): right after a message a reader spins (the next
-    hand-over of a decode step comes within milliseconds, and a blocked reader lost those wake-ups),
-    and once ``PINNED_SPIN_S`` has passed it blocks, as between two generate calls."""
+@pytest.fixture
+def spin_reader(monkeypatch, tmp_path):
+    """``make(**kw)``: a reader of vLLM's ``SpinCondition`` on a socket nobody writes to, with vLLM's own
+    ``wait`` restored (an engine started in this process may have set the plugin's), closed at the end."""
     import zmq
     from vllm.distributed.device_communicators import shm_broadcast
 
     vllms_wait = shm_broadcast.SpinCondition.wait
     monkeypatch.setattr(shm_broadcast.SpinCondition, "wait", getattr(vllms_wait, "__wrapped__", vllms_wait))
     monkeypatch.delattr(shm_broadcast.SpinCondition, "_nemo_orchestra_spin_s", raising=False)
+    context, readers = zmq.Context(), []
+
+    def make(**kw):
+        readers.append(shm_broadcast.SpinCondition(True, context, f"ipc://{tmp_path}/notify{len(readers)}", **kw))
+        return readers[-1]
+
+    yield make
+    for r in readers:
+        r.local_notify_socket.close(linger=0)
+        r.read_cancel_socket.close(linger=0)
+        r.write_cancel_socket.close(linger=0)
+    context.term()
+
+
+@needs_vllm
+def test_a_blocked_reader_rechecks_the_buffer_itself_only_when_asked(monkeypatch, spin_reader):
+    """A wake-up that never comes (vLLM drops one when its socket has one in flight) costs a blocked
+    reader RECHECK_MS, not vLLM's 5 s recheck; readers that spin as vLLM's default keep its timeouts."""
+    reader = spin_reader(busy_loop_s=0.0)
+    monkeypatch.delenv(ENV, raising=False)
+    register()  # not asked: vLLM's own timeout
+    t0 = time.perf_counter()
+    reader.wait(timeout_ms=300)
+    assert time.perf_counter() - t0 >= 0.29
+    monkeypatch.setenv(ENV, "0")
+    register()
+    t0 = time.perf_counter()
+    reader.wait(timeout_ms=5000)  # no notification will come
+    assert time.perf_counter() - t0 < 20 * RECHECK_MS / 1000
+
+
+@needs_vllm
+def test_a_pinned_engines_reader_spins_only_briefly_after_a_message(monkeypatch, spin_reader):
+    """An engine on cores of its own (``pinned_to``): right after a message a reader spins (the next
+    hand-over of a decode step comes within milliseconds, and a blocked reader lost those wake-ups),
+    and once ``PINNED_SPIN_S`` has passed it blocks, as between two generate calls."""
     monkeypatch.delenv(ENV, raising=False)
     with pinned_to(torch.device("cpu"), [0]):
         register()  # as in the engine's processes, which start inside pinned_to
-    context = zmq.Context()
-    reader = shm_broadcast.SpinCondition(True, context, f"ipc://{tmp_path}/notify")
-    try:
-        reader.record_read()
-        t0 = time.perf_counter()
-        reader.wait(timeout_ms=5000)  # within the window: a yield, no wait for a notification
-        assert time.perf_counter() - t0 < 0.5 * RECHECK_MS / 1000
-        assert reader.busy_loop_s == PINNED_SPIN_S
-        time.sleep(2 * PINNED_SPIN_S)
-        t0 = time.perf_counter()
-        reader.wait(timeout_ms=5000)  # past it: blocks until the recheck (no notification comes)
-        assert 0.8 * RECHECK_MS / 1000 <= time.perf_counter() - t0 < 20 * RECHECK_MS / 1000
-    finally:
-        reader.local_notify_socket.close(linger=0)
-        reader.read_cancel_socket.close(linger=0)
-        reader.write_cancel_socket.close(linger=0)
-        context.term()
+    reader = spin_reader()
+    reader.record_read()
+    t0 = time.perf_counter()
+    reader.wait(timeout_ms=5000)  # within the window: a yield, no wait for a notification
+    assert time.perf_counter() - t0 < 0.5 * RECHECK_MS / 1000
+    assert reader.busy_loop_s == PINNED_SPIN_S
+    time.sleep(2 * PINNED_SPIN_S)
+    t0 = time.perf_counter()
+    reader.wait(timeout_ms=5000)  # past it: blocks until the recheck (no notification comes)
+    assert 0.8 * RECHECK_MS / 1000 <= time.perf_counter() - t0 < 20 * RECHECK_MS / 1000
