@@ -72,7 +72,11 @@ BENCH_DEFAULTS = (
 def add_args(parser: Any) -> None:
     parser.add_argument("--steps", type=int, default=3, help="measured GRPO steps")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured GRPO steps first")
-    parser.add_argument("--out", default=None, help="write the JSON report here (default: <run dir>/bench_grpo.json)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="write the JSON report here (default: <run dir>/bench_grpo.json), and remove a temp run dir",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value, as for the recipe")
 
 
