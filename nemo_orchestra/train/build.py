@@ -101,6 +101,14 @@ def _check_health(url: str, timeout_s: float) -> None:
         raise ValueError(f"tools.url: no tool service answers at {url}/healthz ({e})") from None
 
 
+def live_sequences(cfg: Config) -> int:
+    """The most sequences a rank keeps in its engine at once: a step's rollouts (prompts x group; the
+    extra prompts of dynamic sampling come after them, at most as many), and with rollouts ahead
+    those of each step in flight. The engine's KV cache holds them (``vllm.default_kv_bytes``)."""
+    r = cfg.rollout
+    return cfg.data.prompts_per_step * r.group_size * max(1, r.max_staleness)
+
+
 def engine_cpus(cfg: Config, device) -> list[int] | None:
     """The cores for the vLLM engine's worker when rollouts run ahead of training on a CPU
     (``rollout.max_staleness`` >= 1): the engine and the trainer then compute at the same time, and
@@ -198,6 +206,7 @@ def _build(cfg: Config, info: DistInfo, tasks: list, client, loop: asyncio.Abstr
         seed=cfg.run.seed,
         model=policy.module,
         kv_cache_bytes=kv_cache_bytes,
+        live_sequences=live_sequences(cfg),
     )
 
     def engine_factory(state):  # the engine starts at the first weight sync (Trainer.sync_weights)

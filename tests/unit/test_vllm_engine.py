@@ -73,6 +73,15 @@ def test_its_sockets_go_to_a_folder_of_its_own(setup):
 
 
 @needs_vllm
+def test_its_kv_cache_is_the_default_size(setup):
+    """Built without a size, vLLM gets default_kv_bytes: room for at least 32 sequences of max_model_len."""
+    from nemo_orchestra.rollout.engines.vllm import default_kv_bytes
+
+    cache = setup.engine.llm.llm_engine.vllm_config.cache_config
+    assert cache.kv_cache_memory_bytes == default_kv_bytes(setup.cfg.model, torch.float32, 256, None, CPU)
+
+
+@needs_vllm
 def test_greedy_equals_megatron_and_hf_engine(setup):
     s = setup
     gens = s.engine.generate(s.prompts, 12, temperature=0.0, top_p=1.0, stop_ids=[])

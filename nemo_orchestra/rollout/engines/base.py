@@ -47,6 +47,7 @@ class EngineContext:
     model: torch.nn.Module | None = None  # the live policy module, for engines that read its parameters
     kv_cache_bytes: int | None = None  # the KV cache the memory plan gives the engine (train/memory_plan.py)
     cpus: list[int] | None = None  # on a CPU, the cores the engine's worker is bound to (None: its own choice)
+    live_sequences: int | None = None  # the most sequences the run keeps in the engine at once (train/build.py)
 
 
 @runtime_checkable

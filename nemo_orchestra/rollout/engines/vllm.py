@@ -19,8 +19,14 @@ log(nucleus mass) per token; a warning says so once.
 Memory and placement: on a CPU, with ``cpus`` given (rollouts ahead of training share the cores
 with the trainer: ``train/build.py: engine_cpus``), every thread of the engine's processes runs on
 those cores (``vllm_memory.pinned_to``). The KV cache is ``ctx.kv_cache_bytes`` (the memory plan's,
-on CUDA: ``train/memory_plan.py``), else ``rollout.kv_cache_gb``, else room for ``KV_SEQUENCES``
-sequences of ``max_model_len`` tokens. On CUDA each rank's engine is pinned to the rank's own GPU:
+on CUDA: ``train/memory_plan.py``), else ``rollout.kv_cache_gb``, else room for every sequence the
+run keeps live at once (``ctx.live_sequences``: a step's rollouts, each step's with rollouts ahead;
+at least ``KV_SEQUENCES``) at ``max_model_len`` tokens, within ``KV_MEMORY_SHARE`` of the memory
+available (``default_kv_bytes``). A cache smaller than the live sequences costs twice: vLLM preempts
+sequences mid-decode and computes them again, and a conversation's cached prefix is evicted before
+its next turn, which then prefills it again. Four turns of 128 conversations (16 prompts x 8,
+320 -> 500 tokens, the tiny model in bf16 on one core) took 11.1 s in a cache of 32 sequences of
+1,024 tokens, 7.3 s in one of 128. On CUDA each rank's engine is pinned to the rank's own GPU:
 its processes start with ``CUDA_VISIBLE_DEVICES`` naming that one GPU (``engine_visible_devices``),
 and with ``rollout.sleep_while_training`` it is built with vLLM's sleep mode: ``sleep()`` (level 2)
 drops its weights and KV cache while the trainer trains, ``wake_up()`` takes the weights' memory
@@ -69,7 +75,10 @@ from nemo_orchestra.rollout.engines.vllm_memory import (
 
 log = logging.getLogger(__name__)
 
-KV_SEQUENCES = 32  # without a plan or rollout.kv_cache_gb, the KV cache holds this many sequences of max_model_len
+KV_SEQUENCES = (
+    32  # without a plan or rollout.kv_cache_gb, the KV cache holds at least this many sequences of max_model_len
+)
+KV_MEMORY_SHARE = 0.25  # ... and at most this share of the memory available at start, on a CPU
 BUCKET_BYTES = 512 * 1024**2  # CUDA IPC weight sync: the most bytes handed over at once
 TRANSFERS = ("memory", "file")
 WEIGHTS_FILE = "weights.safetensors"  # transfer="file": in the engine's private folder
@@ -78,6 +87,56 @@ EXTENSION = "nemo_orchestra.rollout.engines.vllm_worker.WeightSyncExtension"
 
 def _drop_chat_template_warmup(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("Chat template warmup failed")
+
+
+def default_kv_bytes(
+    model_cfg: ModelConfig,
+    dtype: torch.dtype,
+    max_model_len: int,
+    sequences: int | None,
+    device: torch.device,
+    available: int | None = None,
+) -> int:
+    """The KV cache without a memory plan or ``rollout.kv_cache_gb``: ``sequences`` (at least
+    ``KV_SEQUENCES``) of ``max_model_len`` tokens. On a CPU at most ``KV_MEMORY_SHARE`` of
+    ``available`` (default: the memory available now), saying once that the cache is short."""
+    m = model_cfg
+    per_sequence = 2 * m.num_layers * m.num_query_groups * m.head_dim * dtype.itemsize * max_model_len  # K and V
+    want = max(sequences or 0, KV_SEQUENCES)
+    if device.type != "cpu":
+        return per_sequence * want
+    room = int(KV_MEMORY_SHARE * (available if available is not None else available_memory_bytes()))
+    fits = max(room // per_sequence, min(want, KV_SEQUENCES))  # never below the fixed default of before
+    if fits < want:
+        log.warning(
+            "vllm engine: a KV cache for %d sequences of %d tokens (%.2f GiB) is over %d%% of the memory available; "
+            "it holds %d: vLLM will recompute preempted sequences and evicted prefixes (rollout.kv_cache_gb sets it)",
+            want,
+            max_model_len,
+            per_sequence * want / 1024**3,
+            round(100 * KV_MEMORY_SHARE),
+            fits,
+        )
+    return per_sequence * min(want, fits)
+
+
+def available_memory_bytes() -> int:
+    """The memory this process could still take: MemAvailable, within its cgroup's limit."""
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read())
+        if limit != "max":
+            avail = min(avail, max(int(limit) - used, 0))
+    except (OSError, ValueError):
+        pass
+    return avail
 
 
 class VLLMEngine(GenerationEngine):
@@ -101,6 +160,7 @@ class VLLMEngine(GenerationEngine):
             max_model_len=r.max_context if r is not None else None,
             seed=ctx.seed,
             kv_cache_bytes=kv,
+            kv_sequences=ctx.live_sequences,
             sleep_mode=bool(r is not None and r.sleep_while_training and ctx.device.type == "cuda"),
             gpu_memory_utilization=r.gpu_memory_utilization if r is not None else None,
             cpus=ctx.cpus,
@@ -117,6 +177,7 @@ class VLLMEngine(GenerationEngine):
         max_model_len: int | None = None,
         seed: int = 0,
         kv_cache_bytes: int | None = None,
+        kv_sequences: int | None = None,
         sleep_mode: bool = False,
         gpu_memory_utilization: float | None = None,
         transfer: str = "memory",
@@ -142,7 +203,7 @@ class VLLMEngine(GenerationEngine):
         self._warned_top_p = False
         self._shm = None  # the CPU weight-sync segment, made at the first sync
         max_model_len = min(max_model_len or model_cfg.max_position_embeddings, model_cfg.max_position_embeddings)
-        kv_bytes = kv_cache_bytes or self._kv_bytes(max_model_len)
+        kv_bytes = kv_cache_bytes or default_kv_bytes(model_cfg, self.dtype, max_model_len, kv_sequences, device)
         # Weight-sync files go to a private folder, removed at close() or when the engine is collected
         # (inside the run's /dev/shm folder, which train/reaper.py removes however the run ends)
         shm = os.environ.get("NEMO_ORCHESTRA_RUN_SHM") or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
@@ -194,11 +255,6 @@ class VLLMEngine(GenerationEngine):
         weights = sum(t.numel() for t in state.values()) * self.dtype.itemsize
         share = (weights + kv_bytes + 2 * 1024**3) / total
         return min(share, cap or 1.0)
-
-    def _kv_bytes(self, max_model_len: int) -> int:
-        m = self.model_cfg
-        per_token = 2 * m.num_layers * m.num_query_groups * m.head_dim * self.dtype.itemsize  # K and V
-        return per_token * max_model_len * KV_SEQUENCES
 
     # ---- generation -----------------------------------------------------------------------------------
     def generate(
