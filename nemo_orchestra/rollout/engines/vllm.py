@@ -24,9 +24,9 @@ run keeps live at once (``ctx.live_sequences``: a step's rollouts, each step's w
 at least ``KV_SEQUENCES``) at ``max_model_len`` tokens, within ``KV_MEMORY_SHARE`` of the memory
 available (``default_kv_bytes``). A cache smaller than the live sequences costs twice: vLLM preempts
 sequences mid-decode and computes them again, and a conversation's cached prefix is evicted before
-its next turn, which then prefills it again. Four turns of 128 conversations (16 prompts x 8,
-320 -> 500 tokens, the tiny model in bf16 on one core) took 11.1 s in a cache of 32 sequences of
-1,024 tokens, 7.3 s in one of 128. On CUDA each rank's engine is pinned to the rank's own GPU:
+its next turn, which then prefills it again. Three turns of 128 conversations after their first
+(16 prompts x 8, 380 -> 500 tokens, the tiny model in bf16 on one core) took 6.4 s in a cache of
+32 sequences of 1,024 tokens, 3.8 s in one of 128. On CUDA each rank's engine is pinned to the rank's own GPU:
 its processes start with ``CUDA_VISIBLE_DEVICES`` naming that one GPU (``engine_visible_devices``),
 and with ``rollout.sleep_while_training`` it is built with vLLM's sleep mode: ``sleep()`` (level 2)
 drops its weights and KV cache while the trainer trains, ``wake_up()`` takes the weights' memory
@@ -75,9 +75,7 @@ from nemo_orchestra.rollout.engines.vllm_memory import (
 
 log = logging.getLogger(__name__)
 
-KV_SEQUENCES = (
-    32  # without a plan or rollout.kv_cache_gb, the KV cache holds at least this many sequences of max_model_len
-)
+KV_SEQUENCES = 32  # without a plan or rollout.kv_cache_gb: at least this many sequences of max_model_len
 KV_MEMORY_SHARE = 0.25  # ... and at most this share of the memory available at start, on a CPU
 BUCKET_BYTES = 512 * 1024**2  # CUDA IPC weight sync: the most bytes handed over at once
 TRANSFERS = ("memory", "file")
