@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import torch
 
 from nemo_orchestra.config import Config
-from nemo_orchestra.rollout.engines.vllm import BUCKET_BYTES
+from nemo_orchestra.rollout.engines.vllm import BUCKET_BYTES, kv_bytes_per_token
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def plan(cfg: Config, vocab: int, world_size: int, gpu_bytes: int) -> MemoryPlan
     tokens = max(p.microbatch_tokens, r.max_context)
     optimizer = (8 + (4 if b < 4 else 0)) * shard // (dp if p.distributed_optimizer else 1)
     budget = int(r.gpu_memory_utilization * gpu_bytes)
-    kv_per_token = 2 * m.num_layers * m.num_query_groups * m.head_dim * b_e
+    kv_per_token = kv_bytes_per_token(m, b_e)
     partial = MemoryPlan(
         gpu_bytes,
         budget,

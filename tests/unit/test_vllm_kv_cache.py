@@ -9,7 +9,13 @@ import torch
 
 from nemo_orchestra.config import load_config
 from nemo_orchestra.rollout.engines import EngineContext
-from nemo_orchestra.rollout.engines.vllm import KV_MEMORY_SHARE, KV_SEQUENCES, VLLMEngine, default_kv_bytes
+from nemo_orchestra.rollout.engines.vllm import (
+    KV_MEMORY_SHARE,
+    KV_SEQUENCES,
+    VLLMEngine,
+    available_memory_bytes,
+    default_kv_bytes,
+)
 from nemo_orchestra.train.build import live_sequences
 
 CPU = torch.device("cpu")
@@ -80,3 +86,9 @@ def test_the_engine_is_built_with_the_runs_live_sequences(model, monkeypatch):
         {"w": None},
     )
     assert seen["kv_cache_bytes"] == GiB // 2  # a size set by hand wins
+
+
+def test_the_memory_available_is_what_the_machine_still_has():
+    import psutil
+
+    assert 0 < available_memory_bytes() <= psutil.virtual_memory().total

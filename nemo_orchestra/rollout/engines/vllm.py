@@ -54,6 +54,7 @@ import tempfile
 import threading
 import weakref
 
+import psutil
 import torch
 
 from nemo_orchestra.config import ModelConfig
@@ -87,6 +88,12 @@ def _drop_chat_template_warmup(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("Chat template warmup failed")
 
 
+def kv_bytes_per_token(model_cfg: ModelConfig, itemsize: int) -> int:
+    """The engine's KV cache per token: keys and values of every layer's KV groups."""
+    m = model_cfg
+    return 2 * m.num_layers * m.num_query_groups * m.head_dim * itemsize
+
+
 def default_kv_bytes(
     model_cfg: ModelConfig,
     dtype: torch.dtype,
@@ -98,8 +105,7 @@ def default_kv_bytes(
     """The KV cache without a memory plan or ``rollout.kv_cache_gb``: ``sequences`` (at least
     ``KV_SEQUENCES``) of ``max_model_len`` tokens. On a CPU at most ``KV_MEMORY_SHARE`` of
     ``available`` (default: the memory available now), saying once that the cache is short."""
-    m = model_cfg
-    per_sequence = 2 * m.num_layers * m.num_query_groups * m.head_dim * dtype.itemsize * max_model_len  # K and V
+    per_sequence = kv_bytes_per_token(model_cfg, dtype.itemsize) * max_model_len
     want = max(sequences or 0, KV_SEQUENCES)
     if device.type != "cpu":
         return per_sequence * want
@@ -119,12 +125,8 @@ def default_kv_bytes(
 
 
 def available_memory_bytes() -> int:
-    """The memory this process could still take: MemAvailable, within its cgroup's limit."""
-    try:
-        with open("/proc/meminfo") as f:
-            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    """The memory this process could still take: the machine's available memory, within its cgroup's limit."""
+    avail = psutil.virtual_memory().available
     try:
         with open("/sys/fs/cgroup/memory.max") as f:
             limit = f.read().strip()
