@@ -284,14 +284,17 @@ class VLLMEngine(GenerationEngine):
             logprobs=0,
             detokenize=False,
             skip_special_tokens=False,
+            flat_logprobs=True,  # plain lists, not a dict and an object per token in this process
         )
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         results = []
         for out in outputs:
             c = out.outputs[0]
             ids = list(c.token_ids)
-            assert c.logprobs is not None and len(c.logprobs) == len(ids), "vLLM returned no logprob per token"
-            lps = [float(c.logprobs[j][t].logprob) for j, t in enumerate(ids)]
+            flat = c.logprobs  # FlatLogprobs: with logprobs=0 the sampled token's alone at each position
+            if flat is None or list(flat.token_ids) != ids:
+                raise RuntimeError("vLLM returned no logprob for each sampled token")
+            lps = list(flat.logprobs)
             results.append(Generation(ids, lps, c.finish_reason == "stop"))
         return results
 
