@@ -261,6 +261,37 @@ def test_sync_past_its_timeout_raises_and_the_engine_refuses_further_use(tmp_pat
         engine.generate([[1]], 1, 1.0, 1.0, [])
 
 
+class _FlatLLM:
+    """vLLM's outputs with flat logprobs: one list of ids and one of logprobs per sequence."""
+
+    def __init__(self, outputs):
+        self.outputs, self.params = outputs, None
+
+    def generate(self, prompts, params, use_tqdm=False):
+        self.params = params
+        return [SimpleNamespace(outputs=[o]) for o in self.outputs]
+
+
+@needs_vllm
+def test_generate_reads_the_flat_logprobs_and_refuses_a_list_that_is_not_its_tokens():
+    def out(ids, logprob_ids, lps):
+        return SimpleNamespace(
+            token_ids=ids, logprobs=SimpleNamespace(token_ids=logprob_ids, logprobs=lps), finish_reason="stop"
+        )
+
+    llm = _FlatLLM([out([4, 5], [4, 5], [-0.5, -1.25]), out([7], [7], [-2.0])])
+    engine = object.__new__(VLLMEngine)
+    engine.__dict__.update(llm=llm, _failure=None, kv_asleep=False, _warned_top_p=False)
+    got = engine.generate([[1, 2], [3]], 4, 1.0, 1.0, [])
+    assert llm.params.flat_logprobs and llm.params.logprobs == 0
+    assert [(g.token_ids, g.logprobs) for g in got] == [([4, 5], [-0.5, -1.25]), ([7], [-2.0])]
+    no_logprobs = SimpleNamespace(token_ids=[4], logprobs=None, finish_reason="stop")
+    for bad in (out([4, 5], [4, 9], [-0.5, -1.0]), out([4, 5], [4], [-0.5]), no_logprobs):
+        engine.llm = _FlatLLM([bad])
+        with pytest.raises(RuntimeError, match="no logprob for each sampled token"):
+            engine.generate([[1]], 4, 1.0, 1.0, [])
+
+
 def test_call_with_timeout_returns_raises_and_times_out():
     assert call_with_timeout(lambda: 3, 1.0) == 3
     with pytest.raises(KeyError):
