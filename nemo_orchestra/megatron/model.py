@@ -107,8 +107,10 @@ def build_gpt_model(
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
+    from nemo_orchestra.megatron import rope
     from nemo_orchestra.megatron.cpu_compat import cuda_tensors_stay
 
+    rope.install()  # the packs' RoPE with its cos and sin once a forward pass
     config = transformer_config(model, parallel, initialize)
     with cuda_tensors_stay():  # tied embeddings under PP call .cuda() on the output layer
         gpt = GPTModel(
