@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -151,6 +152,22 @@ def _dead_here(holder: dict) -> bool:
 # ---- stop signals -----------------------------------------------------------------------------------
 
 
+REDELIVER_S = 0.05  # a signal that came inside a finalizer is sent again after this
+
+
+def in_finalizer(frame) -> bool:
+    """``frame`` (where a signal interrupted the main thread) runs inside a ``__del__`` or a weakref
+    finalizer, which would swallow an exception raised there."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or (
+            code.co_name in ("__call__", "_exitfunc") and os.path.basename(code.co_filename) == "weakref.py"
+        ):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class StopNow(BaseException):
     """Raised by a signal handler: unwind now (outside the GRPO loop, or a second signal in it)."""
 
@@ -194,6 +211,11 @@ class StopSignals:
                 "%s received: finishing the step in flight, then a checkpoint (a second signal drops the step)",
                 signal_name(signum),
             )
+            return
+        if in_finalizer(frame):
+            # Python would print the StopNow as "Exception ignored in ..." and go on: deliver it again
+            # in a moment, when the interrupted finalizer has returned
+            threading.Timer(REDELIVER_S, os.kill, (os.getpid(), signum)).start()
             return
         self.in_loop = False
         raise StopNow(self.signum)

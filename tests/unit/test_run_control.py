@@ -98,6 +98,47 @@ def test_first_signal_in_the_loop_asks_second_drops_outside_stops_at_once():
             signal.signal(s, h)
 
 
+def test_a_signal_inside_a_finalizer_is_delivered_again_after_it(capsys):
+    """A signal that interrupts a ``__del__`` (a subprocess object collected while the run ends) would
+    raise StopNow where Python swallows it ("Exception ignored in ...", a traceback, and the stop is
+    lost): it comes again once the finalizer has returned, and stops the run there."""
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+
+    class Collected:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGUSR1)  # arrives while __del__ runs
+            time.sleep(0.01)
+
+    try:
+        stop = rc.StopSignals(rc.preempt_signal("USR1")).install()
+        with pytest.raises(rc.StopNow) as e:
+            Collected()  # collected at once: the signal lands inside its __del__
+            time.sleep(2.0)  # the signal comes again meanwhile
+        assert e.value.signum == signal.SIGUSR1 and stop.preempted
+        assert "Exception ignored" not in capsys.readouterr().err
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def test_in_finalizer_sees_del_and_weakref_finalizers():
+    import inspect
+    import weakref
+
+    frames = []
+
+    class Obj:
+        def __del__(self):
+            frames.append(rc.in_finalizer(inspect.currentframe()))
+
+    Obj()
+    holder = type("Holder", (), {})()
+    weakref.finalize(holder, lambda: frames.append(rc.in_finalizer(inspect.currentframe())))
+    del holder
+    assert frames == [True, True]
+    assert not rc.in_finalizer(inspect.currentframe())
+
+
 def test_a_signal_after_the_run_ended_is_one_line_and_raises_nothing(caplog):
     old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
     try:
