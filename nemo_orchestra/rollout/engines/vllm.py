@@ -291,10 +291,13 @@ class VLLMEngine(GenerationEngine):
         for out in outputs:
             c = out.outputs[0]
             ids = list(c.token_ids)
-            flat = c.logprobs  # FlatLogprobs: with logprobs=0 the sampled token's alone at each position
-            if flat is None or list(flat.token_ids) != ids:
-                raise RuntimeError("vLLM returned no logprob for each sampled token")
-            lps = list(flat.logprobs)
+            flat = c.logprobs  # FlatLogprobs (lists): with logprobs=0 the sampled token's alone at each position
+            if flat is None or flat.token_ids != ids:
+                got = "none" if flat is None else f"{len(flat.token_ids)} for other or fewer tokens"
+                raise RuntimeError(
+                    f"vLLM returned no logprob for each sampled token: {len(ids)} tokens, logprobs {got}"
+                )
+            lps = flat.logprobs
             results.append(Generation(ids, lps, c.finish_reason == "stop"))
         return results
 
