@@ -69,6 +69,7 @@ class EngineThread:
         self._order = itertools.count()
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._busy = False  # a call is running
 
     def submit(self, fn, priority: float = -math.inf) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -86,15 +87,38 @@ class EngineThread:
                 while not self._queue:
                     self._wake.wait()
                 _, _, fn, future = heapq.heappop(self._queue)
-            if not future.set_running_or_notify_cancel():  # its caller gave up on it while it waited
-                continue
+                if not future.set_running_or_notify_cancel():  # its caller gave up on it while it waited
+                    continue
+                self._busy = True
             try:
                 future.set_result(fn())
             except BaseException as e:
                 future.set_exception(e)
+            finally:
+                with self._wake:
+                    self._busy = False
+                    self._wake.notify_all()
+
+    def cancel_and_wait(self, timeout: float) -> bool:
+        """Cancel the calls still waiting and wait for the one running to return (its engine closed, it
+        ends soon). False if it is still running after ``timeout`` seconds. A process must not exit
+        while an engine call runs on this (daemon) thread: torch's threads then abort the process."""
+        with self._wake:
+            for *_, future in self._queue:
+                future.cancel()
+            self._queue.clear()
+            return self._wake.wait_for(lambda: not self._busy, timeout)
 
 
 _ENGINE_THREAD = EngineThread("rollout-engine")
+
+
+def stop_engine_calls(timeout: float = 30.0) -> bool:
+    """After the engine's ``close``: drop the engine calls still waiting and wait for the running one
+    to return; False if it has not after ``timeout`` seconds."""
+    return _ENGINE_THREAD.cancel_and_wait(timeout)
+
+
 # the seed of evaluation episodes (a run's held-out report, evaluate.py): the service's draws for the
 # k-th episode depend on it and k only, so every policy meets the same simulated experts' luck
 HELDOUT_SEED = "heldout"

@@ -34,7 +34,14 @@ from nemo_orchestra.megatron.parallel import (
     model_parallel_rank,
 )
 from nemo_orchestra.prompting.chat import ChatFormat
-from nemo_orchestra.rollout.loop import HELDOUT_SEED, EnginePolicy, EngineWeights, LoopLimits, run_episodes
+from nemo_orchestra.rollout.loop import (
+    HELDOUT_SEED,
+    EnginePolicy,
+    EngineWeights,
+    LoopLimits,
+    run_episodes,
+    stop_engine_calls,
+)
 from nemo_orchestra.train.async_rollouts import AsyncRollouts
 from nemo_orchestra.train.checkpoint import (
     CheckpointError,
@@ -64,6 +71,9 @@ log = logging.getLogger(__name__)
 
 # a wait for a step's rollouts longer than this: the engine is behind the trainer (Trainer.reference_ahead)
 ENGINE_BEHIND_S = 0.05
+# how long closing waits for a generate call in flight to return once its engine is closed (a closed
+# in-process engine ends it at its next token; vLLM's fails when its processes end)
+ENGINE_CALL_GRACE_S = 30.0
 
 
 @dataclass
@@ -542,7 +552,11 @@ class Trainer:
             close_loop(self.loop, self.client)
         finally:  # engines with processes of their own (vllm) are shut down whatever happened before
             if self.engine is not None:
-                self.engine.close()
+                self.engine.close()  # a generate call still running (rollouts ahead, a stop) ends soon
+            if not stop_engine_calls(ENGINE_CALL_GRACE_S):
+                log.warning(
+                    "a generation engine call was still running %.0f s after the engine closed", ENGINE_CALL_GRACE_S
+                )
 
 
 def close_loop(loop: asyncio.AbstractEventLoop, client) -> None:

@@ -3,6 +3,9 @@ records the version that wrote it and carries that version's logprobs into the l
 weights, and ``AsyncRollouts`` starts step j's rollouts only within K versions of it."""
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -150,6 +153,85 @@ def test_engine_thread_runs_waiting_work_by_priority_then_submission_and_skips_c
     with pytest.raises(RuntimeError, match="engine died"):
         engine.submit(fails).result(10)
     assert engine.submit(work("after an error")).result(10) == "after an error"  # the thread goes on
+
+
+def test_cancel_and_wait_drops_waiting_calls_and_waits_for_the_running_one():
+    engine = EngineThread("test-engine")
+    assert engine.cancel_and_wait(0.1)  # never started: nothing runs
+    started, closed = threading.Event(), threading.Event()
+
+    def generating():  # an engine call that ends once its engine is closed
+        started.set()
+        closed.wait(10)
+        return "cut short"
+
+    running = engine.submit(generating)
+    assert started.wait(10)
+    waiting = engine.submit(lambda: "never runs")
+    assert not engine.cancel_and_wait(0.2)  # the running call has not returned
+    assert waiting.cancelled()
+    closed.set()
+    assert engine.cancel_and_wait(10)
+    assert running.result(0) == "cut short"
+    assert engine.submit(lambda: "after").result(10) == "after"  # the thread takes new work
+
+
+EXIT_WITH_A_CALL_IN_FLIGHT = """
+import asyncio, sys, time
+from types import SimpleNamespace
+import torch
+from nemo_orchestra.config import load_config
+from nemo_orchestra.rollout.engines import EngineContext, start_engine
+from nemo_orchestra.rollout.loop import _ENGINE_THREAD
+from nemo_orchestra.train.trainer import Trainer
+
+cfg = load_config([])
+tok = SimpleNamespace(get_vocab=dict, eos_token_id=1, pad_token_id=0)
+engine = start_engine("{engine}", EngineContext(cfg.model, 256, tok, torch.device("cpu"), model={model}), None)
+call = _ENGINE_THREAD.submit(lambda: engine.generate([[5, 6, 7]] * 4, 1500, 1.0, 1.0, []))
+time.sleep(0.5)  # the call runs: about 1500 decode steps
+assert not call.done()
+
+class Client:
+    async def aclose(self):
+        pass
+
+trainer = SimpleNamespace(stop_rollouts_ahead=lambda: None, logger=SimpleNamespace(close=lambda: None),
+                          loop=asyncio.new_event_loop(), client=Client(), engine=engine)
+t0 = time.perf_counter()
+Trainer.close(trainer)
+assert call.done() and len(call.result()[0].token_ids) < 1500, "the call was not cut short"
+print(f"closed in {{time.perf_counter() - t0:.2f}} s", flush=True)
+"""
+
+
+@pytest.mark.parametrize("engine", ["hf", "megatron"])
+def test_a_run_closing_with_an_engine_call_in_flight_ends_it_and_exits_cleanly(engine, tmp_path):
+    """Rollouts ahead of training (or a second stop signal) leave a generate call running on the
+    engine thread; an in-process engine's call must end with the trainer's close, or the process
+    aborts at exit ("terminate called without an active exception") while torch runs on that thread."""
+    model = "None"
+    if engine == "megatron":
+        model = "build_policy(cfg, 256, init_distributed(cfg.parallel, 0).device).module"
+    script = EXIT_WITH_A_CALL_IN_FLIGHT.format(engine=engine, model=model)
+    if engine == "megatron":
+        script = script.replace(
+            "from nemo_orchestra.train.trainer import Trainer",
+            "from nemo_orchestra.train.trainer import Trainer\n"
+            "from nemo_orchestra.megatron.parallel import init_distributed\n"
+            "from nemo_orchestra.train.policy import build_policy",
+        )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "closed in" in out.stdout and "terminate called" not in out.stderr
 
 
 def test_the_older_steps_turns_and_weight_loads_overtake_a_newer_steps_waiting_turn(chat):

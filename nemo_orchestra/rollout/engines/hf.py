@@ -7,6 +7,8 @@ export writes, so generator and export cannot drift apart.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from nemo_orchestra.config import ModelConfig
@@ -33,6 +35,7 @@ class HFEngine(GenerationEngine):
             model = Qwen3ForCausalLM(hf_config(model_cfg, vocab_size, tokenizer))
         self.model = model.to(device).eval()
         self.device = device
+        self.closed = threading.Event()  # set by close(): a generate call in flight stops at its next token
 
     @classmethod
     def create(cls, ctx: EngineContext, init_state: dict[str, torch.Tensor] | None) -> "HFEngine":
@@ -62,6 +65,8 @@ class HFEngine(GenerationEngine):
     def generate(
         self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, stop_ids: list[int]
     ) -> list[Generation]:
+        if self.closed.is_set():
+            raise RuntimeError("hf engine: generate called after close()")
         if not prompts:
             return []
         width = max(len(p) for p in prompts)
@@ -84,14 +89,38 @@ class HFEngine(GenerationEngine):
             pad_token_id=self.pad_id,
             output_logits=True,
             return_dict_in_generate=True,
+            stopping_criteria=until_closed(self.closed),
             **sampling,
         )
-        new_BN = out.sequences[:, width:].cpu()
-        logits_BNV = torch.stack(out.logits, dim=1).float().cpu() / (1.0 if greedy else temperature)
-        lp_BN = torch.log_softmax(logits_BNV, dim=-1).gather(-1, new_BN[..., None])[..., 0]
+        new_BN = out.sequences[:, width:]
+        scale = 1.0 if greedy else temperature
+        # one position at a time, on the device: the full-vocab logits of every position never stack up
+        lp_BN = torch.stack(
+            [
+                torch.log_softmax(logits_BV.float() / scale, dim=-1).gather(-1, new_BN[:, j, None])[:, 0]
+                for j, logits_BV in enumerate(out.logits)
+            ],
+            dim=1,
+        ).cpu()
+        new_BN = new_BN.cpu()
         stops = set(stop_ids)
         results = []
         for row, lps in zip(new_BN.tolist(), lp_BN.tolist()):
             n = next((j + 1 for j, t in enumerate(row) if t in stops), None)
             results.append(Generation(row[: n or len(row)], lps[: n or len(row)], n is not None))
         return results
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def until_closed(closed: threading.Event):
+    """Stopping criteria that end every sequence of a generate call once ``closed`` is set (the engine
+    closed while rollouts are in flight: the process must not exit while the call runs)."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class UntilClosed(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+            return torch.full((input_ids.shape[0],), closed.is_set(), dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([UntilClosed()])

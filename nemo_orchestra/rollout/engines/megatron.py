@@ -38,6 +38,7 @@ construction.
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -140,6 +141,9 @@ class MegatronEngine(GenerationEngine):
                 f"token counts in multiples of 16; a decode step has one per sequence): {_ALTERNATIVES}"
             )
         self.model, self.device = model, device
+        # set by close(): a generate call in flight stops at its next token (one rank: with TP the ranks
+        # decode in lockstep, and the call runs to its end)
+        self.closed = threading.Event()
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.tp = config.tensor_model_parallel_size
         self.tp_group = self.tp_src = None
@@ -180,6 +184,8 @@ class MegatronEngine(GenerationEngine):
                 "rollout.engine=megatron: generate runs on the first rank of the tensor-parallel "
                 "group; the other ranks call serve()"
             )
+        if self.closed.is_set():
+            raise RuntimeError("megatron engine: generate called after close()")
         request = (prompts, max_new_tokens, temperature, top_p, stop_ids)
         self._broadcast_request(request)
         return self._generate(*request)
@@ -195,6 +201,9 @@ class MegatronEngine(GenerationEngine):
         """On the first rank: end the other ranks' ``serve()``."""
         if self.is_lead:
             self._broadcast_request(None)
+
+    def close(self) -> None:
+        self.closed.set()
 
     def _broadcast_request(self, request):
         if self.tp == 1:
@@ -244,7 +253,7 @@ class MegatronEngine(GenerationEngine):
                     for r in rows_N[stopped_N].tolist():
                         finished[r] = True
                     rows_N, ids_N = rows_N[~stopped_N], ids_N[~stopped_N]
-                    if step == max_new_tokens - 1 or len(rows_N) == 0:
+                    if step == max_new_tokens - 1 or len(rows_N) == 0 or (self.tp == 1 and self.closed.is_set()):
                         break
                     cache.step = _Step(rows_N, lengths_B[rows_N] + step)  # token `step` sits after its prompt
                     logits_NV = self._forward(ids_N, cache.step.pos_T)
