@@ -241,4 +241,7 @@ def main(argv: list) -> int:
 
 
 if __name__ == "__main__":
+    from nemo_orchestra.train.reaper import contain
+
+    contain()  # the tool service and a checkpoint's engine end with the evaluation, SIGKILL included
     sys.exit(main(sys.argv[1:]))

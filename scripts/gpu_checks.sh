@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The checks that need a CUDA GPU, in one go: each stage bounded in time, its log and JSON in OUT.
+#
+#   bash scripts/gpu_checks.sh [OUT]                     (OUT defaults to runs/gpu_checks)
+#   STAGES="sync async" LAYERS=4 bash scripts/gpu_checks.sh
+#
+# Stages, in the order of STAGES (default "sync async kbench tests"):
+#   sync, async  recipes/benchmark.py grpo at the Qwen3-8B shape with LAYERS layers (default 8), bf16,
+#                16 prompts x 8 rollouts, 1 warm-up and 3 measured steps: tokens/s/GPU and MFU against the
+#                device's dense bf16 peak; async is rollout.max_staleness=1 with loss.tis_cap=2.0.
+#                ENGINE (default hf) picks rollout.engine: vllm needs the vllm package and the hf engine
+#                (transformers) runs anywhere torch does.
+#   kbench       kernels/bench.py: the Triton varlen attention (TFLOP/s, against flash-attn when
+#                installed and PyTorch SDPA per sequence) and the grouped advantage (GB/s against a copy).
+#   tests        the kernel tests on the device (compiled Triton, not the interpreter), the `gpu`-marked
+#                tests, and the model-level tests that take the Triton attention backend on CUDA.
+# Time limits per stage, in seconds: GRPO_S (default 300), KBENCH_S (300), TESTS_S (600).
+# Exit status: the number of stages that failed.
+set -u
+OUT=${1:-runs/gpu_checks}
+PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+STAGES=${STAGES:-"sync async kbench tests"}
+LAYERS=${LAYERS:-8}
+ENGINE=${ENGINE:-hf}
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+T0=$(date +%s)
+stamp() { echo "=== [$(($(date +%s) - T0)) s] $*"; }
+
+stamp environment
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || { echo "no NVIDIA GPU here"; exit 1; }
+"$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+
+GRPO=(recipes/benchmark.py grpo --steps 3 --warmup 1 "model=qwen3_8b" "model.num_layers=$LAYERS" "model.params_dtype=bf16"
+    "rollout.engine=$ENGINE" "data.prompts_per_step=16" "rollout.group_size=8")
+failed=0
+for stage in $STAGES; do
+    stamp "$stage"
+    case $stage in
+        sync) timeout "${GRPO_S:-300}" "$PY" "${GRPO[@]}" --out "$OUT/grpo_sync.json" "run.output_dir=$OUT/run_sync" ;;
+        async) timeout "${GRPO_S:-300}" "$PY" "${GRPO[@]}" --out "$OUT/grpo_async.json" "run.output_dir=$OUT/run_async" \
+            rollout.max_staleness=1 loss.tis_cap=2.0 ;;
+        kbench) timeout "${KBENCH_S:-300}" "$PY" kernels/bench.py --out "$OUT/kernel_bench.json" ;;
+        tests) timeout "${TESTS_S:-600}" "$PY" -m pytest -o addopts="" -q -p no:cacheprovider -rfEs tests/kernels \
+            tests/unit/test_attention_backends.py tests/unit/test_rope.py tests/unit/test_grpo_update.py \
+            tests/unit/test_shared_prompts.py tests/unit/test_megatron_engine.py tests/unit/test_vllm_gpu.py \
+            tests/distributed/test_fp8.py ;;
+        *) echo "unknown stage '$stage' (sync, async, kbench, tests)"; false ;;
+    esac > >(tee "$OUT/$stage.log") 2>&1
+    rc=$?
+    [ $rc -eq 0 ] || failed=$((failed + 1))
+    stamp "$stage: exit $rc"
+done
+stamp "done: $failed stage(s) failed"
+exit $failed
