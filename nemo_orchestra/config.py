@@ -300,9 +300,11 @@ class PerfConfig:
     peak_tflops: Optional[float] = MISSING  # per device, for perf/mfu; null: look the device up in flops.py
     share_prompts: Optional[bool] = MISSING  # a group's common prompt once per pack; null: Config.share_prompts
     overlap_reference: Optional[bool] = MISSING  # reference logprobs beside the update; null: Config.overlap_reference
+    gc_threshold: Optional[int] = MISSING  # Python's young-generation GC threshold in the trainer; null: Python's (700)
 
     def validate(self) -> None:
         _check(self.peak_tflops is None or self.peak_tflops > 0, "perf.peak_tflops", "must be null or > 0")
+        _check(self.gc_threshold is None or self.gc_threshold >= 1, "perf.gc_threshold", "must be null or >= 1")
 
 
 @dataclass
