@@ -153,8 +153,8 @@ def gc_threshold(threshold: int | None, stack: ExitStack) -> None:
     (vLLM's outputs decoded at every decode step, the turns' token lists) met a young collection
     while alive, were promoted, and the promotions set off full collections of the process's heap:
     0.4 s each, every thread of the trainer stopped, twice in a 5-step benchmark run (1.04 s of
-    collector in all). At 50,000 they die before any collection: none ran in the same run, and the
-    matched benchmark took 12,868 tokens/s against 12,049, four pairs alternated (README, "Fast GRPO")."""
+    collector in all). At 50,000 they die before any collection: none ran in the same run. The
+    matched benchmark, seven pairs alternated: faster in six, even in one (README, "Fast GRPO")."""
     if threshold is None:
         return
     previous = gc.get_threshold()
