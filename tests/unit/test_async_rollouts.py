@@ -187,7 +187,8 @@ from nemo_orchestra.train.trainer import Trainer
 
 cfg = load_config([])
 tok = SimpleNamespace(get_vocab=dict, eos_token_id=1, pad_token_id=0)
-engine = start_engine("{engine}", EngineContext(cfg.model, 256, tok, torch.device("cpu"), model={model}), None)
+{model_setup}
+engine = start_engine("{engine}", EngineContext(cfg.model, 256, tok, torch.device("cpu"), model=model), None)
 call = _ENGINE_THREAD.submit(lambda: engine.generate([[5, 6, 7]] * 4, 1500, 1.0, 1.0, []))
 time.sleep(0.5)  # the call runs: about 1500 decode steps
 assert not call.done()
@@ -205,22 +206,21 @@ print(f"closed in {{time.perf_counter() - t0:.2f}} s", flush=True)
 """
 
 
-@pytest.mark.parametrize("engine", ["hf", "megatron"])
+MODEL_SETUP = {  # hf builds its own model; megatron generates with the policy's
+    "hf": "model = None",
+    "megatron": "from nemo_orchestra.megatron.parallel import init_distributed\n"
+    "from nemo_orchestra.train.policy import build_policy\n"
+    "model = build_policy(cfg, 256, init_distributed(cfg.parallel, 0).device).module",
+}
+
+
+@pytest.mark.parametrize("engine", sorted(MODEL_SETUP))
 def test_a_run_closing_with_an_engine_call_in_flight_ends_it_and_exits_cleanly(engine, tmp_path):
     """Rollouts ahead of training (or a second stop signal) leave a generate call running on the
     engine thread; an in-process engine's call must end with the trainer's close, or the process
     aborts at exit ("terminate called without an active exception") while torch runs on that thread."""
-    model = "None"
-    if engine == "megatron":
-        model = "build_policy(cfg, 256, init_distributed(cfg.parallel, 0).device).module"
-    script = EXIT_WITH_A_CALL_IN_FLIGHT.format(engine=engine, model=model)
-    if engine == "megatron":
-        script = script.replace(
-            "from nemo_orchestra.train.trainer import Trainer",
-            "from nemo_orchestra.train.trainer import Trainer\n"
-            "from nemo_orchestra.megatron.parallel import init_distributed\n"
-            "from nemo_orchestra.train.policy import build_policy",
-        )
+    model_setup = MODEL_SETUP[engine]
+    script = EXIT_WITH_A_CALL_IN_FLIGHT.format(engine=engine, model_setup=model_setup)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run(
         [sys.executable, "-c", script],
