@@ -70,6 +70,7 @@ class OpenAIOptions:
 class CheckpointOptions:
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
+    seed: int = 0  # sampled turns: mixed into each turn's seed (0: the draws of a run's own held-out report)
 
 
 @dataclass

@@ -3,7 +3,8 @@
 ``checkpoint:DIR`` takes a run folder (its ``hf/`` export) or an export folder itself. It is the
 ``hf`` generation engine on the exported weights, driven by the same ``EnginePolicy`` as training's
 rollouts: the prompt is the chat template's rendering of the episode's messages and tools, the
-policy's own turns stay as it generated them. Generation is greedy by default. A run folder's
+policy's own turns stay as it generated them. Generation is greedy by default; sampled turns
+draw from their own seeds (``loop.turn_seed``), as in training. A run folder's
 ``config.yaml`` supplies the settings its held-out report used (``run_settings``): turn and
 context limits, tokens per turn, the orchestrator's token prices and the default preference.
 """
@@ -12,8 +13,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-
-import torch
 
 from nemo_orchestra.prompting.chat import ChatFormat
 from nemo_orchestra.rollout.engines.hf import HFEngine
@@ -66,11 +65,13 @@ def run_settings(path: str) -> RunSettings | None:
 def checkpoint_policy(
     path: str, temperature: float = 0.0, max_new_tokens: int = 96, top_p: float = 1.0, seed: int = 0
 ) -> EnginePolicy:
+    """``seed``: mixed into each sampled turn's seed (``loop.turn_seed``); 0 draws as a run's own
+    held-out evaluation does."""
     from transformers import AutoTokenizer
 
     folder = resolve_export(path)
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    torch.manual_seed(seed)  # sampling (temperature > 0) draws from torch's generator
     engine = HFEngine.from_export(folder, tokenizer)
     name = f"checkpoint:{os.path.basename(os.path.normpath(path))}"
-    return EnginePolicy(engine, ChatFormat(tokenizer), max_new_tokens, temperature, top_p, name=name)
+    salt = str(seed) if seed else ""
+    return EnginePolicy(engine, ChatFormat(tokenizer), max_new_tokens, temperature, top_p, name=name, seed=salt)

@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from nemo_orchestra.prompting.chat import ToolCall
-from nemo_orchestra.rollout.loop import Episode, Turn
+from nemo_orchestra.rollout.loop import Episode, Turn, turn_seed
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +62,14 @@ class OpenAIChatPolicy:
         max_tokens: int = 1024,
         timeout_s: float = 120.0,
         send_tools: bool = True,
-        seed_per_sample: bool = True,
+        send_seed: bool = True,
     ) -> None:
         self.name = f"openai:{model}"
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model, self.temperature, self.max_tokens = model, temperature, max_tokens
         self.api_key = os.environ.get(api_key_env) if api_key_env else None
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.send_tools, self.seed_per_sample = send_tools, seed_per_sample
+        self.send_tools, self.send_seed = send_tools, send_seed
         self._session: aiohttp.ClientSession | None = None
 
     def request(self, ep: Episode) -> dict[str, Any]:
@@ -81,8 +81,8 @@ class OpenAIChatPolicy:
         }
         if self.send_tools:
             body["tools"] = ep.tools
-        if self.seed_per_sample:
-            body["seed"] = ep.sample
+        if self.send_seed:  # the turn's own seed, as the engine policy's (vLLM's server honours it)
+            body["seed"] = turn_seed(ep)
         return body
 
     async def act(self, episodes: list[Episode]) -> list[Turn]:

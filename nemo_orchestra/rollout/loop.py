@@ -20,12 +20,16 @@ Policies differ only in how a turn is produced (``TurnPolicy.act``):
 Generation overlaps the tools: while some episodes wait for their tool calls, the policy produces
 the next turn of every episode that is ready in one call (one batched engine call). When none is
 ready the loop waits for the first tool call to return, then up to ``batch_window_s`` for others.
+Which episodes share a call is a matter of timing, so a sampled turn draws from a seed of its own
+(``turn_seed``: the episode's seed and the turn's index), not from the batch's: a run's rollouts
+are the same however its tool calls interleave.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import heapq
 import itertools
 import logging
@@ -178,6 +182,7 @@ class Episode:
     traj: Trajectory
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    seed: str = ""  # the episode's seed (``run_episodes``): its service draws, and with the turn its sampling
 
     @property
     def turn(self) -> int:
@@ -197,6 +202,13 @@ class Episode:
             if m["role"] == "tool":
                 return m["content"]
         return ""
+
+
+def turn_seed(ep: Episode, salt: str = "") -> int:
+    """The sampling seed of ``ep``'s next turn, in [0, 2**63): a hash of the episode's seed, the
+    turn's index and ``salt`` (a policy's own seed), the same in every process and run."""
+    digest = hashlib.blake2b(f"{salt}|{ep.seed}|{ep.turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 class TurnPolicy(Protocol):
@@ -244,8 +256,11 @@ class EnginePolicy:
     # place of this policy's calls on the engine thread (EngineThread): -inf for a caller that waits
     # now; the step, for rollouts ahead of training
     priority: float = -math.inf
+    seed: str = ""  # mixed into every turn's sampling seed (turn_seed): another seed, other draws
 
     async def act(self, episodes: list[Episode]) -> list[Turn]:
+        seeds = [turn_seed(e, self.seed) for e in episodes]
+
         def generate():  # on the engine thread, so no weight load can come between the version and the call
             version = self.weights.version if self.weights is not None else 0
             return version, self.engine.generate(
@@ -254,6 +269,7 @@ class EnginePolicy:
                 self.temperature,
                 self.top_p,
                 [self.chat.end_of_turn_id],
+                seeds,
             )
 
         version, gens = await asyncio.wrap_future(_ENGINE_THREAD.submit(generate, self.priority))
@@ -294,7 +310,8 @@ async def run_episodes(
 
     At most ``concurrency`` episodes are live at once (None: all). Each episode gets its own
     ``meta.seed`` (``seed`` / its index), so the service's random draws (simulated experts) differ
-    between the samples of a task, and are the same for two policies run with the same seed.
+    between the samples of a task, and are the same for two policies run with the same seed; a
+    token-level policy's sampled turns draw from it too (``turn_seed``).
     ``stats``, when given, receives the time spent producing turns (``generate_s``), the time the
     policy sat idle waiting for tools (``env_wait_s``) and the policy calls made (``generate_calls``).
     ``progress(done, total)`` is called as episodes end.
@@ -347,7 +364,8 @@ class _Run:
     async def start(self, k: int) -> None:
         task = self.tasks[k // self.samples]
         record = task.to_dict()
-        record["meta"] = {**task.meta, "seed": f"{self.seed}/{k}"}
+        seed = f"{self.seed}/{k}"
+        record["meta"] = {**task.meta, "seed": seed}
         created = await self.client.create_episode(record)
         messages, chat = task_messages(task), self.policy.chat
         ids = chat.prompt_ids(messages, created["tools"]) if chat is not None else []
@@ -360,7 +378,9 @@ class _Run:
             prompt_len=len(ids),
             messages=messages,
         )
-        ep = Episode(task, k // self.samples, k % self.samples, created["episode_id"], created["tools"], messages, traj)
+        ep = Episode(
+            task, k // self.samples, k % self.samples, created["episode_id"], created["tools"], messages, traj, seed=seed
+        )
         self.episodes[k] = ep
         self.ready.append(ep)
 

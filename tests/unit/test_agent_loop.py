@@ -81,7 +81,7 @@ class ScriptedEngine:
     def __init__(self, chat: ChatFormat):
         self.chat, self.seen = chat, []
 
-    def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids):
+    def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids, seeds=None):
         out = []
         for p in prompts:
             turn = self.chat.decode(p).count("<|im_start|>assistant") - 1

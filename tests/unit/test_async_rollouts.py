@@ -65,7 +65,7 @@ class VersionedEngine:
     def load_weights(self, state):
         self.w = float(state["w"])
 
-    def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids):
+    def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids, seeds=None):
         self.calls += 1
         if self.calls == 1:
             self.loader = threading.Thread(target=self.weights.load, args=(self, {"w": torch.tensor(1.0)}, 1))
@@ -243,7 +243,7 @@ def test_the_older_steps_turns_and_weight_loads_overtake_a_newer_steps_waiting_t
         def load_weights(self, state):
             order.append("weights")
 
-        def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids):
+        def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids, seeds=None):
             order.append(prompts[0][0])
             if prompts[0][0] == 0:
                 started.set()

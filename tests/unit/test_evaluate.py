@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from nemo_orchestra.evaluation.openai_policy import parse_reply
+from nemo_orchestra.evaluation.openai_policy import OpenAIChatPolicy, parse_reply
 from nemo_orchestra.evaluation.policy import POLICIES, build_policy, cheapest, expert_reply_answer, strongest
 from nemo_orchestra.evaluation.report import pareto_front
 from nemo_orchestra.evaluation.runner import EpisodeResult, alpha_of
 from nemo_orchestra.prompting.chat import ToolCall
-from nemo_orchestra.rollout.loop import Episode
+from nemo_orchestra.rollout.loop import Episode, turn_seed
 from nemo_orchestra.synth.pipeline import SynthConfig, synthesize
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -107,6 +107,23 @@ def test_parse_reply_both_formats():
     bad = {"content": "", "tool_calls": [{"function": {"name": "a", "arguments": "[1]"}}]}
     shown, call = parse_reply(bad)  # not an object: left in the text, where the loop's parser rejects it
     assert call is None and shown == '<tool_call>\n{"name": "a", "arguments": [1]}\n</tool_call>'
+
+
+def test_an_endpoint_gets_each_turn_its_own_seed():
+    """The seed sent with a turn is the engine policy's for the same turn (``turn_seed``): a served
+    export samples a turn from the seed training would, and no two turns or samples share one."""
+    policy = OpenAIChatPolicy("http://127.0.0.1:1/v1", "m", temperature=0.7)
+    ep = _input({"a": {"input": 1.0, "output": 1.0}})
+    seeds = []
+    for sample, turns in ((0, 3), (1, 3)):
+        ep.sample, ep.seed = sample, f"heldout/{sample}"
+        for turn in range(turns):
+            ep.traj = type("T", (), {"turns": turn})()
+            body = policy.request(ep)
+            assert body["seed"] == turn_seed(ep)
+            seeds.append(body["seed"])
+    assert len(set(seeds)) == len(seeds)
+    assert "seed" not in OpenAIChatPolicy("http://x/v1", "m", send_seed=False).request(ep)
 
 
 def _start_fake(tmp_path, records):

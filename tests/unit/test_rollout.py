@@ -98,7 +98,7 @@ class ScriptedEngine:
             i for part in parts for piece in ([part] if "tool_call>" in part else part) for i in self.chat.encode(piece)
         ]
 
-    def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids):
+    def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids, seeds=None):
         assert self.lock.acquire(blocking=False), "generate called concurrently"
         try:
             out = []

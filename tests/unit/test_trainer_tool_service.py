@@ -41,7 +41,7 @@ class KillingEngine:
     def __init__(self, chat, service):
         self.chat, self.service, self.calls = chat, service, 0
 
-    def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids):
+    def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids, seeds=None):
         self.calls += 1
         if self.calls == 1:
             os.killpg(self.service.process.pid, signal.SIGKILL)

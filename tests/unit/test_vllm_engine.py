@@ -135,6 +135,26 @@ def test_top_p_samples_within_the_nucleus_and_reports_its_logprobs(setup):
 
 
 @needs_vllm
+def test_a_seeded_sequence_is_the_same_alone_in_a_batch_and_reordered(setup):
+    """vLLM's per-request seeds: a sampled sequence draws from its own seed, whatever shares its batch
+    (the agent loop's batches are a matter of tool timing), with the same logprobs."""
+    s, seeds = setup, [7, 2**62 + 1, 123]
+    batch = s.engine.generate(s.prompts, 12, 1.0, 0.9, [], seeds=seeds)
+    for p, seed, g in zip(s.prompts, seeds, batch):
+        (alone,) = s.engine.generate([p], 12, 1.0, 0.9, [], seeds=[seed])
+        assert alone.token_ids == g.token_ids
+        torch.testing.assert_close(torch.tensor(alone.logprobs), torch.tensor(g.logprobs), **TOL)
+    wider = s.engine.generate(s.prompts[::-1] + s.prompts, 12, 1.0, 0.9, [], seeds=seeds[::-1] + [5, 6, 8])
+    assert [g.token_ids for g in wider[:3][::-1]] == [g.token_ids for g in batch]
+    other = s.engine.generate(s.prompts, 12, 1.0, 0.9, [], seeds=[x + 1 for x in seeds])
+    assert [g.token_ids for g in other] != [g.token_ids for g in batch]
+    narrow = s.engine.generate(s.prompts, 12, 1.0, 1e-6, [], seeds=seeds)  # a nucleus of one token: greedy
+    assert [g.token_ids for g in narrow] == [g.token_ids for g in s.engine.generate(s.prompts, 12, 0.0, 1.0, [])]
+    with pytest.raises(ValueError, match="2 seeds for 3 prompts"):
+        s.engine.generate(s.prompts, 4, 1.0, 1.0, [], seeds=seeds[:2])
+
+
+@needs_vllm
 def test_generation_ends_at_a_stop_token_and_includes_it(setup):
     s = setup
     (greedy,) = s.engine.generate(s.prompts[:1], 12, 0.0, 1.0, [])

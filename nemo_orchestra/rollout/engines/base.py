@@ -55,10 +55,19 @@ class GenerationEngine(Protocol):
     capabilities: EngineCapabilities
 
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, stop_ids: list[int]
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop_ids: list[int],
+        seeds: list[int] | None = None,
     ) -> list[Generation]:
         """One ``Generation`` per prompt. temperature <= 0 is greedy (logprobs then under temperature
-        1); a sequence ends after a token of ``stop_ids`` (kept, finished) or at ``max_new_tokens``."""
+        1); a sequence ends after a token of ``stop_ids`` (kept, finished) or at ``max_new_tokens``.
+        ``seeds`` (one per prompt, 0 <= seed < 2**63): a sampled sequence draws from its own seed
+        alone, so its tokens do not depend on the rest of the batch (``engines/sampling.py``);
+        None: the engine's own generator."""
         ...
 
     def load_weights(self, megatron_state: dict[str, torch.Tensor]) -> None:
@@ -85,3 +94,14 @@ class GenerationEngine(Protocol):
     def release(self) -> None:
         """On the first rank of the TP group: end the other ranks' ``serve()``."""
         return None
+
+
+def check_seeds(seeds: list[int] | None, prompts: int, engine: str) -> None:
+    """``generate``'s seeds: one per prompt, each in [0, 2**63)."""
+    if seeds is None:
+        return
+    if len(seeds) != prompts:
+        raise ValueError(f"{engine} engine: {len(seeds)} seeds for {prompts} prompts (one per prompt)")
+    bad = next((s for s in seeds if not isinstance(s, int) or not 0 <= s < 2**63), None)
+    if bad is not None:
+        raise ValueError(f"{engine} engine: seed {bad!r} is not an integer in [0, 2**63)")

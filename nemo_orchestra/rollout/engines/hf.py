@@ -13,7 +13,14 @@ import torch
 
 from nemo_orchestra.config import ModelConfig
 from nemo_orchestra.hf.qwen3 import hf_config, megatron_to_hf
-from nemo_orchestra.rollout.engines.base import EngineCapabilities, EngineContext, Generation, GenerationEngine
+from nemo_orchestra.rollout.engines.base import (
+    EngineCapabilities,
+    EngineContext,
+    Generation,
+    GenerationEngine,
+    check_seeds,
+)
+from nemo_orchestra.rollout.engines.sampling import row_generators, sample_rows
 
 
 class HFEngine(GenerationEngine):
@@ -64,12 +71,19 @@ class HFEngine(GenerationEngine):
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, stop_ids: list[int]
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop_ids: list[int],
+        seeds: list[int] | None = None,
     ) -> list[Generation]:
         if self.closed.is_set():
             raise RuntimeError("hf engine: generate called after close()")
         if not prompts:
             return []
+        check_seeds(seeds, len(prompts), "hf")
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -77,11 +91,12 @@ class HFEngine(GenerationEngine):
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
         greedy = temperature <= 0  # greedy decoding; logprobs then under temperature 1
-        sampling = (
-            {"do_sample": False}
-            if greedy
-            else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
-        )
+        if greedy:
+            sampling = {"do_sample": False}
+        elif seeds is None:
+            sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+        else:  # each row draws from its own generator: the warped scores' race, then the argmax picks it
+            sampling = {"do_sample": False, "logits_processor": seeded_draws(temperature, top_p, seeds, self.device)}
         out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
@@ -113,6 +128,24 @@ class HFEngine(GenerationEngine):
 
     def close(self) -> None:
         self.closed.set()
+
+
+def seeded_draws(temperature: float, top_p: float, seeds: list[int], device: torch.device):
+    """Logits processors that sample each row from its own seed (``engines/sampling.py``): Hugging
+    Face's temperature and top-p warpers, as ``do_sample`` would apply them, then the row's draw left
+    as the only finite score, for greedy decoding to take. Each row draws once per step, finished
+    rows too, so a row's j-th token takes its generator's j-th draw whatever the batch."""
+    from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+    generators = row_generators(seeds, device)
+
+    class Draw(LogitsProcessor):
+        def __call__(self, input_ids: torch.Tensor, scores_BV: torch.Tensor) -> torch.Tensor:
+            ids_B = sample_rows(scores_BV.float().softmax(dim=-1), generators)
+            return torch.full_like(scores_BV, float("-inf")).scatter_(-1, ids_B[:, None], 0.0)
+
+    warpers = [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
+    return LogitsProcessorList([*warpers, Draw()])
 
 
 def until_closed(closed: threading.Event):

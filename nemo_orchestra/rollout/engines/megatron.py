@@ -30,7 +30,7 @@ Tensor parallelism: every rank of the TP group holds a slice of the heads and of
 and all of them run each forward together. ``generate`` is called on the group's first rank
 (where the trainer's rollouts run); it sends the request to the other ranks, which wait in
 ``serve()`` until ``release()``. The output layer gathers the vocabulary (N x V per step), every
-rank samples with the same seeded generator, and the first rank's tokens are broadcast so that
+rank samples with the same seeded generators, and the first rank's tokens are broadcast so that
 the ranks cannot drift apart. Pipeline parallelism, sequence parallelism and FP8 are refused at
 construction.
 """
@@ -46,7 +46,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from nemo_orchestra.rollout.engines.base import EngineCapabilities, EngineContext, Generation, GenerationEngine
+from nemo_orchestra.rollout.engines.base import (
+    EngineCapabilities,
+    EngineContext,
+    Generation,
+    GenerationEngine,
+    check_seeds,
+)
+from nemo_orchestra.rollout.engines.sampling import row_generators, sample_rows
 
 if TYPE_CHECKING:
     from megatron.core.packed_seq_params import PackedSeqParams
@@ -170,7 +177,13 @@ class MegatronEngine(GenerationEngine):
 
     # ---- the TP group: the first rank leads, the others follow -------------------------------------------
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, stop_ids: list[int]
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop_ids: list[int],
+        seeds: list[int] | None = None,
     ) -> list[Generation]:
         """Token ids in, generated ids and their logprobs out (as ``HFEngine.generate``).
 
@@ -178,6 +191,7 @@ class MegatronEngine(GenerationEngine):
         at ``temperature`` from the smallest set of tokens holding ``top_p`` of the probability,
         with logprobs under the temperature over the whole vocabulary. A sequence ends after a
         token of ``stop_ids`` (included, finished) or at ``max_new_tokens`` (not finished).
+        With ``seeds``, each sequence samples from a generator of its own (``engines/sampling.py``).
         """
         if not self.is_lead:
             raise RuntimeError(
@@ -186,7 +200,8 @@ class MegatronEngine(GenerationEngine):
             )
         if self.closed.is_set():
             raise RuntimeError("megatron engine: generate called after close()")
-        request = (prompts, max_new_tokens, temperature, top_p, stop_ids)
+        check_seeds(seeds, len(prompts), "megatron")
+        request = (prompts, max_new_tokens, temperature, top_p, stop_ids, seeds)
         self._broadcast_request(request)
         return self._generate(*request)
 
@@ -220,7 +235,13 @@ class MegatronEngine(GenerationEngine):
     # ---- generation ----------------------------------------------------------------------------------------
     @torch.no_grad()
     def _generate(
-        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, stop_ids: list[int]
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop_ids: list[int],
+        seeds: list[int] | None,
     ) -> list[Generation]:
         if not prompts:
             return []
@@ -234,6 +255,7 @@ class MegatronEngine(GenerationEngine):
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
         finished = [False] * B
+        generators = row_generators(seeds, dev) if seeds is not None and temperature > 0 else None
         was_training = model.training
         layers = [layer.self_attention for layer in model.decoder.layers]
         originals = [attention.core_attention for attention in layers]
@@ -245,7 +267,8 @@ class MegatronEngine(GenerationEngine):
                 logits_NV = self._prefill(prompts, lengths_B, cache)
                 rows_N = torch.arange(B, device=dev)
                 for step in range(max_new_tokens):
-                    ids_N, lp_N = self._sample(logits_NV, temperature, top_p)
+                    rows = None if generators is None else [generators[r] for r in rows_N.tolist()]
+                    ids_N, lp_N = self._sample(logits_NV, temperature, top_p, rows)
                     for r, t, lp in zip(rows_N.tolist(), ids_N.tolist(), lp_N.tolist()):
                         tokens[r].append(t)
                         logprobs[r].append(lp)
@@ -292,8 +315,15 @@ class MegatronEngine(GenerationEngine):
         logits_N1V, _ = m.output_layer(hidden_T1H, weight=weight, runtime_gather_output=True)
         return logits_N1V[:, 0]
 
-    def _sample(self, logits_NV: torch.Tensor, temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Next token of each row and its log p under the temperature (1 when greedy)."""
+    def _sample(
+        self,
+        logits_NV: torch.Tensor,
+        temperature: float,
+        top_p: float,
+        generators: list[torch.Generator] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next token of each row and its log p under the temperature (1 when greedy); ``generators``:
+        one per row, else the engine's own for the whole batch."""
         greedy = temperature <= 0
         lp_NV = torch.log_softmax(logits_NV.float() / (1.0 if greedy else temperature), dim=-1)
         if greedy:
@@ -304,7 +334,10 @@ class MegatronEngine(GenerationEngine):
                 sorted_NV, order_NV = probs_NV.sort(dim=-1, descending=True)
                 keep_NV = sorted_NV.cumsum(dim=-1) - sorted_NV < top_p
                 probs_NV = torch.zeros_like(probs_NV).scatter_(-1, order_NV, sorted_NV * keep_NV)
-            ids_N = torch.multinomial(probs_NV, 1, generator=self.generator)[:, 0]
+            if generators is not None:
+                ids_N = sample_rows(probs_NV, generators)
+            else:
+                ids_N = torch.multinomial(probs_NV, 1, generator=self.generator)[:, 0]
         if self.tp > 1:  # the first rank's choice, so that the ranks decode the same sequences
             dist.broadcast(ids_N, src=self.tp_src, group=self.tp_group)
         return ids_N, lp_NV.gather(-1, ids_N[:, None])[:, 0]
