@@ -362,7 +362,8 @@ class _Run:
         return [ep.traj for ep in self.episodes]
 
     async def start(self, k: int) -> None:
-        task = self.tasks[k // self.samples]
+        group, sample = divmod(k, self.samples)
+        task = self.tasks[group]
         record = task.to_dict()
         seed = f"{self.seed}/{k}"
         record["meta"] = {**task.meta, "seed": seed}
@@ -371,16 +372,14 @@ class _Run:
         ids = chat.prompt_ids(messages, created["tools"]) if chat is not None else []
         traj = Trajectory(
             task=task,
-            group=k // self.samples,
+            group=group,
             token_ids=list(ids),
             loss_mask=[0] * len(ids),
             gen_logprobs=[0.0] * len(ids),
             prompt_len=len(ids),
             messages=messages,
         )
-        ep = Episode(
-            task, k // self.samples, k % self.samples, created["episode_id"], created["tools"], messages, traj, seed=seed
-        )
+        ep = Episode(task, group, sample, created["episode_id"], created["tools"], messages, traj, seed=seed)
         self.episodes[k] = ep
         self.ready.append(ep)
 
