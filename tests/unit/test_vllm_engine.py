@@ -155,6 +155,22 @@ def test_a_seeded_sequence_is_the_same_alone_in_a_batch_and_reordered(setup):
 
 
 @needs_vllm
+def test_seeded_prompts_beyond_one_steps_token_budget(setup):
+    """More prompt tokens than one engine step takes (vLLM's budget: 4,096 on CPU): no prompt is split
+    over steps (a split one's seeded draw is rewound, which CPU generators cannot), and each sequence
+    is still its own seed's."""
+    s = setup
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(2, VOCAB, (200,), generator=g).tolist() for _ in range(24)]  # 4,800 tokens
+    assert s.engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens < 24 * 200
+    seeds = list(range(100, 124))
+    batch = s.engine.generate(prompts, 6, 1.0, 0.9, [], seeds=seeds)
+    for i in (0, 11, 23):
+        (alone,) = s.engine.generate([prompts[i]], 6, 1.0, 0.9, [], seeds=[seeds[i]])
+        assert alone.token_ids == batch[i].token_ids
+
+
+@needs_vllm
 def test_generation_ends_at_a_stop_token_and_includes_it(setup):
     s = setup
     (greedy,) = s.engine.generate(s.prompts[:1], 12, 0.0, 1.0, [])

@@ -247,6 +247,11 @@ class VLLMEngine(GenerationEngine):
                     **cuda,
                     use_tqdm_on_load=False,  # the weights are one small local file: no progress bar of its own
                     enable_prefix_caching=True,  # a turn reuses its conversation's KV (reset at each weight sync)
+                    # seeded requests (generate's seeds): after a step that prefilled part of a prompt vLLM
+                    # rewinds the request's generator by its Philox offset, which a CPU generator lacks
+                    # ("CPU Generator does not use offset"). Unchunked, every prompt is prefilled in one step
+                    # (vLLM's token budget then at least max_model_len) and no draw is rewound.
+                    enable_chunked_prefill=device.type == "cuda",
                 )
         if wants_fast_top_p and self.llm.collective_rpc("nemo_top_p") != ["by values"]:
             log.warning(  # the plugin's own warning stays in vLLM's worker, out of sight
