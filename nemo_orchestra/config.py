@@ -189,10 +189,12 @@ class RewardConfig:
     scalarization: str = MISSING  # linear | chebyshev
     default_preference: Dict[str, float] = MISSING
     normalize: str = MISSING  # minmax | max: how a group's costs and latencies become utilities
+    latency_resolution_s: float = 0.001  # latencies compared rounded to this (0: as measured)
 
     def validate(self) -> None:
         _check(self.scalarization in ("linear", "chebyshev"), "reward.scalarization", "must be linear or chebyshev")
         _check(self.normalize in ("minmax", "max"), "reward.normalize", "must be minmax or max")
+        _check(self.latency_resolution_s >= 0, "reward.latency_resolution_s", "must be >= 0 (0: as measured)")
         for k, v in self.default_preference.items():
             _check(v >= 0, f"reward.default_preference.{k}", "must be >= 0")
 

@@ -26,6 +26,13 @@ value instead, a spread counts in proportion to the values themselves: the same 
 the cheapest is far cheaper than the dearest (an expert-small call next to an expert-large one),
 small when the values are close, so that such a group falls under ``advantage.min_group_std``.
 
+``reward.latency_resolution_s`` (1 ms): latencies are compared rounded to it. A local tool's latency
+is its measured run time, 25 to 340 us for a calculator call and an answer on a 2-core host,
+which is the machine's noise: divided by a group's largest value it became a latency utility up to
+0.8 apart between rollouts that did the same, a reward gap that trained calculator groups on timing,
+and two runs of one seed drifted apart from the first step's rewards. Simulated and real experts
+take seconds, which a millisecond keeps.
+
 Ablations (``conf/reward``): ``outcome_only`` (R = o), ``outcome_efficiency`` (config weights for
 every task), ``full`` (the task's own preference vector).
 """
@@ -47,6 +54,13 @@ def _normalized(xs: Sequence[float], how: str = "minmax") -> list[float]:
     return [(x - lo) / scale for x in xs]
 
 
+def _at_resolution(group: Sequence[Trajectory], resolution_s: float) -> list[float]:
+    """The rollouts' latencies rounded to ``resolution_s`` (0: as measured)."""
+    if resolution_s <= 0:
+        return [t.latency_s for t in group]
+    return [round(t.latency_s / resolution_s) * resolution_s for t in group]
+
+
 def group_rewards(group: Sequence[Trajectory], cfg: RewardConfig) -> list[float]:
     """Rewards of one group's rollouts (same task), in order."""
     outcome = [1.0 if t.correct else 0.0 for t in group]
@@ -57,7 +71,7 @@ def group_rewards(group: Sequence[Trajectory], cfg: RewardConfig) -> list[float]
     utilities = {
         "accuracy": [1.0] * len(group),
         "cost": [1.0 - x for x in _normalized([t.cost for t in group], cfg.normalize)],
-        "latency": [1.0 - x for x in _normalized([t.latency_s for t in group], cfg.normalize)],
+        "latency": [1.0 - x for x in _normalized(_at_resolution(group, cfg.latency_resolution_s), cfg.normalize)],
     }
     if cfg.use_preference:
         for tool, w in (prefs.get("tools") or {}).items():

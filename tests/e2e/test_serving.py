@@ -1,6 +1,7 @@
 """What is trained is what is served: a short run's export behind vLLM's OpenAI-compatible server
-(hermes tool parser) renders the training prompt to the same token ids, and evaluate.py's
-``openai:`` policy on it decides as the ``checkpoint:`` policy does on the same tasks."""
+(hermes tool parser) renders the training prompt to the same token ids, evaluate.py's ``openai:``
+policy on it decides as the ``checkpoint:`` policy does on the same tasks, and sampled, each turn
+draws from its own seed whatever else the server is running."""
 
 import importlib.util
 import json
@@ -87,6 +88,7 @@ def served(tmp_path_factory):
             "--kv-cache-memory-bytes",
             str(256 << 20),
             "--enforce-eager",
+            "--no-enable-chunked-prefill",  # seeded sampling on CPU (README "Serving")
             "--generation-config",
             "vllm",
             "--host",
@@ -200,3 +202,43 @@ def test_the_served_export_decides_as_the_checkpoint(served, tmp_path):
     )
     assert same >= 0.9 * len(by_task), f"the served export chose as the checkpoint on {same} of {len(by_task)} tasks"
     assert all(v["openai"]["reason"].split(":")[0] != "policy failed" for v in by_task.values())
+
+
+def _evaluate(url: str, tasks: Path, out: Path, *options: str) -> list[dict]:
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "recipes/evaluate.py"),
+            f"tasks={tasks}",
+            f"output={out}",
+            f"policies=openai:{url}/v1:orchestrator",
+            "max_turns=3",
+            "openai.max_tokens=48",
+            "progress=false",
+            *options,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+
+
+def test_the_served_export_samples_each_turn_from_its_own_seed(served, tmp_path):
+    """Sampled (temperature 0.7), 16 episodes at a time and then 2: the
+    server batches different requests together, and every episode is the same, since each turn
+    sends its own seed. Without unchunked prefill, the CPU server's engine would die on the first
+    seeded prompt split over two steps."""
+    from nemo_orchestra.data.default_tasks import generate_tasks
+
+    _, url = served
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(t.to_json() + "\n" for t in generate_tasks(12, seed=5)))
+    wide = _evaluate(url, tasks, tmp_path / "wide", "openai.temperature=0.7", "samples=2", "concurrency=16")
+    narrow = _evaluate(url, tasks, tmp_path / "narrow", "openai.temperature=0.7", "samples=2", "concurrency=2")
+    assert len(wide) == 24 and all(e["reason"].split(":")[0] != "policy failed" for e in wide)
+    assert [e["messages"] for e in wide] == [e["messages"] for e in narrow]
+    greedy = _evaluate(url, tasks, tmp_path / "greedy", "samples=2")
+    assert [e["messages"] for e in greedy] != [e["messages"] for e in wide]  # it did sample

@@ -28,7 +28,13 @@ def traj(correct=True, cost=0.0, latency=0.0, group=0, t=None, counts=None, ids=
 
 
 def reward_cfg(
-    name="full", efficiency=True, preference=True, scalarization="linear", normalize="minmax", **weights
+    name="full",
+    efficiency=True,
+    preference=True,
+    scalarization="linear",
+    normalize="minmax",
+    latency_resolution_s=0.001,
+    **weights,
 ) -> RewardConfig:
     return RewardConfig(
         name=name,
@@ -36,6 +42,7 @@ def reward_cfg(
         use_preference=preference,
         scalarization=scalarization,
         normalize=normalize,
+        latency_resolution_s=latency_resolution_s,
         default_preference=weights or {"accuracy": 1.0, "cost": 1.0, "latency": 1.0},
     )
 

@@ -20,6 +20,26 @@ def test_cost_and_latency_are_penalties():
     assert dear == pytest.approx(1 / 3)
 
 
+@pytest.mark.parametrize("normalize", ["minmax", "max"])
+def test_latencies_below_the_resolution_earn_the_same(normalize):
+    """A calculator and an answer take 25-340 us, the machine's noise: rollouts that did the same earn
+    the same; latencies a millisecond or more apart still differ, the faster earning more."""
+    t = task({"accuracy": 1.0, "cost": 0.0, "latency": 1.0})
+    local = [traj(latency=s, t=t) for s in (339e-6, 84e-6, 43e-6, 27e-6)]
+    assert len(set(group_rewards(local, reward_cfg(normalize=normalize)))) == 1
+    as_measured = group_rewards(local, reward_cfg(normalize=normalize, latency_resolution_s=0.0))
+    assert max(as_measured) - min(as_measured) > 0.3  # what the noise was worth before
+    experts = [traj(latency=s, t=t) for s in (1.2004, 1.2001, 1.6)]
+    slow_a, slow_b, slower = group_rewards(experts, reward_cfg(normalize=normalize))
+    assert slow_a == slow_b > slower
+
+
+def test_latency_resolution_must_not_be_negative():
+    cfg = reward_cfg(latency_resolution_s=-0.001)
+    with pytest.raises(ValueError, match="reward.latency_resolution_s"):
+        cfg.validate()
+
+
 def test_cost_weight_zero_ignores_cost():
     t = task({"accuracy": 1.0, "cost": 0.0, "latency": 0.0})
     g = [traj(cost=0.01, t=t), traj(cost=0.05, t=t)]
