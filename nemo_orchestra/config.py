@@ -189,7 +189,7 @@ class RewardConfig:
     scalarization: str = MISSING  # linear | chebyshev
     default_preference: Dict[str, float] = MISSING
     normalize: str = MISSING  # minmax | max: how a group's costs and latencies become utilities
-    latency_resolution_s: float = 0.001  # latencies compared rounded to this (0: as measured)
+    latency_resolution_s: float = 0.01  # each call's latency counts rounded to this (0: as measured)
 
     def validate(self) -> None:
         _check(self.scalarization in ("linear", "chebyshev"), "reward.scalarization", "must be linear or chebyshev")

@@ -44,6 +44,7 @@ class Trajectory:
     tool_cost: float = 0.0  # $ reported by the service (experts, code, search)
     policy_cost: float = 0.0  # $ for the orchestrator's own tokens
     latency_s: float = 0.0  # wall-clock of tool calls, as the service reports
+    call_latencies_s: list[float] = field(default_factory=list)  # each call's, as its step reported it
     tool_counts: dict[str, int] = field(default_factory=dict)
     tool_errors: int = 0  # malformed calls, unknown tools, bad arguments
     format_errors: int = 0  # turns without a valid tool call

@@ -26,12 +26,13 @@ value instead, a spread counts in proportion to the values themselves: the same 
 the cheapest is far cheaper than the dearest (an expert-small call next to an expert-large one),
 small when the values are close, so that such a group falls under ``advantage.min_group_std``.
 
-``reward.latency_resolution_s`` (1 ms): latencies are compared rounded to it. A local tool's latency
-is its measured run time, 25 to 340 us for a calculator call and an answer on a 2-core host,
-which is the machine's noise: divided by a group's largest value it became a latency utility up to
-0.8 apart between rollouts that did the same, a reward gap that trained calculator groups on timing,
-and two runs of one seed drifted apart from the first step's rewards. Simulated and real experts
-take seconds, which a millisecond keeps.
+``reward.latency_resolution_s`` (10 ms): each tool call's latency counts rounded to it. A local tool's
+latency is its measured run time, 25 to 340 us for a calculator call and an answer on a 2-core
+host, which is the machine's noise: divided by a group's largest value it became a latency utility
+up to 0.8 apart between rollouts that did the same, a reward gap that trained calculator groups on
+timing, and two runs of one seed drifted apart. Per call, not the episode's sum: a simulated
+expert's drawn latency plus a few microseconds of a local call would cross a rounding boundary
+now and then. Experts take seconds, which 10 ms keeps.
 
 Ablations (``conf/reward``): ``outcome_only`` (R = o), ``outcome_efficiency`` (config weights for
 every task), ``full`` (the task's own preference vector).
@@ -55,10 +56,11 @@ def _normalized(xs: Sequence[float], how: str = "minmax") -> list[float]:
 
 
 def _at_resolution(group: Sequence[Trajectory], resolution_s: float) -> list[float]:
-    """The rollouts' latencies rounded to ``resolution_s`` (0: as measured)."""
+    """Each rollout's latency, the sum of its calls' rounded to ``resolution_s`` (0: as measured); a
+    trajectory without its calls' latencies counts its total as one call."""
     if resolution_s <= 0:
         return [t.latency_s for t in group]
-    return [round(t.latency_s / resolution_s) * resolution_s for t in group]
+    return [sum(round(x / resolution_s) * resolution_s for x in t.call_latencies_s or [t.latency_s]) for t in group]
 
 
 def group_rewards(group: Sequence[Trajectory], cfg: RewardConfig) -> list[float]:

@@ -496,6 +496,7 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
         ep.messages.append(tool_call_message(call.name, call.arguments, turn.text, call_id))
     if call is not None:
         result = await client.step(ep.episode_id, call.name, call.arguments)
+        t.call_latencies_s.append(float(result.get("latency_s", 0.0)))
     if result.get("error"):
         t.tool_errors += 1
     if result.get("done"):

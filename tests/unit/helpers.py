@@ -33,7 +33,7 @@ def reward_cfg(
     preference=True,
     scalarization="linear",
     normalize="minmax",
-    latency_resolution_s=0.001,
+    latency_resolution_s=0.01,
     **weights,
 ) -> RewardConfig:
     return RewardConfig(

@@ -34,6 +34,22 @@ def test_latencies_below_the_resolution_earn_the_same(normalize):
     assert slow_a == slow_b > slower
 
 
+def test_latencies_are_rounded_call_by_call():
+    """An expert's drawn 1.2349 s and a calculator's 30 or 340 us: the same rounded per call, though
+    their sums fall either side of a rounding boundary (1.235 s)."""
+    t = task({"accuracy": 1.0, "cost": 0.0, "latency": 1.0})
+    calls = [[1.2349, 30e-6], [1.2349, 340e-6], [1.7, 30e-6]]
+    group = [traj(latency=sum(c), t=t) for c in calls]
+    for tr, c in zip(group, calls):
+        tr.call_latencies_s = c
+    a, b, slower = group_rewards(group, reward_cfg(normalize="max"))
+    assert a == b > slower
+    for tr in group:  # the totals alone, rounded: 1.23 against 1.24
+        tr.call_latencies_s = []
+    a, b, _ = group_rewards(group, reward_cfg(normalize="max"))
+    assert a != b
+
+
 def test_latency_resolution_must_not_be_negative():
     cfg = reward_cfg(latency_resolution_s=-0.001)
     with pytest.raises(ValueError, match="reward.latency_resolution_s"):
