@@ -153,6 +153,7 @@ class RolloutConfig:
     max_context: int = MISSING
     temperature: float = MISSING
     top_p: float = MISSING
+    seed_per_turn: bool = MISSING  # each sampled turn draws from its own seed (rollout.loop.turn_seed)
     orchestrator_price_in: float = MISSING  # $/1M tokens the policy itself costs (Qwen3-8B: 0.2)
     orchestrator_price_out: float = MISSING
     sync_timeout_s: float = MISSING  # a weight sync into the engine that takes longer raises (vllm engine)

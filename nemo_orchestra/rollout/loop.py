@@ -257,9 +257,10 @@ class EnginePolicy:
     # now; the step, for rollouts ahead of training
     priority: float = -math.inf
     seed: str = ""  # mixed into every turn's sampling seed (turn_seed): another seed, other draws
+    seed_per_turn: bool = True  # False: the engine's own generator for each call (rollout.seed_per_turn)
 
     async def act(self, episodes: list[Episode]) -> list[Turn]:
-        seeds = [turn_seed(e, self.seed) for e in episodes]
+        seeds = [turn_seed(e, self.seed) for e in episodes] if self.seed_per_turn else None
 
         def generate():  # on the engine thread, so no weight load can come between the version and the call
             version = self.weights.version if self.weights is not None else 0

@@ -145,6 +145,7 @@ class Trainer:
             r.top_p,
             weights=self.weights,
             priority=priority,
+            seed_per_turn=r.seed_per_turn,
         )
         return await run_episodes(
             tasks,

@@ -188,6 +188,22 @@ def test_a_runs_rollouts_do_not_depend_on_how_its_episodes_are_batched(service):
     assert [t.token_ids for t in other] != [t.token_ids for t in all_at_once]
 
 
+def test_without_seed_per_turn_the_engine_draws_from_its_own_generator():
+    seen = []
+
+    class Recording:
+        def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids, seeds=None):
+            seen.append(seeds)
+            return [Generation([stop_ids[0]], [-0.1], True) for _ in prompts]
+
+    chat = ChatFormat(TOKENIZERS["embedded"]())
+    episodes = [SimpleNamespace(seed=f"s/{k}", turn=0, traj=SimpleNamespace(token_ids=[1, 2])) for k in range(3)]
+    for flag in (True, False):
+        policy = EnginePolicy(Recording(), chat, max_new_tokens=4, temperature=1.0, seed_per_turn=flag)
+        asyncio.run(policy.act(episodes))
+    assert seen[0] == [turn_seed(e) for e in episodes] and seen[1] is None
+
+
 def test_turn_seeds_depend_on_the_episode_the_turn_and_the_salt_only():
     ep = SimpleNamespace(seed="1234/7/0/5", turn=2)
     first = turn_seed(ep)
