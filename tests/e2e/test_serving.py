@@ -50,6 +50,29 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
+def _evaluate(tasks: Path, out: Path, policies: str, *options: str) -> list[dict]:
+    """evaluate.py's episodes of ``policies`` on ``tasks``, 3 turns of 48 tokens at most."""
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "recipes/evaluate.py"),
+            f"tasks={tasks}",
+            f"output={out}",
+            f"policies={policies}",
+            "max_turns=3",
+            "openai.max_tokens=48",
+            "progress=false",
+            *options,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A short run, its export served by vLLM's OpenAI server; yields (run folder, base URL)."""
@@ -163,24 +186,7 @@ def test_the_served_export_decides_as_the_checkpoint(served, tmp_path):
     run, url = served
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(t.to_json() + "\n" for t in generate_tasks(24, seed=99)))
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "recipes/evaluate.py"),
-            f"tasks={tasks}",
-            f"output={tmp_path / 'ev'}",
-            f"policies=openai:{url}/v1:orchestrator,checkpoint:{run}",
-            "max_turns=3",
-            "openai.max_tokens=48",
-            "progress=false",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    episodes = [json.loads(line) for line in (tmp_path / "ev" / "episodes.jsonl").read_text().splitlines()]
+    episodes = _evaluate(tasks, tmp_path / "ev", f"openai:{url}/v1:orchestrator,checkpoint:{run}")
     by_task: dict[str, dict[str, dict]] = {}
     for e in episodes:
         by_task.setdefault(e["task_id"], {})[e["policy"].split(":")[0]] = e
@@ -204,28 +210,6 @@ def test_the_served_export_decides_as_the_checkpoint(served, tmp_path):
     assert all(v["openai"]["reason"].split(":")[0] != "policy failed" for v in by_task.values())
 
 
-def _evaluate(url: str, tasks: Path, out: Path, *options: str) -> list[dict]:
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "recipes/evaluate.py"),
-            f"tasks={tasks}",
-            f"output={out}",
-            f"policies=openai:{url}/v1:orchestrator",
-            "max_turns=3",
-            "openai.max_tokens=48",
-            "progress=false",
-            *options,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
-
-
 def test_the_served_export_samples_each_turn_from_its_own_seed(served, tmp_path):
     """Sampled (temperature 0.7), 16 episodes at a time and then 2: the
     server batches different requests together, and every episode is the same, since each turn
@@ -236,9 +220,11 @@ def test_the_served_export_samples_each_turn_from_its_own_seed(served, tmp_path)
     _, url = served
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(t.to_json() + "\n" for t in generate_tasks(12, seed=5)))
-    wide = _evaluate(url, tasks, tmp_path / "wide", "openai.temperature=0.7", "samples=2", "concurrency=16")
-    narrow = _evaluate(url, tasks, tmp_path / "narrow", "openai.temperature=0.7", "samples=2", "concurrency=2")
+    served = f"openai:{url}/v1:orchestrator"
+    sampled = ("openai.temperature=0.7", "samples=2")
+    wide = _evaluate(tasks, tmp_path / "wide", served, *sampled, "concurrency=16")
+    narrow = _evaluate(tasks, tmp_path / "narrow", served, *sampled, "concurrency=2")
     assert len(wide) == 24 and all(e["reason"].split(":")[0] != "policy failed" for e in wide)
     assert [e["messages"] for e in wide] == [e["messages"] for e in narrow]
-    greedy = _evaluate(url, tasks, tmp_path / "greedy", "samples=2")
+    greedy = _evaluate(tasks, tmp_path / "greedy", served, "samples=2")
     assert [e["messages"] for e in greedy] != [e["messages"] for e in wide]  # it did sample
