@@ -56,11 +56,17 @@ def _normalized(xs: Sequence[float], how: str = "minmax") -> list[float]:
 
 
 def _at_resolution(group: Sequence[Trajectory], resolution_s: float) -> list[float]:
-    """Each rollout's latency, the sum of its calls' rounded to ``resolution_s`` (0: as measured); a
-    trajectory without its calls' latencies counts its total as one call."""
+    """Each rollout's latency, the sum of its calls' rounded to ``resolution_s`` (0: as measured)."""
     if resolution_s <= 0:
         return [t.latency_s for t in group]
-    return [sum(round(x / resolution_s) * resolution_s for x in t.call_latencies_s or [t.latency_s]) for t in group]
+    for t in group:
+        if t.latency_s > 0 and not t.call_latencies_s:
+            raise ValueError(
+                f"reward.latency_resolution_s={resolution_s:g}: task {t.task.id}'s rollout reports "
+                f"{t.latency_s:g} s of tool latency but no call's (Trajectory.call_latencies_s); "
+                "set reward.latency_resolution_s=0 to use the totals"
+            )
+    return [sum(round(x / resolution_s) * resolution_s for x in t.call_latencies_s) for t in group]
 
 
 def group_rewards(group: Sequence[Trajectory], cfg: RewardConfig) -> list[float]:

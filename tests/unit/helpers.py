@@ -23,6 +23,7 @@ def traj(correct=True, cost=0.0, latency=0.0, group=0, t=None, counts=None, ids=
         correct=correct,
         tool_cost=cost,
         latency_s=latency,
+        call_latencies_s=[latency] if latency else [],  # one call, as the agent loop records them
         tool_counts=counts or {},
     )
 

@@ -44,10 +44,19 @@ def test_latencies_are_rounded_call_by_call():
         tr.call_latencies_s = c
     a, b, slower = group_rewards(group, reward_cfg(normalize="max"))
     assert a == b > slower
-    for tr in group:  # the totals alone, rounded: 1.23 against 1.24
-        tr.call_latencies_s = []
+    for tr in group:  # the totals as one call each, rounded: 1.23 against 1.24
+        tr.call_latencies_s = [tr.latency_s]
     a, b, _ = group_rewards(group, reward_cfg(normalize="max"))
     assert a != b
+
+
+def test_a_latency_without_its_calls_is_refused():
+    t = task({"accuracy": 1.0, "cost": 0.0, "latency": 1.0})
+    group = [traj(latency=1.2, t=t), traj(latency=1.5, t=t)]
+    group[1].call_latencies_s = []
+    with pytest.raises(ValueError, match="reports 1.5 s of tool latency but no call's"):
+        group_rewards(group, reward_cfg())
+    assert len(set(group_rewards(group, reward_cfg(latency_resolution_s=0.0)))) == 2  # the totals, as asked
 
 
 def test_latency_resolution_must_not_be_negative():

@@ -141,8 +141,9 @@ def seeded_draws(temperature: float, top_p: float, seeds: list[int], device: tor
 
     class Draw(LogitsProcessor):
         def __call__(self, input_ids: torch.Tensor, scores_BV: torch.Tensor) -> torch.Tensor:
-            ids_B = sample_rows(scores_BV.float().softmax(dim=-1), generators)
-            return torch.full_like(scores_BV, float("-inf")).scatter_(-1, ids_B[:, None], 0.0)
+            ids_B = sample_rows(scores_BV.softmax(dim=-1, dtype=torch.float32), generators)
+            # in place, no B x V copy: the warpers before it made these scores, not the raw logits kept for logprobs
+            return scores_BV.fill_(float("-inf")).scatter_(-1, ids_B[:, None], 0.0)
 
     warpers = [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
     return LogitsProcessorList([*warpers, Draw()])

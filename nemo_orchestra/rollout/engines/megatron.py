@@ -267,9 +267,11 @@ class MegatronEngine(GenerationEngine):
                 logits_NV = self._prefill(prompts, lengths_B, cache)
                 rows_N = torch.arange(B, device=dev)
                 for step in range(max_new_tokens):
-                    rows = None if generators is None else [generators[r] for r in rows_N.tolist()]
-                    ids_N, lp_N = self._sample(logits_NV, temperature, top_p, rows)
-                    for r, t, lp in zip(rows_N.tolist(), ids_N.tolist(), lp_N.tolist()):
+                    rows = rows_N.tolist()
+                    ids_N, lp_N = self._sample(
+                        logits_NV, temperature, top_p, None if generators is None else [generators[r] for r in rows]
+                    )
+                    for r, t, lp in zip(rows, ids_N.tolist(), lp_N.tolist()):
                         tokens[r].append(t)
                         logprobs[r].append(lp)
                     stopped_N = torch.isin(ids_N, stops)

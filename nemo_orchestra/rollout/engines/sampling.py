@@ -30,4 +30,4 @@ def sample_rows(probs_NV: torch.Tensor, generators: list[torch.Generator]) -> to
     q_NV = torch.empty(probs_NV.shape, dtype=torch.float32, device=probs_NV.device)
     for i, g in enumerate(generators):
         q_NV[i].exponential_(generator=g)
-    return (probs_NV.float() / q_NV.clamp_(min=_TINY)).argmax(dim=-1)
+    return torch.div(probs_NV.float(), q_NV.clamp_(min=_TINY), out=q_NV).argmax(dim=-1)  # p / q into q's buffer
