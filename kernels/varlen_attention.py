@@ -21,6 +21,8 @@ converted to fp32 right after loading.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -39,10 +41,15 @@ SHARED_MEMORY_BUDGET = 160 * 1024  # bytes; H100 has 228 KiB per SM
 # ---------------------------------------------------------------------------------------------
 
 
-def _configs(blocks, warps, stages, interpret_blocks):
+def _configs(blocks, warps, stages, interpret_blocks, short):
+    """The autotuner's candidates. Each is compiled and timed once per autotune key, so the default is
+    ``short`` (a few (BLOCK_M, BLOCK_N, warps, stages) picks); NEMO_ORCHESTRA_AUTOTUNE=full searches the
+    product of blocks x warps x stages."""
     if kernels.triton_interpret():  # one small config: the interpreter proves correctness, not speed
         bm, bn = interpret_blocks
         return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=4, num_stages=1)]
+    if os.environ.get("NEMO_ORCHESTRA_AUTOTUNE", "short") != "full":
+        return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in short]
     return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
         for bm, bn in blocks
@@ -58,17 +65,35 @@ def keep(conf, outer):
 
 FWD_CONFIGS = [
     c
-    for c in _configs([(128, 64), (128, 128), (64, 64), (128, 32)], [4, 8], [2, 3, 4], (16, 16))
+    for c in _configs(
+        [(128, 64), (128, 128), (64, 64), (128, 32)],
+        [4, 8],
+        [2, 3, 4],
+        (16, 16),
+        short=[(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 2), (128, 32, 4, 3)],
+    )
     if keep(c, outer="BLOCK_M")
 ]  # a q block, stepped by key blocks
 DKDV_CONFIGS = [
     c
-    for c in _configs([(32, 128), (64, 128), (32, 64), (64, 64)], [4, 8], [2, 3], (16, 32))
+    for c in _configs(
+        [(32, 128), (64, 128), (32, 64), (64, 64)],
+        [4, 8],
+        [2, 3],
+        (16, 32),
+        short=[(32, 128, 4, 2), (64, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 3)],
+    )
     if keep(c, outer="BLOCK_N")
 ]  # a key block, stepped by q blocks
 DQ_CONFIGS = [
     c
-    for c in _configs([(128, 32), (128, 64), (64, 64), (64, 32)], [4, 8], [2, 3], (32, 16))
+    for c in _configs(
+        [(128, 32), (128, 64), (64, 64), (64, 32)],
+        [4, 8],
+        [2, 3],
+        (32, 16),
+        short=[(128, 32, 4, 2), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3)],
+    )
     if keep(c, outer="BLOCK_M")
 ]
 

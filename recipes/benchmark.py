@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         from nemo_orchestra.config_help import main_keys_help
 
         parser.epilog = main_keys_help([a for a in rest if "=" in a])
-    return module.main(parser.parse_args(rest))
+    # key=value overrides may come before or after the flags
+    return module.main(parser.parse_intermixed_args(rest))
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

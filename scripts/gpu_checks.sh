@@ -14,7 +14,12 @@
 #                installed and PyTorch SDPA per sequence) and the grouped advantage (GB/s against a copy).
 #   tests        the kernel tests on the device (compiled Triton, not the interpreter), the `gpu`-marked
 #                tests, and the model-level tests that take the Triton attention backend on CUDA.
-# Time limits per stage, in seconds: GRPO_S (default 300), KBENCH_S (300), TESTS_S (600).
+# Time limits per stage, in seconds: GRPO_S (default 150), KBENCH_S (120), TESTS_S (300): the four fit in
+# a 15-minute lease with the machine's start.
+# Prologue: on a machine without the project's packages and without network, WHEELS (default .whl, made here by
+# scripts/gpu_prepare.sh and carried with the call) is installed into SITE (default /tmp/nemo_orchestra_site),
+# which goes on PYTHONPATH with the repository; then each optional package (TransformerEngine, vLLM,
+# flash-attn) that is missing is named in one line with what it leaves out.
 # Exit status: the number of stages that failed.
 set -u
 OUT=${1:-runs/gpu_checks}
@@ -27,9 +32,29 @@ mkdir -p "$OUT"
 T0=$(date +%s)
 stamp() { echo "=== [$(($(date +%s) - T0)) s] $*"; }
 
+stamp prologue
+WHEELS=${WHEELS:-.whl}
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+  SITE=${SITE:-/tmp/nemo_orchestra_site}
+  "$PY" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+    "$WHEELS"/*.whl || { echo "prologue: installing the wheels in $WHEELS failed"; exit 1; }
+  export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+  echo "prologue: $(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS installed in $SITE"
+fi
+"$PY" -c "import megatron.core, omegaconf, orjson, transformers" 2>/dev/null \
+  || { echo "prologue: the project's packages do not import; run scripts/gpu_prepare.sh here and carry $WHEELS"; exit 1; }
+"$PY" -c "import transformer_engine.pytorch" 2>/dev/null \
+  || echo "prologue: no TransformerEngine: the FP8 tests skip (its wheel is larger than a call carries)"
+"$PY" -c "import vllm" 2>/dev/null \
+  || echo "prologue: no vLLM: the vLLM GPU tests skip and the GRPO stages need ENGINE=hf (ENGINE=$ENGINE)"
+"$PY" -c "import flash_attn" 2>/dev/null || echo "prologue: no flash-attn: kbench compares with SDPA only"
+
 stamp environment
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || { echo "no NVIDIA GPU here"; exit 1; }
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+if [ "$ENGINE" = vllm ] && ! "$PY" -c "import vllm" 2>/dev/null; then
+  echo "ENGINE=vllm without vLLM here: the sync and async stages cannot run"; STAGES=${STAGES//async/}; STAGES=${STAGES//sync/}
+fi
 
 GRPO=(recipes/benchmark.py grpo --steps 3 --warmup 1 "model=qwen3_8b" "model.num_layers=$LAYERS" "model.params_dtype=bf16"
     "rollout.engine=$ENGINE" "data.prompts_per_step=16" "rollout.group_size=8")
@@ -37,14 +62,14 @@ failed=0
 for stage in $STAGES; do
     stamp "$stage"
     case $stage in
-        sync) timeout "${GRPO_S:-300}" "$PY" "${GRPO[@]}" --out "$OUT/grpo_sync.json" "run.output_dir=$OUT/run_sync" ;;
-        async) timeout "${GRPO_S:-300}" "$PY" "${GRPO[@]}" --out "$OUT/grpo_async.json" "run.output_dir=$OUT/run_async" \
+        sync) timeout "${GRPO_S:-150}" "$PY" "${GRPO[@]}" --out "$OUT/grpo_sync.json" "run.output_dir=$OUT/run_sync" ;;
+        async) timeout "${GRPO_S:-150}" "$PY" "${GRPO[@]}" --out "$OUT/grpo_async.json" "run.output_dir=$OUT/run_async" \
             rollout.max_staleness=1 loss.tis_cap=2.0 ;;
-        kbench) timeout "${KBENCH_S:-300}" "$PY" kernels/bench.py --out "$OUT/kernel_bench.json" ;;
-        tests) timeout "${TESTS_S:-600}" "$PY" -m pytest -o addopts="" -q -p no:cacheprovider -rfEs tests/kernels \
+        kbench) timeout "${KBENCH_S:-120}" "$PY" kernels/bench.py --out "$OUT/kernel_bench.json" ;;
+        tests) timeout "${TESTS_S:-300}" "$PY" -m pytest -o addopts="" -q -p no:cacheprovider -rfEs tests/kernels \
             tests/unit/test_attention_backends.py tests/unit/test_rope.py tests/unit/test_grpo_update.py \
             tests/unit/test_shared_prompts.py tests/unit/test_megatron_engine.py tests/unit/test_vllm_gpu.py \
-            tests/distributed/test_fp8.py ;;
+            tests/distributed/test_fp8.py --timeout=120 ;;
         *) echo "unknown stage '$stage' (sync, async, kbench, tests)"; false ;;
     esac > >(tee "$OUT/$stage.log") 2>&1
     rc=$?

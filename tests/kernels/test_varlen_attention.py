@@ -47,11 +47,12 @@ def make_inputs(cu, Hq, Hkv, D, dtype, seed):
 def naive_attention(q, k, v, cu, causal, scale):
     """fp32 dense attention over all T tokens with a block-diagonal (and causal) mask."""
     T, Hq, D = q.shape
-    seg = torch.repeat_interleave(torch.arange(cu.numel() - 1), (cu[1:] - cu[:-1]).long())
+    dev, cu = q.device, cu.to(q.device)
+    seg = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=dev), (cu[1:] - cu[:-1]).long())
     allowed = seg[:, None] == seg[None, :]
     if causal:
-        allowed &= torch.arange(T)[None, :] <= torch.arange(T)[:, None]
-    kv_head = torch.arange(Hq) // (Hq // k.shape[1])
+        allowed &= torch.arange(T, device=dev)[None, :] <= torch.arange(T, device=dev)[:, None]
+    kv_head = torch.arange(Hq, device=dev) // (Hq // k.shape[1])
     scores = torch.einsum("thd,shd->hts", q.float(), k.float()[:, kv_head]) * scale
     scores = scores.masked_fill(~allowed, float("-inf"))
     out = torch.einsum("hts,shd->thd", scores.softmax(-1), v.float()[:, kv_head])
