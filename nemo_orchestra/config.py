@@ -82,6 +82,8 @@ class ModelConfig:
     qk_norm: bool = MISSING  # RMSNorm on queries and keys per head (Qwen3: true, Llama: false)
     init_from: Optional[str] = MISSING  # a local HF folder or a nemo-orchestra checkpoint folder
     tokenizer: Optional[str] = MISSING  # null: build the embedded tokenizer
+    chat_template: str = MISSING  # auto | tokenizer | prefix | a .jinja file (prompting.chat)
+    enable_thinking: Optional[bool] = MISSING  # the template variable; null: the template's default
 
     def validate(self) -> None:
         for k in (
@@ -105,6 +107,11 @@ class ModelConfig:
             f"must be one of {ATTENTION_BACKENDS}",
         )
         _check(self.params_dtype in PARAMS_DTYPES, "model.params_dtype", "must be fp32, bf16 or fp16")
+        _check(
+            self.chat_template in ("auto", "tokenizer", "prefix") or self.chat_template.endswith(".jinja"),
+            "model.chat_template",
+            "must be auto, tokenizer, prefix or a .jinja file",
+        )
         _check(self.fp8 in (None, "hybrid", "e4m3"), "model.fp8", "must be null, hybrid or e4m3")
         _check(self.fp8_recipe in ("delayed", "tensorwise"), "model.fp8_recipe", "must be delayed or tensorwise")
         _check(
@@ -149,6 +156,7 @@ class RolloutConfig:
     engine: str = MISSING
     group_size: int = MISSING
     max_turns: int = MISSING
+    task_turns: bool = MISSING  # a task record's own max_turns, when it has one, instead of max_turns
     max_new_tokens_per_turn: int = MISSING
     max_context: int = MISSING
     temperature: float = MISSING

@@ -49,6 +49,7 @@ class Trajectory:
     tool_errors: int = 0  # malformed calls, unknown tools, bad arguments
     format_errors: int = 0  # turns without a valid tool call
     schema_errors: int = 0  # turns whose call parsed but does not fit the offered tools
+    retokenized_turns: int = 0  # turns whose generated ids are not the tokenizer's encoding of their text
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation, OpenAI format
     turn_versions: list[int] = field(default_factory=list)  # the policy version (weight syncs) that wrote each turn
     reward: float = 0.0

@@ -32,9 +32,12 @@ from nemo_orchestra.config import RewardConfig
 from nemo_orchestra.data.default_tasks import plan_text
 from nemo_orchestra.prompting.chat import (
     ChatFormat,
-    format_tool_call,
+    ChatTemplateError,
+    Transcript,
+    parse_turn,
     render_chat,
     tool_call_message,
+    tool_message,
 )
 from nemo_orchestra.prompting.prompts import task_messages, with_default_preference
 from nemo_orchestra.types import TaskRecord, Trajectory
@@ -135,9 +138,12 @@ def render_text(ep: ScriptedEpisode, template: str, reward_cfg: RewardConfig) ->
 
 
 def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfig) -> Trajectory:
-    """Token ids built exactly as a rollout builds them: prompt, then (turn, observation)*."""
+    """Token ids built exactly as a rollout builds them (``Transcript``): prompt, then (turn, observation)*,
+    each turn written as the chat template writes its message (its plan, then the call)."""
     messages = task_messages(with_default_preference(ep.task, reward_cfg.default_preference))
-    ids = chat.prompt_ids(messages, [] if ep.copy else ep.tools)  # a copy lesson: short, without the tool schemas
+    tools = [] if ep.copy else ep.tools  # a copy lesson: short, without the tool schemas
+    transcript = Transcript(chat, messages, tools)
+    ids = chat.encode(transcript.text)
     traj = Trajectory(
         task=ep.task,
         group=0,
@@ -147,13 +153,20 @@ def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfi
         prompt_len=len(ids),
     )
     for i, (name, args, obs) in enumerate(ep.turns):
-        plan = _plan(ep.task, name, args)
-        turn = chat.encode(plan + format_tool_call(name, args)) + [chat.end_of_turn_id]
-        untrained = _shared_prefix(turn, chat.encode(plan)) if ep.copy else 0  # a copy lesson trains no plan
+        call_id = f"call_{i + 1}"
+        text = chat.turn_text(messages, tool_call_message(name, args, _plan(ep.task, name, args), call_id), tools)
+        parsed = transcript.assistant(messages, parse_turn(text, call_id), text)
+        if parsed.error is not None:
+            raise ChatTemplateError(f"the chat template's own writing of a scripted turn is refused: {parsed.error}")
+        messages.append(parsed.message)
+        turn = chat.encode(text) + [chat.end_of_turn_id]
+        # a copy lesson trains the call, not what comes before it
+        untrained = _shared_prefix(turn, chat.encode(text[: text.find("<tool_call>")])) if ep.copy else 0
         traj.token_ids += turn
         traj.loss_mask += [0] * untrained + [1] * (len(turn) - untrained)
         if i + 1 < len(ep.turns):
-            suffix = chat.encode(chat.observation_suffix(obs))
+            messages.append(tool_message(obs, call_id))
+            suffix = chat.encode(transcript.observe(messages))
             traj.token_ids += suffix
             traj.loss_mask += [0] * len(suffix)
     traj.gen_logprobs = [0.0] * len(traj.token_ids)

@@ -1,12 +1,14 @@
 """A chat model behind an OpenAI-compatible endpoint (vLLM, NIM, hosted APIs) as the policy.
 
 Each turn posts the episode's messages — the prompt training uses (``prompting.prompts``), then
-the conversation so far — with the episode's tool schemas in ``tools``. An exported orchestrator
-served by vLLM's OpenAI server renders them with its chat template to the token ids training
-used, so it decides as it did in training. The call is read from the OpenAI ``tool_calls``
-field when the server parses tool calls (vLLM with ``--tool-call-parser hermes``), else from
-``<tool_call>{"name", "arguments"}</tool_call>`` in the text (Qwen3's format, any server); a
-reply with neither is a format error the agent loop answers as it does in training. The
+the conversation so far — with the episode's tool schemas in ``tools``, and ``enable_thinking`` as
+the template variable (``chat_template_kwargs``) when the run set it. The reply's message is kept
+as the server returned it — content, reasoning (``reasoning``/``reasoning_content``) and every tool
+call with its id — so the conversation the next turn continues is the one the model wrote; an
+exported orchestrator served by vLLM's OpenAI server then renders it to the token ids training kept
+(``prompting.chat``). Calls are read from ``tool_calls`` when the server parses them (vLLM with
+``--tool-call-parser hermes``), else from ``<tool_call>{"name", "arguments"}</tool_call>`` in the
+text; a reply with neither is a format error the agent loop answers as it does in training. The
 policy's own tokens are the server's ``usage``, priced by the loop. An endpoint that cannot be
 reached or answers an error ends that episode (``StopReason.POLICY_ERROR``), not the evaluation.
 """
@@ -21,30 +23,9 @@ from typing import Any
 
 import aiohttp
 
-from nemo_orchestra.prompting.chat import ToolCall
 from nemo_orchestra.rollout.loop import Episode, Turn, turn_seed
 
 log = logging.getLogger(__name__)
-
-
-def parse_reply(message: dict[str, Any]) -> tuple[str, ToolCall | None]:
-    """(text, call) of a chat completion message. ``call`` is the first of ``tool_calls`` when the
-    server parsed one, with ``text`` the content before it; else None, and the loop reads the call
-    from ``text`` (or counts a format error). Arguments that are not a JSON object leave the call
-    in the text, so the loop's parser reports them."""
-    text = message.get("content") or ""
-    for tc in (message.get("tool_calls") or [])[:1]:
-        fn = tc.get("function") or {}
-        args = fn.get("arguments", {})
-        try:
-            args = json.loads(args or "{}") if isinstance(args, str) else args
-        except json.JSONDecodeError:
-            args = None
-        if isinstance(fn.get("name"), str) and isinstance(args, dict):
-            return text, ToolCall(fn["name"], args)
-        raw = fn.get("arguments") if isinstance(fn.get("arguments"), str) else json.dumps(fn.get("arguments"))
-        return f'{text}<tool_call>\n{{"name": {json.dumps(fn.get("name"))}, "arguments": {raw}}}\n</tool_call>', None
-    return text, None
 
 
 class OpenAIChatPolicy:
@@ -63,6 +44,7 @@ class OpenAIChatPolicy:
         timeout_s: float = 120.0,
         send_tools: bool = True,
         send_seed: bool = True,
+        enable_thinking: bool | None = None,
     ) -> None:
         self.name = f"openai:{model}"
         self.url = base_url.rstrip("/") + "/chat/completions"
@@ -70,6 +52,7 @@ class OpenAIChatPolicy:
         self.api_key = os.environ.get(api_key_env) if api_key_env else None
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.send_tools, self.send_seed = send_tools, send_seed
+        self.enable_thinking = enable_thinking
         self._session: aiohttp.ClientSession | None = None
 
     def request(self, ep: Episode) -> dict[str, Any]:
@@ -83,6 +66,8 @@ class OpenAIChatPolicy:
             body["tools"] = ep.tools
         if self.send_seed:  # the turn's own seed, as the engine policy's (vLLM's server honours it)
             body["seed"] = turn_seed(ep)
+        if self.enable_thinking is not None:  # the template variable, as the run rendered with it
+            body["chat_template_kwargs"] = {"enable_thinking": self.enable_thinking}
         return body
 
     async def act(self, episodes: list[Episode]) -> list[Turn]:
@@ -102,10 +87,11 @@ class OpenAIChatPolicy:
         except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, KeyError, IndexError) as e:
             return self._failed(ep, f"{self.url}: {type(e).__name__}: {e}")
         usage = data.get("usage") or {}
-        text, call = parse_reply(message)
+        if not isinstance(message, dict):
+            return self._failed(ep, f"{self.url}: the reply's message is not an object")
         return Turn(
-            text,
-            call=call,
+            message.get("content") or "",
+            message={**message, "role": "assistant"},
             prompt_tokens=int(usage.get("prompt_tokens", 0)),
             completion_tokens=int(usage.get("completion_tokens", 0)),
         )

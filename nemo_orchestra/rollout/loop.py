@@ -43,10 +43,11 @@ from typing import Any, Protocol
 from nemo_orchestra.config import RolloutConfig
 from nemo_orchestra.prompting.chat import (
     ChatFormat,
+    ParsedTurn,
     ToolCall,
-    ToolCallParseError,
-    assistant_message,
-    parse_tool_call,
+    Transcript,
+    parse_server_message,
+    parse_turn,
     tool_call_message,
     tool_message,
 )
@@ -136,6 +137,7 @@ def malformed_call_observation(error: str) -> str:
 @dataclass
 class LoopLimits:
     max_turns: int = 12
+    task_turns: bool = True  # a task record's own max_turns, when it has one, instead of max_turns
     max_context: int | None = None  # tokens, for token-level policies; None: no limit here
     turn_tokens: int = 0  # tokens a turn may add (the engine's max_new_tokens): room kept for it
     batch_window_s: float = 0.0
@@ -145,13 +147,19 @@ class LoopLimits:
     @classmethod
     def from_rollout(cls, cfg: RolloutConfig) -> "LoopLimits":
         return cls(
-            cfg.max_turns,
-            cfg.max_context,
-            cfg.max_new_tokens_per_turn,
-            cfg.batch_window_s,
-            cfg.orchestrator_price_in,
-            cfg.orchestrator_price_out,
+            max_turns=cfg.max_turns,
+            task_turns=cfg.task_turns,
+            max_context=cfg.max_context,
+            turn_tokens=cfg.max_new_tokens_per_turn,
+            batch_window_s=cfg.batch_window_s,
+            price_in=cfg.orchestrator_price_in,
+            price_out=cfg.orchestrator_price_out,
         )
+
+    def turn_budget(self, task: TaskRecord) -> int:
+        """The turns an episode of ``task`` may take."""
+        own = getattr(task, "max_turns", None)
+        return own if self.task_turns and own else self.max_turns
 
 
 @dataclass
@@ -162,7 +170,8 @@ class Turn:
     token_ids: list[int] | None = None  # token-level policies: the generated ids, kept as they are
     logprobs: list[float] | None = None
     finished: bool = True  # ended with the end-of-turn token (False: cut at the token budget)
-    call: ToolCall | None = None  # a call the policy's server parsed already (OpenAI tool_calls)
+    call: ToolCall | None = None  # a call the policy decided as such (the routing baselines), after ``text``
+    message: dict[str, Any] | None = None  # the assistant message an OpenAI-compatible server returned
     prompt_tokens: int = 0  # the policy's own tokens this turn, priced by LoopLimits
     completion_tokens: int = 0
     failure: str | None = None  # the policy could not produce a turn (an unreachable endpoint)
@@ -183,6 +192,7 @@ class Episode:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seed: str = ""  # the episode's seed (``run_episodes``): its service draws, and with the turn its sampling
+    transcript: Transcript | None = None  # token-level policies: the text of ``traj.token_ids``
 
     @property
     def turn(self) -> int:
@@ -370,7 +380,8 @@ class _Run:
         record["meta"] = {**task.meta, "seed": seed}
         created = await self.client.create_episode(record)
         messages, chat = task_messages(task), self.policy.chat
-        ids = chat.prompt_ids(messages, created["tools"]) if chat is not None else []
+        transcript = Transcript(chat, messages, created["tools"]) if chat is not None else None
+        ids = chat.encode(transcript.text) if transcript is not None else []
         traj = Trajectory(
             task=task,
             group=group,
@@ -380,7 +391,17 @@ class _Run:
             prompt_len=len(ids),
             messages=messages,
         )
-        ep = Episode(task, group, sample, created["episode_id"], created["tools"], messages, traj, seed=seed)
+        ep = Episode(
+            task,
+            group,
+            sample,
+            created["episode_id"],
+            created["tools"],
+            messages,
+            traj,
+            seed=seed,
+            transcript=transcript,
+        )
         self.episodes[k] = ep
         self.ready.append(ep)
 
@@ -415,7 +436,7 @@ class _Run:
 
     async def turn(self, ep: Episode, t: Turn) -> None:
         done = await _apply(ep, t, self.client, self.policy.chat)
-        if not done and ep.traj.turns >= self.limits.max_turns:
+        if not done and ep.traj.turns >= self.limits.turn_budget(ep.task):
             ep.traj.stop_reason, done = StopReason.MAX_TURNS, True
         if done:
             await self.finish(ep)
@@ -464,7 +485,8 @@ def call_schema_error(call: ToolCall, tools: list[dict[str, Any]]) -> str | None
 
 
 async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bool:
-    """Append one turn, execute its tool call, append the observation. True when the episode is done."""
+    """Append one turn, execute its tool calls in order, append their observations. True when the
+    episode is done (a call ended it)."""
     t = ep.traj
     if turn.failure is not None:
         t.stop_reason, t.meta["failure"] = StopReason.POLICY_ERROR, turn.failure
@@ -481,37 +503,49 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
             t.token_ids.append(chat.end_of_turn_id)
             t.loss_mask.append(0)
             t.gen_logprobs.append(0.0)
-    call, call_id = turn.call, f"call_{t.turns}"
-    if call is None:
-        try:
-            call = parse_tool_call(turn.text)
-        except ToolCallParseError as e:
-            error = str(e)
-            result = {"observation": malformed_call_observation(error), "done": False, "error": error}
-            t.format_errors += 1
-    if call is not None and call_schema_error(call, ep.tools) is not None:
+        written = (
+            turn.token_ids[:-1] if turn.finished and turn.token_ids[-1:] == [chat.end_of_turn_id] else turn.token_ids
+        )
+        if chat.encode(turn.text) != written:  # a server re-tokenizes the text: other ids, same text
+            t.retokenized_turns += 1
+    parsed = _parse(turn, f"call_{t.turns}")
+    if ep.transcript is not None:  # the message a server renders back to the ids kept, or the text verbatim
+        plain = parse_turn(turn.text, f"call_{t.turns}", split_reasoning=False)  # a server without a reasoning parser
+        parsed = ep.transcript.assistant(ep.messages, parsed, turn.text, also=(plain,))
+
+    ep.messages.append(parsed.message)
+    if parsed.error is not None:
+        t.format_errors += 1
+        t.tool_errors += 1
+        ep.messages.append(tool_message(malformed_call_observation(parsed.error)))
+    if any(call_schema_error(call, ep.tools) is not None for call in parsed.calls):
         t.schema_errors += 1
-    if turn.call is None:
-        ep.messages.append(assistant_message(turn.text, call, call_id))
-    else:  # the server parsed the call: its text is what came before it
-        ep.messages.append(tool_call_message(call.name, call.arguments, turn.text, call_id))
-    if call is not None:
+    for call, spec in zip(parsed.calls, parsed.message.get("tool_calls") or []):
         result = await client.step(ep.episode_id, call.name, call.arguments)
         t.call_latencies_s.append(float(result.get("latency_s", 0.0)))
-    if result.get("error"):
-        t.tool_errors += 1
-    if result.get("done"):
-        t.stop_reason = StopReason.ANSWER if call is not None and call.name == "answer" else StopReason.SERVICE_GUARD
-        t.correct = bool((result.get("outcome") or {}).get("correct", False))
-        return True
-    observation = str(result.get("observation", ""))
-    ep.messages.append(tool_message(observation, call_id if call is not None else None))
-    if chat is not None:
-        obs_ids = chat.encode(chat.observation_suffix(observation))
+        if result.get("error"):
+            t.tool_errors += 1
+        if result.get("done"):
+            t.stop_reason = StopReason.ANSWER if call.name == "answer" else StopReason.SERVICE_GUARD
+            t.correct = bool((result.get("outcome") or {}).get("correct", False))
+            return True
+        ep.messages.append(tool_message(str(result.get("observation", "")), spec.get("id")))
+    if ep.transcript is not None:
+        obs_ids = chat.encode(ep.transcript.observe(ep.messages))
         t.token_ids += obs_ids
         t.loss_mask += [0] * len(obs_ids)
         t.gen_logprobs += [0.0] * len(obs_ids)
     return False
+
+
+def _parse(turn: Turn, call_id: str) -> ParsedTurn:
+    """The assistant message and calls of ``turn``: as its server returned them, as the policy decided
+    them, or read from its text as a server's parsers read it."""
+    if turn.message is not None:
+        return parse_server_message(turn.message, call_id)
+    if turn.call is not None:
+        return ParsedTurn(tool_call_message(turn.call.name, turn.call.arguments, turn.text, call_id), [turn.call])
+    return parse_turn(turn.text, call_id)
 
 
 async def _settle(ep: Episode, client, limits: LoopLimits) -> None:

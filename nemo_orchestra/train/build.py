@@ -16,7 +16,7 @@ from nemo_orchestra.data.default_tasks import copy_tasks, generate_tasks, plan_p
 from nemo_orchestra.data.warm_start import render_text, scripted_episodes, to_trajectory
 from nemo_orchestra.megatron.model import padded_vocab_size
 from nemo_orchestra.megatron.parallel import DistInfo, once_per_node
-from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, ChatFormat
+from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, resolve_chat_format
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer, load_tokenizer
 from nemo_orchestra.rollout.engines import EngineContext, capabilities, check_engine, start_engine
 from nemo_orchestra.train.flops import slow_half_precision_warning
@@ -187,6 +187,9 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
 
 
 def _build(cfg: Config, info: DistInfo, tasks: list, client, loop: asyncio.AbstractEventLoop) -> Trainer:
+    # a user's tokenizer and its chat template are checked before any episode runs
+    tokenizer = load_tokenizer(cfg.model.tokenizer) if cfg.model.tokenizer else None
+    chat = resolve_chat_format(tokenizer, cfg.model.chat_template, cfg.model.enable_thinking) if tokenizer else None
     sft_tasks = warm_start_tasks(cfg, tasks)
     log.info("scripted warm-start episodes: %d", len(sft_tasks))
     scripted = loop.run_until_complete(scripted_episodes(sft_tasks, client, cfg.run.seed))
@@ -198,14 +201,13 @@ def _build(cfg: Config, info: DistInfo, tasks: list, client, loop: asyncio.Abstr
     else:
         copies = []
 
-    if cfg.model.tokenizer:
-        tokenizer = load_tokenizer(cfg.model.tokenizer)
-    else:
+    if tokenizer is None:
         corpus = [render_text(ep, QWEN3_CHAT_TEMPLATE, cfg.reward) for ep in scripted]
         tokenizer = build_embedded_tokenizer(corpus, phrases=plan_phrases())
+        chat = resolve_chat_format(tokenizer, cfg.model.chat_template, cfg.model.enable_thinking)
+    tokenizer.chat_template = chat.template  # the template trained with is the one the export ships
     if info.is_main:
         tokenizer.save_pretrained(os.path.join(cfg.run.output_dir, "tokenizer"))
-    chat = ChatFormat(tokenizer)
     vocab = cfg.model.vocab_size or padded_vocab_size(len(tokenizer), cfg.parallel.tp)
     kv_cache_bytes = memory_check(cfg, vocab, info.dp * info.tp * info.pp, info.device)  # before any GPU memory
 

@@ -601,6 +601,8 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         "rollout/tool_error_rate": sum(t.tool_errors for t in trajs) / max(sum(t.turns for t in trajs), 1),
         "rollout/format_error_rate": sum(t.format_errors for t in trajs) / max(sum(t.turns for t in trajs), 1),
         "rollout/schema_error_rate": sum(t.schema_errors for t in trajs) / max(sum(t.turns for t in trajs), 1),
+        # turns a server would re-tokenize to other ids (same text): the share served is not token-exact
+        "rollout/retokenized_turn_rate": sum(t.retokenized_turns for t in trajs) / max(sum(t.turns for t in trajs), 1),
         "rollout/answered_rate": mean(float(t.stop_reason == "answer") for t in trajs),
     }
     tools = sorted({k for t in trajs for k in t.tool_counts})

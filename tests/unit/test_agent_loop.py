@@ -35,8 +35,8 @@ NO_PREFERENCE = TaskRecord(
     problem="What is 12 + 30?", answer="42", category="arithmetic", tools=["calculator", "answer"]
 )
 SCRIPT = [
-    "<think>hm</think>\nthe answer is 42",  # no tool call: a format error
-    "<think>answer</think>\n" + format_tool_call("answer", {"answer": "42"}),
+    "<think>\nhm\n</think>\n\nthe answer is 42",  # no tool call: a format error
+    "<think>\nanswer\n</think>\n\n" + format_tool_call("answer", {"answer": "42"}),
 ]
 
 

@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from nemo_orchestra.config import load_config
-from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, ChatFormat, render_chat, tool_call_message
+from nemo_orchestra.prompting.chat import (
+    QWEN3_CHAT_TEMPLATE,
+    ChatFormat,
+    format_tool_call,
+    render_chat,
+    tool_call_message,
+)
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 from nemo_orchestra.rollout.engines.base import Generation
 from nemo_orchestra.rollout.loop import (
@@ -37,10 +43,7 @@ from tools_env.task import TaskRecord
 TASK = TaskRecord.from_dict(
     {"problem": "What is 12 + 30?", "answer": "42", "category": "arithmetic", "tools": ["calculator", "answer"]}
 )
-TURNS = [
-    '<tool_call>{"name": "calculator", "arguments": {"expression": "12 + 30"}}</tool_call>',
-    '<tool_call>{"name": "answer", "arguments": {"answer": "42"}}</tool_call>',
-]
+TURNS = [format_tool_call("calculator", {"expression": "12 + 30"}), format_tool_call("answer", {"answer": "42"})]
 
 
 @pytest.fixture(scope="module")
