@@ -1,7 +1,9 @@
 """What is trained is what is served: a short run's export behind vLLM's OpenAI-compatible server
-(hermes tool parser) renders the training prompt to the same token ids, evaluate.py's ``openai:``
-policy on it decides as the ``checkpoint:`` policy does on the same tasks, and sampled, each turn
-draws from its own seed whatever else the server is running."""
+(hermes tool parser) renders every turn of every episode to the token ids training kept,
+evaluate.py's ``openai:`` policy on it decides as the ``checkpoint:`` policy does on the same tasks,
+and sampled, each turn draws from its own seed whatever else the server is running. Each for the
+embedded tokenizer and for a user's tokenizer carrying Qwen3's published chat template with
+thinking on (tests/fixtures/chat_templates), which the run replaces by the prefix-preserving one."""
 
 import importlib.util
 import json
@@ -73,14 +75,30 @@ def _evaluate(tasks: Path, out: Path, policies: str, *options: str) -> list[dict
     return [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def _qwen3_tokenizer(folder: Path) -> list[str]:
+    """A user's tokenizer folder: the embedded vocabulary with Qwen3's published chat template; the run's
+    options that use it, thinking on."""
+    from nemo_orchestra.data.default_tasks import generate_tasks, plan_phrases
+    from nemo_orchestra.prompting.chat import PREFIX_QWEN3_TEMPLATE, render_chat
+    from nemo_orchestra.prompting.prompts import task_messages
+    from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
+
+    corpus = [render_chat(PREFIX_QWEN3_TEMPLATE, task_messages(t)) for t in generate_tasks(200, 3)]
+    tok = build_embedded_tokenizer(corpus, phrases=plan_phrases())
+    tok.chat_template = (ROOT / "tests/fixtures/chat_templates/qwen3.jinja").read_text()
+    tok.save_pretrained(str(folder))
+    return [f"model.tokenizer={folder}", "model.enable_thinking=true"]
+
+
+@pytest.fixture(scope="module", params=["embedded", "qwen3"])
+def served(request, tmp_path_factory):
     """A short run, its export served by vLLM's OpenAI server; yields (run folder, base URL)."""
     run = tmp_path_factory.mktemp("run")
+    extra = _qwen3_tokenizer(tmp_path_factory.mktemp("tokenizer")) if request.param == "qwen3" else []
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONWARNINGS"] = "ignore"
     r = subprocess.run(
-        [sys.executable, str(ROOT / "recipes/grpo_orchestrator.py"), f"run.output_dir={run}", *RUN],
+        [sys.executable, str(ROOT / "recipes/grpo_orchestrator.py"), f"run.output_dir={run}", *RUN, *extra],
         capture_output=True,
         text=True,
         timeout=900,
@@ -148,36 +166,47 @@ def served(tmp_path_factory):
         shutil.rmtree(ipc, ignore_errors=True)
 
 
-def test_the_server_renders_the_training_prompt(served):
+def test_the_server_renders_every_turn_to_the_trained_ids(served):
+    """The run's checkpoint plays 8 tasks in process, as its held-out evaluation does; at every turn of
+    every episode, vLLM's ``/tokenize`` of the messages so far (with the tools and the run's template
+    variables) is the token ids the turn was generated from."""
     import asyncio
 
     from nemo_orchestra.data.default_tasks import generate_tasks
-    from nemo_orchestra.prompting.chat import ChatFormat
-    from nemo_orchestra.prompting.prompts import task_messages
-    from nemo_orchestra.prompting.tokenizer import load_tokenizer
+    from nemo_orchestra.evaluation.checkpoint_policy import checkpoint_policy, run_settings
+    from nemo_orchestra.rollout.loop import run_episodes
     from tools_env.client import ToolsEnvClient
     from tools_env.launch import start_service
 
     run, url = served
-    chat = ChatFormat(load_tokenizer(str(run / "tokenizer")))  # the tokenizer the run trained with
-    tasks = generate_tasks(3, seed=11)
-    with start_service({}) as svc:
-        client = ToolsEnvClient(svc.urls)
+    settings = run_settings(str(run))
+    policy = checkpoint_policy(str(run), max_new_tokens=settings.max_new_tokens)
+    seen = []
+    act = policy.act
 
-        async def tools_of(task):
+    async def recording(episodes):
+        seen.extend((json.loads(json.dumps(e.messages)), e.tools, list(e.traj.token_ids)) for e in episodes)
+        return await act(episodes)
+
+    policy.act = recording
+    with start_service({}) as svc:
+
+        async def play():
+            client = ToolsEnvClient(svc.urls)
             try:
-                return (await client.create_episode(task.to_dict()))["tools"]
+                return await run_episodes(
+                    generate_tasks(8, seed=11), policy, client, limits=settings.limits,
+                    default_preference=settings.default_preference,
+                )  # fmt: skip
             finally:
                 await client.aclose()
 
-        tools = [asyncio.run(tools_of(t)) for t in tasks]
-    for task, schema in zip(tasks, tools):
-        messages = task_messages(task)
-        served_ids = _post(
-            f"{url}/tokenize",
-            {"model": "orchestrator", "messages": messages, "tools": schema, "add_generation_prompt": True},
-        )["tokens"]
-        assert served_ids == chat.prompt_ids(messages, schema)
+        trajs = asyncio.run(play())
+    assert sum(t.turns for t in trajs) > len(trajs)  # episodes went on past their first turn
+    kwargs = {} if settings.enable_thinking is None else {"enable_thinking": settings.enable_thinking}
+    for messages, tools, ids in seen:
+        body = {"model": "orchestrator", "messages": messages, "tools": tools, "add_generation_prompt": True}
+        assert _post(f"{url}/tokenize", {**body, "chat_template_kwargs": kwargs})["tokens"] == ids
 
 
 def test_the_served_export_decides_as_the_checkpoint(served, tmp_path):
