@@ -1,6 +1,7 @@
 """Benchmarks, one subcommand each.
 
     python recipes/benchmark.py tools_env [--out FILE] [--workers N] [--seconds S]
+    python recipes/benchmark.py chat [--entries N] [--out FILE]
     python recipes/benchmark.py grpo [--steps N] [--warmup N] [--out FILE] [key=value ...]
     python recipes/benchmark.py NAME --help                 # its flags with their defaults (grpo: and keys)
 
@@ -20,6 +21,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "tools_env": ("benchmarks.tools_env", "tool service: calls/s and p50/p99 at 1/64/512 episodes"),
+    "chat": (
+        "benchmarks.chat_templates",
+        "trained = served: the template probe, rendering per turn, tokens per episode against per-turn samples",
+    ),
     "grpo": (
         "benchmarks.grpo",
         "GRPO step: tokens/s and time per phase (generation, environment, logprobs, training, weight sync)",

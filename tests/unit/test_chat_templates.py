@@ -368,3 +368,17 @@ def test_a_server_reply_is_kept_whole():
     bad = parse_server_message({"content": "", "tool_calls": [{"function": {"name": "answer", "arguments": "[1]"}}]})
     assert bad.calls == [] and "JSON object" in bad.error and "<tool_call>" in bad.message["content"]
     assert parse_server_message({"content": "just text"}).error == "no <tool_call>...</tool_call> in the turn"
+
+
+def test_the_chat_benchmark_plays_entries_without_format_errors(tmp_path):
+    pytest.importorskip("bfcl_eval", reason="BFCL tasks need the 'bfcl' extra")
+    import argparse
+    import json
+
+    from benchmarks import chat_templates
+
+    out = tmp_path / "chat.json"
+    assert chat_templates.main(argparse.Namespace(entries=4, out=str(out))) == 0
+    report = json.loads(out.read_text())
+    assert report["entries"] == report["correct"] == 4 and report["format_errors"] == 0
+    assert report["tokens_per_turn_samples_mean"] > report["tokens_one_sequence_mean"] > 0
