@@ -22,8 +22,11 @@ Every policy runs in the agent loop training uses (``nemo_orchestra.rollout.loop
 prompt training uses. A checkpoint of a run folder is evaluated under that run's rollout settings
 (turns, context, tokens per turn, prices, default preference), so its figures are the run's
 held-out figures; the other policies under ``max_turns``, ``orchestrator.*`` and ``default_preference``.
-To evaluate an exported orchestrator served by vLLM's OpenAI-compatible server (README, "Serving"),
-give its run's settings: ``max_turns=3 openai.max_tokens=48`` for the default run.
+Turns: a record's own ``max_turns`` when it has one, else 12; ``max_turns=N`` gives every episode N.
+An ``openai:`` policy evaluated beside a ``checkpoint:RUN`` (such as that run's export served by
+vLLM's OpenAI-compatible server, README "Serving") runs under the run's turn budget and tokens per
+turn, unless ``max_turns=`` or ``openai.max_tokens=`` (else 1024) is given; when the policies'
+limits still differ, one printed line says which policy runs under which.
 ``--help`` lists every key with its default.
 """
 
@@ -32,7 +35,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, Optional
 
 from nemo_orchestra.config import ConfigError, load_config, load_structured
@@ -43,6 +46,9 @@ from nemo_orchestra.evaluation.runner import PolicyRun, run_all
 from nemo_orchestra.rollout.loop import LoopLimits
 from nemo_orchestra.train.console import setup_logging
 from tools_env.task import load_jsonl
+
+MAX_TURNS = 12  # an episode's turns when neither max_turns= nor its record gives any
+OPENAI_MAX_TOKENS = 1024  # an openai: policy's tokens per turn when neither openai.max_tokens= nor a run gives any
 
 PRESETS = {
     "accuracy": {"accuracy": 1.0, "cost": 0.0, "latency": 0.0},
@@ -62,7 +68,9 @@ class ToolsEnvOptions:
 class OpenAIOptions:
     api_key_env: Optional[str] = None
     temperature: float = 0.0
-    max_tokens: int = 1024
+    max_tokens: Optional[int] = None  # per turn; none: a run's beside a checkpoint:RUN, else 1024
+    # sent as chat_template_kwargs; none: a run's model.enable_thinking beside a checkpoint:RUN, else not sent
+    enable_thinking: Optional[bool] = None
     timeout_s: float = 120.0
 
 
@@ -88,7 +96,7 @@ class EvalConfig:
     alpha: Optional[float] = None
     samples: int = 1
     limit: int = 0  # 0: every task
-    max_turns: int = 12
+    max_turns: Optional[int] = None  # every episode's turns; none: a record's own, else 12
     concurrency: int = 16
     seed: int = 0
     default_preference: Dict[str, float] = field(  # for records without one: the training reward's default
@@ -103,8 +111,11 @@ class EvalConfig:
     def validate(self) -> None:
         if not self.tasks or not self.output:
             raise ValueError("tasks=FILE and output=DIR are required")
-        if self.max_turns < 1 or self.samples < 1 or self.concurrency < 1:
-            raise ValueError("max_turns, samples and concurrency must be >= 1")
+        if self.samples < 1 or self.concurrency < 1:
+            raise ValueError("samples and concurrency must be >= 1")
+        for key, value in (("max_turns", self.max_turns), ("openai.max_tokens", self.openai.max_tokens)):
+            if value is not None and value < 1:
+                raise ValueError(f"{key}: must be >= 1 (or unset)")
         parse_preferences(self.preferences)
 
 
@@ -124,13 +135,21 @@ def parse_preferences(spec: str) -> dict:
 
 
 def service_config(cfg: EvalConfig) -> dict:
-    """The local service's config: a given file, plus the synthesized folder's corpus for `search`."""
+    """The local service's config: a given file, plus the synthesized folder's corpus for `search`. Its
+    ``guards.max_turns``, unless the file sets it, is at least the largest turn budget an episode gets
+    (``max_turns``, else its record's), so the budget ends an episode and not the service's guard."""
+    from tools_env.config import GuardConfig
+
     config: dict = {}
     if cfg.tools_env.config:
         import yaml
 
         with open(cfg.tools_env.config) as f:
             config = yaml.safe_load(f) or {}
+    budgets = [cfg.max_turns] if cfg.max_turns else [r.max_turns or MAX_TURNS for r in load_jsonl(cfg.tasks)]
+    guards = config.setdefault("guards", {})
+    if isinstance(guards, dict) and "max_turns" not in guards:
+        guards["max_turns"] = max(GuardConfig.max_turns, *budgets)
     manifest_path = os.path.join(os.path.dirname(os.path.abspath(cfg.tasks)), "manifest.json")
     if os.path.exists(manifest_path):
         with open(manifest_path) as f:
@@ -145,26 +164,60 @@ def service_config(cfg: EvalConfig) -> dict:
 
 
 def policy_runs(cfg: EvalConfig, records: list) -> list:
-    """Each policy of ``cfg.policies`` with its loop settings: a run folder's own for its checkpoint."""
+    """Each policy of ``cfg.policies`` with its loop settings. A checkpoint of a run folder runs under its
+    run's (``run_settings``); the others under ``max_turns`` (None: each record's own, else ``MAX_TURNS``),
+    the orchestrator's prices and ``default_preference``. An ``openai:`` policy beside such a checkpoint
+    takes the (first) run's turn budget and tokens per turn, each unless ``max_turns`` or
+    ``openai.max_tokens`` is given. When the policies' limits still differ, one printed line names them."""
     from nemo_orchestra.evaluation.checkpoint_policy import run_settings
 
+    specs = [s.strip() for s in cfg.policies.split(",") if s.strip()]
+    settings = {s: run_settings(s.split(":", 1)[1]) for s in specs if s.startswith("checkpoint:")}
+    first = next((x for x in settings.values() if x is not None), None)
+    limits = LoopLimits(
+        max_turns=cfg.max_turns or MAX_TURNS,
+        task_turns=cfg.max_turns is None,
+        price_in=cfg.orchestrator.price_in,
+        price_out=cfg.orchestrator.price_out,
+    )
+    served, served_tokens = limits, cfg.openai.max_tokens or OPENAI_MAX_TOKENS
+    if first is not None and cfg.max_turns is None:
+        served = replace(limits, max_turns=first.limits.max_turns, task_turns=first.limits.task_turns)
+    if first is not None and cfg.openai.max_tokens is None:
+        served_tokens = first.max_new_tokens
     options = {
         "tasks": [r.to_dict() for r in records],
         "seed": cfg.seed,
-        "openai": asdict(cfg.openai),
+        "openai": {
+            **asdict(cfg.openai),
+            "max_tokens": served_tokens,
+            "enable_thinking": cfg.openai.enable_thinking
+            if cfg.openai.enable_thinking is not None or first is None
+            else first.enable_thinking,
+        },
         "checkpoint": asdict(cfg.checkpoint),
     }
-    limits = LoopLimits(
-        max_turns=cfg.max_turns, price_in=cfg.orchestrator.price_in, price_out=cfg.orchestrator.price_out
-    )
-    runs = []
-    for spec in (s.strip() for s in cfg.policies.split(",") if s.strip()):
+    runs, turns, tokens = [], [], []
+    for spec in specs:
         policy = build_policy(spec, options)
-        settings = run_settings(spec.split(":", 1)[1]) if spec.startswith("checkpoint:") else None
-        if settings is not None:
-            runs.append(PolicyRun(policy, settings.limits, settings.default_preference))
-        else:
+        if settings.get(spec) is not None:
+            runs.append(PolicyRun(policy, settings[spec].limits, settings[spec].default_preference))
+            tokens.append(settings[spec].max_new_tokens)
+        elif spec.startswith("openai:"):
+            runs.append(PolicyRun(policy, served, dict(cfg.default_preference)))
+            tokens.append(served_tokens)
+        else:  # no tokens per turn: a fixed policy; a checkpoint without a run's settings has its own
             runs.append(PolicyRun(policy, limits, dict(cfg.default_preference)))
+            tokens.append(getattr(policy, "max_new_tokens", None))
+        turns.append(f"max_turns={'record|' if runs[-1].limits.task_turns else ''}{runs[-1].limits.max_turns}")
+    if len(set(turns)) > 1 or len(set(tokens) - {None}) > 1:  # a policy that does not generate has no token limit
+        groups: dict = {}
+        for run, turn, token in zip(runs, turns, tokens):
+            groups.setdefault(turn if token is None else f"{turn}, max_tokens={token}", []).append(run.policy.name)
+        print(
+            "policies run under different limits (record|N: a record's own max_turns, else N): "
+            + "; ".join(f"{', '.join(names)}: {limit}" for limit, names in groups.items())
+        )
     return runs
 
 
@@ -201,7 +254,8 @@ def main(argv: list) -> int:
         cfg = load_structured(EvalConfig, argv)
         for spec in cfg.policies.split(","):  # fail on an unknown or unavailable policy before starting anything
             if not spec.strip().startswith("checkpoint:"):
-                build_policy(spec.strip(), {"tasks": [], "openai": asdict(cfg.openai)})
+                openai = {**asdict(cfg.openai), "max_tokens": cfg.openai.max_tokens or OPENAI_MAX_TOKENS}
+                build_policy(spec.strip(), {"tasks": [], "openai": openai})
             else:
                 from nemo_orchestra.evaluation.checkpoint_policy import resolve_export, run_settings
 

@@ -9,7 +9,7 @@ implementation of BFCL's multi-turn checker (``tools_env/domains/bfcl``).
 Launch:
     python recipes/import_bfcl.py output=data/bfcl categories=multi_turn_base
     python recipes/evaluate.py tasks=data/bfcl/multi_turn_base.jsonl output=runs/bfcl_oracle \
-        policies=oracle max_turns=20
+        policies=oracle
 Keys: output, categories (multi_turn_base, multi_turn_long_context, multi_turn_miss_param),
 limit (entries per category; 0: all). ``--help`` lists them with their defaults.
 """

@@ -72,6 +72,12 @@ def task_record_schema(tool_names: list[str] | None = None, verifier_types: list
             "verifier": verifier_schema(verifier_types),
             "domain": {**_S, "nullable": True},
             "gold_actions": {"type": "array", "items": {"type": "object"}},
+            "max_turns": {
+                "type": "integer",
+                "minimum": 1,
+                "nullable": True,
+                "description": "the policy turns the episode may take; null: the caller's limit",
+            },
             "meta": {"type": "object", "description": "free-form, carried through"},
         },
         ["problem", "answer", "category", "tools"],

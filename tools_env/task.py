@@ -11,6 +11,7 @@ Optional fields:
   user preference vector the composite reward applies (weights >= 0).
 - ``verifier``: ``{"type": "exact" | "numeric" | "db_state" | "judge" | a registered type, ...}``; default exact.
 - ``domain``: ToolScale-style domain name, with ``gold_actions`` for database-state tasks.
+- ``max_turns``: the policy turns the episode may take (>= 1); None: the caller's limit.
 - ``meta``: free-form, carried through untouched.
 """
 
@@ -42,6 +43,7 @@ class TaskRecord:
     verifier: dict[str, Any] = field(default_factory=lambda: {"type": "exact"})
     domain: str | None = None
     gold_actions: list[dict[str, Any]] = field(default_factory=list)
+    max_turns: int | None = None  # the episode's turn budget; None: the caller's limit
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -31,6 +31,7 @@ class RunSettings:
     limits: LoopLimits
     max_new_tokens: int
     default_preference: dict[str, float]
+    enable_thinking: bool | None = None  # the template variable the run rendered with (model.enable_thinking)
 
 
 def run_settings(path: str) -> RunSettings | None:
@@ -46,14 +47,20 @@ def run_settings(path: str) -> RunSettings | None:
             try:
                 r = cfg["rollout"]
                 limits = LoopLimits(
-                    r["max_turns"],
-                    r["max_context"],
-                    r["max_new_tokens_per_turn"],
-                    r["batch_window_s"],
-                    r["orchestrator_price_in"],
-                    r["orchestrator_price_out"],
+                    max_turns=r["max_turns"],
+                    task_turns=r.get("task_turns", True),  # a run from before the setting: the loop's default
+                    max_context=r["max_context"],
+                    turn_tokens=r["max_new_tokens_per_turn"],
+                    batch_window_s=r["batch_window_s"],
+                    price_in=r["orchestrator_price_in"],
+                    price_out=r["orchestrator_price_out"],
                 )
-                return RunSettings(limits, r["max_new_tokens_per_turn"], dict(cfg["reward"]["default_preference"]))
+                return RunSettings(
+                    limits,
+                    r["max_new_tokens_per_turn"],
+                    dict(cfg["reward"]["default_preference"]),
+                    (cfg.get("model") or {}).get("enable_thinking"),
+                )
             except (KeyError, TypeError) as e:
                 raise ValueError(
                     f"checkpoint:{path}: {file} lacks the run setting {e} "
@@ -63,10 +70,16 @@ def run_settings(path: str) -> RunSettings | None:
 
 
 def checkpoint_policy(
-    path: str, temperature: float = 0.0, max_new_tokens: int = 96, top_p: float = 1.0, seed: int = 0
+    path: str,
+    temperature: float = 0.0,
+    max_new_tokens: int = 96,
+    top_p: float = 1.0,
+    seed: int = 0,
+    enable_thinking: bool | None = None,
 ) -> EnginePolicy:
     """``seed``: mixed into each sampled turn's seed (``loop.turn_seed``); 0 draws as a run's own
-    held-out evaluation does."""
+    held-out evaluation does. The chat template is the export's (the one the run trained with);
+    ``enable_thinking``: its variable, the run's when ``path`` is a run folder and this is None."""
     from transformers import AutoTokenizer
 
     folder = resolve_export(path)
@@ -74,4 +87,8 @@ def checkpoint_policy(
     engine = HFEngine.from_export(folder, tokenizer)
     name = f"checkpoint:{os.path.basename(os.path.normpath(path))}"
     salt = str(seed) if seed else ""
-    return EnginePolicy(engine, ChatFormat(tokenizer), max_new_tokens, temperature, top_p, name=name, seed=salt)
+    if enable_thinking is None:
+        settings = run_settings(path)
+        enable_thinking = settings.enable_thinking if settings is not None else None
+    chat = ChatFormat(tokenizer, enable_thinking=enable_thinking)
+    return EnginePolicy(engine, chat, max_new_tokens, temperature, top_p, name=name, seed=salt)

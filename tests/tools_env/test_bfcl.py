@@ -163,7 +163,7 @@ def test_two_concurrent_episodes_of_one_entry_do_not_share_state(svc, base):
     assert done_b["outcome"]["correct"] is False
 
 
-def test_oracle_passes_entries_in_the_agent_loop(svc, base):
+def test_oracle_passes_entries_in_the_agent_loop_under_their_own_budgets(svc, base):
     records = [r for _, _, r in base[:8]]
 
     async def go():
@@ -171,7 +171,7 @@ def test_oracle_passes_entries_in_the_agent_loop(svc, base):
         try:
             from nemo_orchestra.rollout.loop import LoopLimits
 
-            run = PolicyRun(Oracle([r.to_dict() for r in records]), LoopLimits(max_turns=20))
+            run = PolicyRun(Oracle([r.to_dict() for r in records]), LoopLimits(max_turns=1, task_turns=True))
             return await run_all(client, [run], records, {"record": None}, progress=False)
         finally:
             await client.aclose()
@@ -179,6 +179,7 @@ def test_oracle_passes_entries_in_the_agent_loop(svc, base):
     results = asyncio.run(go())
     assert [(r.task_id, r.correct) for r in results] == [(r.id, True) for r in records], [r.reason for r in results]
     assert all(r.ended_by == "answer" for r in results)
+    assert [r.turns for r in results] == [len(r.gold_actions) + 1 for r in records]  # within each record's budget
 
 
 _NO_BFCL = "import sys; sys.modules['bfcl_eval'] = None  # the import fails as on a machine without the extra\n"

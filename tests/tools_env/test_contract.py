@@ -32,6 +32,11 @@ ST = shutil.which("st", path=os.path.dirname(sys.executable)) or shutil.which("s
         (qa_task(["answer"], preference={"cost": -1}), "'preference.cost' must be a number >= 0"),
         (qa_task(["answer"], verifier={"type": ""}), "'verifier.type'"),
         (qa_task(["answer"], domain=3), "'domain' must be a string, got a number"),
+        (qa_task(["answer"], max_turns=0), "field 'max_turns' must be an integer >= 1, got 0"),
+        (qa_task(["answer"], max_turns=-2), "field 'max_turns' must be an integer >= 1, got -2"),
+        (qa_task(["answer"], max_turns=2.5), "field 'max_turns' must be an integer >= 1, got a number"),
+        (qa_task(["answer"], max_turns="20"), "field 'max_turns' must be an integer >= 1, got a string"),
+        (qa_task(["answer"], max_turns=True), "field 'max_turns' must be an integer >= 1, got a boolean"),
         ({k: v for k, v in qa_task(["answer"]).items() if k != "answer"}, "task record is missing 'answer'"),
         (qa_task(["answer"], extra=1), "task record has unknown field(s) 'extra'"),
     ],
@@ -64,9 +69,13 @@ def test_what_the_schema_accepts_the_record_accepts():
         verifier={"type": "numeric", "rel_tol": 0.1},
         domain=None,
         gold_actions=[{"name": "f"}],
+        max_turns=20,
         meta={"anything": [1, None]},
     )
     assert check(full, task_record_schema(["calculator", "answer"]), "task record") is None
+    assert TaskRecord.from_dict(full).max_turns == 20
+    assert TaskRecord.from_dict({**full, "max_turns": None}).max_turns is None  # null: the caller's limit
+    assert TaskRecord.from_dict(qa_task(["answer"])).max_turns is None
     assert TaskRecord.from_dict(full).to_dict()["prices"] == {"x": {"input": 0, "output": 2.5}}
     assert check(TaskRecord.from_dict(full).to_dict(), task_record_schema(), "task record") is None  # round trip
     assert "must be one of answer" in check(full, task_record_schema(["answer"]), "task record")

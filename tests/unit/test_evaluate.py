@@ -12,11 +12,10 @@ import time
 
 import pytest
 
-from nemo_orchestra.evaluation.openai_policy import OpenAIChatPolicy, parse_reply
+from nemo_orchestra.evaluation.openai_policy import OpenAIChatPolicy
 from nemo_orchestra.evaluation.policy import POLICIES, build_policy, cheapest, expert_reply_answer, strongest
 from nemo_orchestra.evaluation.report import pareto_front
 from nemo_orchestra.evaluation.runner import EpisodeResult, alpha_of
-from nemo_orchestra.prompting.chat import ToolCall
 from nemo_orchestra.rollout.loop import Episode, turn_seed
 from nemo_orchestra.synth.pipeline import SynthConfig, synthesize
 
@@ -94,19 +93,6 @@ def test_fixed_routing_reads_the_record_prices():
     assert strongest(inp) == "b" and cheapest(inp) == "c"
     assert expert_reply_answer("expert-large: The answer is Boul.") == "Boul"
     assert expert_reply_answer("m: 42") == "42"
-
-
-def test_parse_reply_both_formats():
-    field = {
-        "content": "<think>p</think>\n",
-        "tool_calls": [{"function": {"name": "search", "arguments": '{"query": "x"}'}}],
-    }
-    assert parse_reply(field) == ("<think>p</think>\n", ToolCall("search", {"query": "x"}))
-    text = '<think>hm</think>\n<tool_call>\n{"name": "answer", "arguments": {"answer": "7"}}\n</tool_call>'
-    assert parse_reply({"content": text}) == (text, None)  # the loop reads the call from the text
-    bad = {"content": "", "tool_calls": [{"function": {"name": "a", "arguments": "[1]"}}]}
-    shown, call = parse_reply(bad)  # not an object: left in the text, where the loop's parser rejects it
-    assert call is None and shown == '<tool_call>\n{"name": "a", "arguments": [1]}\n</tool_call>'
 
 
 def test_an_endpoint_gets_each_turn_its_own_seed():
@@ -211,3 +197,166 @@ def test_evaluate_recipe_rejects_unknown_keys_and_unavailable_policies(tmp_path)
         timeout=60,
     )
     assert run.returncode == 2 and "holds no task records" in run.stderr, run.stderr[-2000:]
+
+
+def _recipe():
+    spec = importlib.util.spec_from_file_location("evaluate_recipe", os.path.join(REPO, "recipes", "evaluate.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _counting_task(calls: int, max_turns=None) -> dict:
+    """A record whose oracle takes ``calls`` calculator calls and then its answer: calls + 1 turns."""
+    record = {
+        "id": f"count-{calls}-{max_turns}",
+        "problem": "What is 6 * 7?",
+        "answer": "42",
+        "category": "arithmetic",
+        "tools": ["calculator", "answer"],
+        "gold_actions": [{"name": "calculator", "arguments": {"expression": "6 * 7"}}] * calls,
+    }
+    return record if max_turns is None else {**record, "max_turns": max_turns}
+
+
+@pytest.mark.parametrize(
+    "key, turns, correct",
+    [
+        (None, [3, 4], [False, True]),  # each record's own budget: 3 cuts the first, 4 lets the second answer
+        (12, [4, 4], [True, True]),  # max_turns=12 overrides both records' budgets
+        (3, [3, 3], [False, False]),
+    ],
+)
+def test_an_episode_runs_under_its_records_budget_unless_max_turns_is_given(tmp_path, key, turns, correct):
+    import asyncio
+
+    from tools_env.client import ToolsEnvClient
+    from tools_env.launch import start_service
+    from tools_env.task import TaskRecord
+
+    evaluate = _recipe()
+    records = [TaskRecord.from_dict(_counting_task(3, max_turns=3)), TaskRecord.from_dict(_counting_task(3, 4))]
+    cfg = evaluate.EvalConfig(tasks="t.jsonl", output="o", policies="oracle", max_turns=key)
+    runs = evaluate.policy_runs(cfg, records)
+    assert (runs[0].limits.max_turns, runs[0].limits.task_turns) == ((12, True) if key is None else (key, False))
+
+    async def go(urls):
+        client = ToolsEnvClient(urls)
+        try:
+            return await evaluate.run_all(client, runs, records, {"record": None}, progress=False)
+        finally:
+            await client.aclose()
+
+    with start_service({}) as svc:
+        results = asyncio.run(go(svc.urls))
+    assert [r.turns for r in results] == turns and [r.correct for r in results] == correct, [r.reason for r in results]
+
+
+def _fake_checkpoint(monkeypatch, max_turns=3, tokens=48, enable_thinking=None):
+    """``checkpoint:run`` as a run folder whose settings are ``max_turns`` turns and ``tokens`` a turn,
+    without a model: ``run_settings`` and the policy builder stand in."""
+    from nemo_orchestra.evaluation import checkpoint_policy
+    from nemo_orchestra.evaluation.checkpoint_policy import RunSettings
+    from nemo_orchestra.evaluation.policy import Policy
+    from nemo_orchestra.rollout.loop import LoopLimits
+
+    settings = RunSettings(
+        LoopLimits(max_turns=max_turns, task_turns=True, max_context=1024, turn_tokens=tokens),
+        tokens,
+        {"accuracy": 1.0, "cost": 0.0, "latency": 0.0},
+        enable_thinking,
+    )
+    monkeypatch.setattr(checkpoint_policy, "run_settings", lambda path: settings if path == "run" else None)
+
+    def build(arg, options):
+        policy = Policy()
+        policy.name, policy.max_new_tokens = f"checkpoint:{arg}", tokens
+        return policy
+
+    monkeypatch.setitem(POLICIES, "checkpoint", build)
+    return settings
+
+
+def test_a_served_policy_beside_a_checkpoint_runs_under_the_runs_limits(monkeypatch, capsys):
+    evaluate = _recipe()
+    settings = _fake_checkpoint(monkeypatch)
+    both = "openai:http://127.0.0.1:9/v1:m,checkpoint:run"
+    served, ckpt = evaluate.policy_runs(evaluate.EvalConfig(policies=both), [])
+    assert ckpt.limits is settings.limits and ckpt.policy.name == "checkpoint:run"
+    assert (served.limits.max_turns, served.limits.task_turns, served.policy.max_tokens) == (3, True, 48)
+    assert served.limits.price_in == evaluate.OrchestratorPrices().price_in  # only the turn and token limits
+    assert capsys.readouterr().out == ""  # the same limits: nothing to say
+
+    alone = evaluate.policy_runs(evaluate.EvalConfig(policies="openai:http://127.0.0.1:9/v1:m"), [])[0]
+    assert (alone.limits.max_turns, alone.limits.task_turns, alone.policy.max_tokens) == (12, True, 1024)
+
+
+@pytest.mark.parametrize(
+    "given, want, line",
+    [
+        ({"max_turns": 5}, (5, False, 48), "openai:m: max_turns=5, max_tokens=48; checkpoint:run: max_turns=record|3"),
+        (
+            {"openai": {"max_tokens": 100}},
+            (3, True, 100),
+            "openai:m: max_turns=record|3, max_tokens=100; checkpoint:run: max_turns=record|3, max_tokens=48",
+        ),
+    ],
+)
+def test_a_given_limit_wins_over_the_runs_and_the_difference_is_printed(monkeypatch, capsys, given, want, line):
+    evaluate = _recipe()
+    _fake_checkpoint(monkeypatch)
+    openai = evaluate.OpenAIOptions(**given.get("openai", {}))
+    cfg = evaluate.EvalConfig(
+        policies="openai:http://127.0.0.1:9/v1:m,checkpoint:run", max_turns=given.get("max_turns"), openai=openai
+    )
+    served, ckpt = evaluate.policy_runs(cfg, [])
+    assert (served.limits.max_turns, served.limits.task_turns, served.policy.max_tokens) == want
+    assert ckpt.limits.max_turns == 3
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("policies run under different limits") and line in out[0], out
+
+
+def test_a_policy_without_tokens_differs_only_by_its_turns(monkeypatch, capsys):
+    evaluate = _recipe()
+    _fake_checkpoint(monkeypatch, max_turns=12)
+    evaluate.policy_runs(evaluate.EvalConfig(policies="strongest,cheapest,checkpoint:run"), [])
+    assert capsys.readouterr().out == ""  # a fixed policy has no tokens per turn to differ by
+    evaluate.policy_runs(evaluate.EvalConfig(policies="strongest,cheapest,checkpoint:run", max_turns=4), [])
+    out = capsys.readouterr().out
+    assert "strongest, cheapest: max_turns=4; checkpoint:run: max_turns=record|12, max_tokens=48" in out, out
+
+
+def test_limits_keys_are_checked_and_the_local_guard_covers_the_budgets(tmp_path):
+    evaluate = _recipe()
+    for key, cfg in (
+        ("max_turns", evaluate.EvalConfig(tasks="t", output="o", max_turns=0)),
+        ("openai.max_tokens", evaluate.EvalConfig(tasks="t", output="o", openai=evaluate.OpenAIOptions(max_tokens=0))),
+    ):
+        with pytest.raises(ValueError, match=f"{key}: must be >= 1"):
+            cfg.validate()
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text(json.dumps(_counting_task(1, 56)) + "\n" + json.dumps(_counting_task(1)) + "\n")
+    assert evaluate.service_config(evaluate.EvalConfig(tasks=str(tasks)))["guards"] == {"max_turns": 56}
+    assert evaluate.service_config(evaluate.EvalConfig(tasks=str(tasks), max_turns=40))["guards"] == {"max_turns": 40}
+    tasks.write_text(json.dumps(_counting_task(1, 5)) + "\n")
+    assert evaluate.service_config(evaluate.EvalConfig(tasks=str(tasks)))["guards"] == {"max_turns": 30}
+    config = tmp_path / "service.yaml"
+    config.write_text("guards: {max_turns: 7}\n")
+    given = evaluate.EvalConfig(tasks=str(tasks), max_turns=40, tools_env=evaluate.ToolsEnvOptions(config=str(config)))
+    assert evaluate.service_config(given)["guards"] == {"max_turns": 7}  # the file's guard stays
+
+
+def test_a_served_policy_renders_with_the_runs_thinking_switch(monkeypatch):
+    """``model.enable_thinking`` of the run beside it is sent as ``chat_template_kwargs``, unless
+    ``openai.enable_thinking`` is given; with neither, nothing is sent."""
+    evaluate = _recipe()
+    _fake_checkpoint(monkeypatch, enable_thinking=False)
+    ep = _input({"a": {"input": 1.0, "output": 1.0}})
+    ep.traj = type("T", (), {"turns": 0})()
+    both = "openai:http://127.0.0.1:9/v1:m,checkpoint:run"
+    served = evaluate.policy_runs(evaluate.EvalConfig(policies=both), [])[0].policy
+    assert served.request(ep)["chat_template_kwargs"] == {"enable_thinking": False}
+    given = evaluate.EvalConfig(policies=both, openai=evaluate.OpenAIOptions(enable_thinking=True))
+    assert evaluate.policy_runs(given, [])[0].policy.request(ep)["chat_template_kwargs"] == {"enable_thinking": True}
+    alone = evaluate.policy_runs(evaluate.EvalConfig(policies="openai:http://127.0.0.1:9/v1:m"), [])[0].policy
+    assert "chat_template_kwargs" not in alone.request(ep)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import runpy
 
@@ -29,6 +30,12 @@ def test_import_writes_records_and_manifest(tmp_path, capsys):
     for name, digest in manifest["files"].items():
         assert hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() == digest
     records = load_jsonl(str(tmp_path / "multi_turn_base.jsonl"))
+    for r in records + load_jsonl(str(tmp_path / "multi_turn_miss_param.jsonl")):
+        entry = r.meta["bfcl"]
+        oracle = len(r.gold_actions) + 1  # the oracle replays the gold actions, then answers the last turn
+        assert oracle == sum(len(t) for t in entry["ground_truth"]) + len(entry["turns"])
+        assert r.max_turns == math.ceil(1.5 * oracle) > oracle, (r.id, r.max_turns, oracle)
+    assert [r.max_turns for r in records] == [21, 15, 20]  # 14, 10 and 13 oracle turns
     assert [r.id for r in records] == ["bfcl-multi_turn_base_0", "bfcl-multi_turn_base_1", "bfcl-multi_turn_base_2"]
     owners = function_classes()
     for r in records:

@@ -9,7 +9,8 @@ from ``data/possible_answer/``:
   configuration and BFCL's ground-truth call strings sit in ``meta["bfcl"]``;
 - ``gold_actions``: the ground truth as the policy would call it (positional arguments named
   from the method's signature), with an ``answer`` ending each turn but the last (the oracle
-  adds the final one).
+  adds the final one);
+- ``max_turns``: the entry's turn budget (``turn_budget``).
 
 ``multi_turn_miss_func`` is refused: its entries add functions to the tool set in the middle of
 an episode, which an episode's fixed tool set cannot express. Single-turn categories are not
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from typing import Any
 
@@ -36,6 +38,16 @@ TURN_NOTE = (
     "This is turn 1 of {n}. Use the tools to do what is asked, then call `answer` with a short "
     "reply to end the turn; the user's next request, if any, comes back as the result of that call."
 )
+
+
+# the turn budget's margin over the oracle's turns, for a model's extra calls (a look around, a retry)
+BUDGET_FACTOR = 1.5
+
+
+def turn_budget(ground_truth: list[list[str]]) -> int:
+    """An entry's turn budget: its ground-truth calls plus one ``answer`` per user turn (the turns the
+    oracle takes), times ``BUDGET_FACTOR``, rounded up."""
+    return math.ceil(BUDGET_FACTOR * (sum(len(calls) for calls in ground_truth) + len(ground_truth)))
 
 
 def check_categories(categories: list[str]) -> None:
@@ -98,6 +110,7 @@ def to_record(entry: dict[str, Any], ground_truth: list[list[str]], category: st
         verifier={"type": "bfcl"},
         domain="bfcl",
         gold_actions=gold,
+        max_turns=turn_budget(ground_truth),
         meta=meta,
     )
 
