@@ -23,7 +23,9 @@ from typing import Any
 
 import aiohttp
 
+from nemo_orchestra.prompting.chat import request_messages
 from nemo_orchestra.rollout.loop import Episode, Turn, turn_seed
+
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +60,7 @@ class OpenAIChatPolicy:
     def request(self, ep: Episode) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": ep.messages,
+            "messages": request_messages(ep.messages),
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
         }

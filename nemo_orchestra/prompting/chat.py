@@ -190,6 +190,18 @@ def render_chat(template: str, messages, tools=None, add_generation_prompt: bool
     )
 
 
+def request_messages(messages) -> list[dict[str, Any]]:
+    """Messages as a request to an OpenAI-compatible server carries them: an assistant message's
+    ``reasoning_content`` (what chat templates read) also as ``reasoning``, the field vLLM's server reads
+    (its chat endpoint also takes the older name; its ``/tokenize`` reads only ``reasoning``)."""
+    return [
+        {**m, "reasoning": m["reasoning_content"]}
+        if m.get("role") == "assistant" and m.get("reasoning_content") is not None
+        else m
+        for m in messages
+    ]
+
+
 def _as_served(messages):
     """Messages as vLLM's OpenAI server hands them to the template: each assistant tool call's
     ``arguments`` string parsed to an object (``_postprocess_messages``); other messages as they are."""

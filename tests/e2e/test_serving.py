@@ -174,6 +174,8 @@ def test_the_server_renders_every_turn_to_the_trained_ids(served):
 
     from nemo_orchestra.data.default_tasks import generate_tasks
     from nemo_orchestra.evaluation.checkpoint_policy import checkpoint_policy, run_settings
+    from nemo_orchestra.prompting.chat import request_messages
+
     from nemo_orchestra.rollout.loop import run_episodes
     from tools_env.client import ToolsEnvClient
     from tools_env.launch import start_service
@@ -205,7 +207,12 @@ def test_the_server_renders_every_turn_to_the_trained_ids(served):
     assert sum(t.turns for t in trajs) > len(trajs)  # episodes went on past their first turn
     kwargs = {} if settings.enable_thinking is None else {"enable_thinking": settings.enable_thinking}
     for messages, tools, ids in seen:
-        body = {"model": "orchestrator", "messages": messages, "tools": tools, "add_generation_prompt": True}
+        body = {
+            "model": "orchestrator",
+            "messages": request_messages(messages),  # as evaluate.py's openai: policy sends them
+            "tools": tools,
+            "add_generation_prompt": True,
+        }
         assert _post(f"{url}/tokenize", {**body, "chat_template_kwargs": kwargs})["tokens"] == ids
 
 

@@ -382,3 +382,12 @@ def test_the_chat_benchmark_plays_entries_without_format_errors(tmp_path):
     report = json.loads(out.read_text())
     assert report["entries"] == report["correct"] == 4 and report["format_errors"] == 0
     assert report["tokens_per_turn_samples_mean"] > report["tokens_one_sequence_mean"] > 0
+
+
+def test_a_request_carries_reasoning_under_both_names():
+    from nemo_orchestra.prompting.chat import request_messages
+
+    messages = [{"role": "user", "content": "q"}, {**tool_call_message("f", {}), "reasoning_content": "r"}]
+    sent = request_messages(messages)
+    assert sent[1]["reasoning"] == sent[1]["reasoning_content"] == "r" and sent[0] == messages[0]
+    assert "reasoning" not in messages[1]  # the episode's own messages are left as they are
