@@ -4,7 +4,7 @@ Each turn posts the episode's messages — the prompt training uses (``prompting
 the conversation so far — with the episode's tool schemas in ``tools``, and ``enable_thinking`` as
 the template variable (``chat_template_kwargs``) when the run set it. The reply's message is kept
 as the server returned it — content, reasoning (``reasoning``/``reasoning_content``) and every tool
-call with its id — so the conversation the next turn continues is the one the model wrote; an
+call (with the loop's own ids) — so the conversation the next turn continues is the one the model wrote; an
 exported orchestrator served by vLLM's OpenAI server then renders it to the token ids training kept
 (``prompting.chat``). Calls are read from ``tool_calls`` when the server parses them (vLLM with
 ``--tool-call-parser hermes``), else from ``<tool_call>{"name", "arguments"}</tool_call>`` in the

@@ -294,7 +294,7 @@ def parse_turn(text: str, call_id: str = "call", split_reasoning: bool = True) -
 
 def parse_server_message(message: dict[str, Any], call_id: str = "call") -> ParsedTurn:
     """An assistant message as an OpenAI-compatible server returned it: its tool calls as the server
-    parsed them (with the server's ids), its content, and its reasoning (``reasoning_content``, or
+    parsed them, its content, and its reasoning (``reasoning_content``, or
     ``reasoning`` as vLLM names it); without tool calls, its content read as ``parse_turn`` reads a
     turn (a server without a tool parser). A call whose name or arguments are not usable makes the
     turn malformed, the call written back into its text for the error to name."""
@@ -320,8 +320,8 @@ def parse_server_message(message: dict[str, Any], call_id: str = "call") -> Pars
                 return parse_turn(text, call_id, split_reasoning=False)
             calls.append(ToolCall(fn["name"], args))
             specs.append(
-                {
-                    "id": tc.get("id") or f"{call_id}_{k}",
+                {  # the loop's own ids, as on every path: a server's are random, and a transcript is reproducible
+                    "id": f"{call_id}_{k}" if len(tool_calls) > 1 else call_id,
                     "type": "function",
                     "function": {"name": fn["name"], "arguments": json.dumps(args, ensure_ascii=False)},
                 }

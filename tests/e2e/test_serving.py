@@ -76,14 +76,31 @@ def _evaluate(tasks: Path, out: Path, policies: str, *options: str) -> list[dict
 
 
 def _qwen3_tokenizer(folder: Path) -> list[str]:
-    """A user's tokenizer folder: the embedded vocabulary with Qwen3's published chat template; the run's
-    options that use it, thinking on."""
-    from nemo_orchestra.data.default_tasks import generate_tasks, plan_phrases
-    from nemo_orchestra.prompting.chat import PREFIX_QWEN3_TEMPLATE, render_chat
-    from nemo_orchestra.prompting.prompts import task_messages
-    from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
+    """A user's tokenizer folder: the vocabulary the run would build (the embedded tokenizer, trained on its
+    scripted warm-start episodes) with Qwen3's published chat template; the run's options that use it,
+    thinking on."""
+    import asyncio
 
-    corpus = [render_chat(PREFIX_QWEN3_TEMPLATE, task_messages(t)) for t in generate_tasks(200, 3)]
+    from nemo_orchestra.config import load_config
+    from nemo_orchestra.data.default_tasks import generate_tasks, plan_phrases
+    from nemo_orchestra.data.warm_start import render_text, scripted_episodes
+    from nemo_orchestra.prompting.chat import PREFIX_QWEN3_TEMPLATE
+    from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
+    from tools_env.client import ToolsEnvClient
+    from tools_env.launch import start_service
+
+    cfg = load_config([])
+    with start_service({}) as svc:
+
+        async def episodes():
+            client = ToolsEnvClient(svc.urls)
+            try:
+                return await scripted_episodes(generate_tasks(cfg.sft.num_episodes, cfg.run.seed + 1), client, 0)
+            finally:
+                await client.aclose()
+
+        scripted = asyncio.run(episodes())
+    corpus = [render_text(ep, PREFIX_QWEN3_TEMPLATE, cfg.reward) for ep in scripted]
     tok = build_embedded_tokenizer(corpus, phrases=plan_phrases())
     tok.chat_template = (ROOT / "tests/fixtures/chat_templates/qwen3.jinja").read_text()
     tok.save_pretrained(str(folder))

@@ -334,7 +334,7 @@ def test_a_bfcl_entry_with_several_user_turns_is_served_as_trained(tokenizer, tm
 
 def test_a_server_reply_is_kept_whole():
     """What an OpenAI-compatible server returns — content, reasoning (``reasoning`` as vLLM names it),
-    every tool call with its id — is the message the conversation continues with."""
+    every tool call — is the message the conversation continues with."""
     from nemo_orchestra.prompting.chat import parse_server_message
 
     reply = {
@@ -357,7 +357,7 @@ def test_a_server_reply_is_kept_whole():
     parsed = parse_server_message(reply)
     assert parsed.error is None and [c.arguments for c in parsed.calls] == [{"expression": "1+1"}, {"expression": "2"}]
     assert parsed.message["reasoning_content"] == "I add." and parsed.message["content"] == "Two checks.\n"
-    assert [tc["id"] for tc in parsed.message["tool_calls"]] == ["chatcmpl-tool-1", "chatcmpl-tool-2"]
+    assert [tc["id"] for tc in parsed.message["tool_calls"]] == ["call_0", "call_1"]  # not the server's random ids
     assert parsed.message["tool_calls"][0]["function"]["arguments"] == '{"expression": "1+1"}'  # as the parser writes
     # a server without a tool parser: the calls are read from the text, the think block stays in the content
     text = "<think>\nhm\n</think>\n\n" + format_tool_call("answer", {"answer": "7"})
