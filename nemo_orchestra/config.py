@@ -84,6 +84,7 @@ class ModelConfig:
     tokenizer: Optional[str] = MISSING  # null: build the embedded tokenizer
     chat_template: str = MISSING  # auto | tokenizer | prefix | a .jinja file (prompting.chat)
     enable_thinking: Optional[bool] = MISSING  # the template variable; null: the template's default
+    reasoning_parser: bool = MISSING  # the model is served with a reasoning parser (turns must survive it too)
 
     def validate(self) -> None:
         for k in (

@@ -173,9 +173,8 @@ def plan(category: str, name: str | None, tool: str, arguments: dict) -> str:
 def plan_text(category: str, name: str | None, tool: str, arguments: dict) -> str:
     """The short plan an orchestrator turn opens with, in a ``<think>`` block (ToolOrchestra's turns
     reason before they call a tool): the kind of task, the user's preference in a word, and the
-    call it is about to make, e.g. ``<think>\\npuzzle, cheap: answer by expert-medium\\n</think>\\n\\n``, as
-    Qwen3 writes a think block (and its chat template renders one back).
+    call it is about to make, e.g. ``<think>puzzle, cheap: answer by expert-medium</think>``.
     The warm start writes it from the task record and its (random) choice. With the embedded
     tokenizer the plan between the tags is one token (``plan_phrases``): the policy states the
     kind and the preference it read and picks the action in one step."""
-    return f"<think>\n{plan(category, name, tool, arguments)}\n</think>\n\n"
+    return f"<think>{plan(category, name, tool, arguments)}</think>\n"

@@ -29,12 +29,12 @@ import re
 from dataclasses import dataclass
 
 from nemo_orchestra.config import RewardConfig
-from nemo_orchestra.data.default_tasks import plan_text
+from nemo_orchestra.data.default_tasks import plan, plan_text
+
 from nemo_orchestra.prompting.chat import (
     ChatFormat,
     ChatTemplateError,
     Transcript,
-    parse_turn,
     render_chat,
     tool_call_message,
     tool_message,
@@ -154,8 +154,13 @@ def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfi
     )
     for i, (name, args, obs) in enumerate(ep.turns):
         call_id = f"call_{i + 1}"
-        text = chat.turn_text(messages, tool_call_message(name, args, _plan(ep.task, name, args), call_id), tools)
-        parsed = transcript.assistant(messages, parse_turn(text, call_id), text)
+        if chat.reasoning_parser:  # the plan as reasoning, which the template writes as the server splits it
+            inner = plan(ep.task.category, ep.task.meta.get("preference_name"), name, args)
+            message = {**tool_call_message(name, args, "", call_id), "reasoning_content": inner}
+        else:
+            message = tool_call_message(name, args, _plan(ep.task, name, args), call_id)
+        text = chat.turn_text(messages, message, tools)
+        parsed = transcript.assistant(messages, chat.read_turn(text, call_id), text)
         if parsed.error is not None:
             raise ChatTemplateError(f"the chat template's own writing of a scripted turn is refused: {parsed.error}")
         messages.append(parsed.message)

@@ -32,6 +32,7 @@ class RunSettings:
     max_new_tokens: int
     default_preference: dict[str, float]
     enable_thinking: bool | None = None  # the template variable the run rendered with (model.enable_thinking)
+    reasoning_parser: bool = False  # the run's turns were read as a reasoning parser reads them
 
 
 def run_settings(path: str) -> RunSettings | None:
@@ -60,6 +61,7 @@ def run_settings(path: str) -> RunSettings | None:
                     r["max_new_tokens_per_turn"],
                     dict(cfg["reward"]["default_preference"]),
                     (cfg.get("model") or {}).get("enable_thinking"),
+                    bool((cfg.get("model") or {}).get("reasoning_parser", False)),
                 )
             except (KeyError, TypeError) as e:
                 raise ValueError(
@@ -87,8 +89,9 @@ def checkpoint_policy(
     engine = HFEngine.from_export(folder, tokenizer)
     name = f"checkpoint:{os.path.basename(os.path.normpath(path))}"
     salt = str(seed) if seed else ""
-    if enable_thinking is None:
-        settings = run_settings(path)
-        enable_thinking = settings.enable_thinking if settings is not None else None
-    chat = ChatFormat(tokenizer, enable_thinking=enable_thinking)
+    settings = run_settings(path)
+    if enable_thinking is None and settings is not None:
+        enable_thinking = settings.enable_thinking
+    chat = ChatFormat(tokenizer, None, enable_thinking, settings.reasoning_parser if settings is not None else False)
+
     return EnginePolicy(engine, chat, max_new_tokens, temperature, top_p, name=name, seed=salt)

@@ -341,12 +341,21 @@ def first_difference(a: str, b: str, context: int = 40) -> str:
 
 class ChatFormat:
     """Renders prompts and continuations with a chat template (the tokenizer's unless ``template``
-    is given), with ``enable_thinking`` passed to the template when it is not None."""
+    is given), with ``enable_thinking`` passed to the template when it is not None.
+    ``reasoning_parser``: the server the model is served by splits reasoning off (vLLM's
+    ``--reasoning-parser``), so turns are read as it reads them (``read_turn``)."""
 
-    def __init__(self, tokenizer, template: str | None = None, enable_thinking: bool | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        template: str | None = None,
+        enable_thinking: bool | None = None,
+        reasoning_parser: bool = False,
+    ):
         self.tokenizer = tokenizer
         self.template = template if template is not None else tokenizer.chat_template
         self.enable_thinking = enable_thinking
+        self.reasoning_parser = reasoning_parser
         self.template_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         self.end_of_turn_id = tokenizer.convert_tokens_to_ids(END_OF_TURN)
 
@@ -355,6 +364,11 @@ class ChatFormat:
 
     def prompt_ids(self, messages, tools) -> list[int]:
         return self.encode(self.render(messages, tools, add_generation_prompt=True))
+
+    def read_turn(self, text: str, call_id: str = "call") -> ParsedTurn:
+        """A generated turn as the serving server reads it (``parse_turn``, with its reasoning split off
+        when ``reasoning_parser``)."""
+        return parse_turn(text, call_id, split_reasoning=self.reasoning_parser)
 
     def observation_suffix(self, observation: str) -> str:
         """Text the template puts between an assistant turn's ``<|im_end|>`` and the next generation,
@@ -406,19 +420,15 @@ class Transcript:
         self.chat, self.tools = chat, tools
         self.text = chat.render(messages, tools, add_generation_prompt=True)
 
-    def assistant(self, messages, parsed: ParsedTurn, text: str | None = None, also=()) -> ParsedTurn:
+    def assistant(self, messages, parsed: ParsedTurn, text: str | None = None) -> ParsedTurn:
         """The turn to append after ``messages`` for what the policy wrote (``text``; the template's own
-        writing of ``parsed.message`` when None): ``parsed`` when the template renders its message, and
-        each message of ``also`` (the same text as other servers read it), back as written; else the text
-        verbatim, without calls, as a format error."""
+        writing of ``parsed.message`` when None): ``parsed`` when the template renders its message back as
+        written; else the text verbatim, without calls, as a format error."""
         if text is None:
             text = self.chat.turn_text(messages, parsed.message, self.tools)
         written = self.text + text + END_OF_TURN
-        for candidate in (parsed, *also):
-            rendered = self.chat.render(list(messages) + [candidate.message], self.tools)
-            if candidate.error is not None or not rendered.startswith(written):
-                break
-        else:
+        rendered = self.chat.render(list(messages) + [parsed.message], self.tools)
+        if parsed.error is None and rendered.startswith(written):
             self.text = written
             return parsed
 
@@ -544,7 +554,9 @@ def _probe_cases(enable_thinking: bool | None) -> dict[str, tuple[list[dict], li
     return {name: (messages, tools) for name, messages in cases.items()}
 
 
-def resolve_chat_format(tokenizer, choice: str = "auto", enable_thinking: bool | None = None) -> ChatFormat:
+def resolve_chat_format(
+    tokenizer, choice: str = "auto", enable_thinking: bool | None = None, reasoning_parser: bool = False
+) -> ChatFormat:
     """The chat format a run trains with (``model.chat_template``), checked by ``probe_problems``:
 
     - ``tokenizer``: the tokenizer's own template, refused (``ChatTemplateError``) when it fails the probe;
@@ -557,23 +569,23 @@ def resolve_chat_format(tokenizer, choice: str = "auto", enable_thinking: bool |
     The run saves the chosen template with its tokenizer, so the export ships it and a server renders
     with it."""
     if choice == "prefix":
-        return ChatFormat(tokenizer, PREFIX_QWEN3_TEMPLATE, enable_thinking)
+        return ChatFormat(tokenizer, PREFIX_QWEN3_TEMPLATE, enable_thinking, reasoning_parser)
     if choice.endswith(".jinja"):
         try:
             with open(choice) as f:
                 template = f.read()
         except OSError as e:
             raise ChatTemplateError(f"model.chat_template: cannot read {choice}: {e.strerror}") from None
-        chat = ChatFormat(tokenizer, template, enable_thinking)
+        chat = ChatFormat(tokenizer, template, enable_thinking, reasoning_parser)
         chat.check(f"model.chat_template {choice}")
         return chat
-    own = ChatFormat(tokenizer, None, enable_thinking)
+    own = ChatFormat(tokenizer, None, enable_thinking, reasoning_parser)
     problems = probe_problems(own)
     if not problems:
         return own
     if choice == "tokenizer":
         own.check()
-    prefix = ChatFormat(tokenizer, PREFIX_QWEN3_TEMPLATE, enable_thinking)
+    prefix = ChatFormat(tokenizer, PREFIX_QWEN3_TEMPLATE, enable_thinking, reasoning_parser)
     for name, (messages, tools) in _probe_cases(enable_thinking).items():
         for offered in (tools, None):
             ours, theirs = prefix.render(messages[:2], offered, True), own.render(messages[:2], offered, True)

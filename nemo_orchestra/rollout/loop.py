@@ -508,10 +508,9 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
         )
         if chat.encode(turn.text) != written:  # a server re-tokenizes the text: other ids, same text
             t.retokenized_turns += 1
-    parsed = _parse(turn, f"call_{t.turns}")
+    parsed = _parse(turn, f"call_{t.turns}", chat)
     if ep.transcript is not None:  # the message a server renders back to the ids kept, or the text verbatim
-        plain = parse_turn(turn.text, f"call_{t.turns}", split_reasoning=False)  # a server without a reasoning parser
-        parsed = ep.transcript.assistant(ep.messages, parsed, turn.text, also=(plain,))
+        parsed = ep.transcript.assistant(ep.messages, parsed, turn.text)
 
     ep.messages.append(parsed.message)
     if parsed.error is not None:
@@ -538,14 +537,14 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
     return False
 
 
-def _parse(turn: Turn, call_id: str) -> ParsedTurn:
+def _parse(turn: Turn, call_id: str, chat: ChatFormat | None) -> ParsedTurn:
     """The assistant message and calls of ``turn``: as its server returned them, as the policy decided
-    them, or read from its text as a server's parsers read it."""
+    them, or read from its text as the serving server's parsers read it."""
     if turn.message is not None:
         return parse_server_message(turn.message, call_id)
     if turn.call is not None:
         return ParsedTurn(tool_call_message(turn.call.name, turn.call.arguments, turn.text, call_id), [turn.call])
-    return parse_turn(turn.text, call_id)
+    return chat.read_turn(turn.text, call_id) if chat is not None else parse_turn(turn.text, call_id, False)
 
 
 async def _settle(ep: Episode, client, limits: LoopLimits) -> None:

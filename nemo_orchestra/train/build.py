@@ -189,7 +189,7 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
 def _build(cfg: Config, info: DistInfo, tasks: list, client, loop: asyncio.AbstractEventLoop) -> Trainer:
     # a user's tokenizer and its chat template are checked before any episode runs
     tokenizer = load_tokenizer(cfg.model.tokenizer) if cfg.model.tokenizer else None
-    chat = resolve_chat_format(tokenizer, cfg.model.chat_template, cfg.model.enable_thinking) if tokenizer else None
+    chat = resolve_chat_format(tokenizer, *chat_options(cfg)) if tokenizer else None
     sft_tasks = warm_start_tasks(cfg, tasks)
     log.info("scripted warm-start episodes: %d", len(sft_tasks))
     scripted = loop.run_until_complete(scripted_episodes(sft_tasks, client, cfg.run.seed))
@@ -204,7 +204,7 @@ def _build(cfg: Config, info: DistInfo, tasks: list, client, loop: asyncio.Abstr
     if tokenizer is None:
         corpus = [render_text(ep, QWEN3_CHAT_TEMPLATE, cfg.reward) for ep in scripted]
         tokenizer = build_embedded_tokenizer(corpus, phrases=plan_phrases())
-        chat = resolve_chat_format(tokenizer, cfg.model.chat_template, cfg.model.enable_thinking)
+        chat = resolve_chat_format(tokenizer, *chat_options(cfg))
     tokenizer.chat_template = chat.template  # the template trained with is the one the export ships
     if info.is_main:
         tokenizer.save_pretrained(os.path.join(cfg.run.output_dir, "tokenizer"))
@@ -264,3 +264,8 @@ def _build(cfg: Config, info: DistInfo, tasks: list, client, loop: asyncio.Abstr
         engine_factory=engine_factory,
         overlap_reference=overlap_reference(cfg, info.device),
     )
+
+
+def chat_options(cfg: Config) -> tuple:
+    """``resolve_chat_format``'s arguments after the tokenizer: the model's chat settings."""
+    return cfg.model.chat_template, cfg.model.enable_thinking, cfg.model.reasoning_parser

@@ -259,6 +259,7 @@ def test_the_served_export_decides_as_the_checkpoint(served, tmp_path):
         and v["openai"]["format_errors"] == v["checkpoint"]["format_errors"]
         for v in by_task.values()
     )
+    print(f"the served export chose as the checkpoint on {same} of {len(by_task)} tasks ({calling} calling)")
     assert same >= 0.9 * len(by_task), f"the served export chose as the checkpoint on {same} of {len(by_task)} tasks"
     assert all(v["openai"]["reason"].split(":")[0] != "policy failed" for v in by_task.values())
 

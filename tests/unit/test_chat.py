@@ -111,9 +111,9 @@ def test_plan_phrases_are_single_tokens_and_round_trip(tmp_path):
         plan_text("reasoning", "cost_sensitive", "answer", {"model": "expert-medium"}), add_special_tokens=False
     )
     pieces = [tok.decode([i]) for i in ids]
-    assert pieces[:5] == ["<think>", "\n", "puzzle, cheap: answer by expert-medium", "\n", "</think>"]
+    assert pieces[1:3] == ["puzzle, cheap: answer by expert-medium", "</think>"]
     head = tok.encode(plan_text("arithmetic", "accuracy_first", "answer", {"answer": "3"}), add_special_tokens=False)
-    assert tok.decode([head[2]]) == "arithmetic, accurate: answer"  # not a prefix of "...: answer by ..."
+    assert tok.decode([head[1]]) == "arithmetic, accurate: answer"  # not a prefix of "...: answer by ..."
     for text in turns:
         assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
     tok.save_pretrained(str(tmp_path))

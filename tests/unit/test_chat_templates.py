@@ -279,22 +279,24 @@ def test_every_turn_is_what_the_exported_template_renders(tokenizer, service, tm
         assert chat.decode(t.token_ids) == full[: full.rindex(END_OF_TURN) + len(END_OF_TURN)]
 
 
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1 + 1"}}\n</tool_call>'
+
+
 @pytest.mark.parametrize(
-    "text, why",
+    "text, reasoning_parser, why",
     [
-        ('<tool_call>\n{"name":"calculator","arguments":{"expression":"1 + 1"}}\n</tool_call>', "JSON spacing"),
-        (
-            '<think>plan</think>\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "1 + 1"}}\n</tool_call>',
-            "think block",
-        ),
-        ('I add.<tool_call>\n{"name": "calculator", "arguments": {"expression": "1 + 1"}}\n</tool_call>', "no newline"),
-        (format_tool_call("calculator", {"expression": "1 + 1"}) + " trailing", "text after the call"),
+        ('<tool_call>\n{"name":"calculator","arguments":{"expression":"1 + 1"}}\n</tool_call>', False, "JSON spacing"),
+        ("I add." + CALL, False, "no newline between the plan and the call"),
+        (CALL + " trailing", False, "text after the call"),
+        ("<think>plan</think>\n" + CALL, True, "a think block a reasoning parser reads back otherwise"),
     ],
 )
-def test_a_turn_the_template_would_rewrite_is_a_format_error_kept_verbatim(tokenizer, service, tmp_path, text, why):
+def test_a_turn_the_template_would_rewrite_is_a_format_error_kept_verbatim(
+    tokenizer, service, tmp_path, text, reasoning_parser, why
+):
     """Counted as a format error (its call does not run), and the conversation keeps the text as written,
     so the next prompt is still what a server renders for the messages."""
-    chat = resolve_chat_format(tokenizer, "prefix")
+    chat = resolve_chat_format(tokenizer, "prefix", reasoning_parser=reasoning_parser)
     task = _arithmetic_tasks(1)[0]
     answer = tool_call_message("answer", {"answer": task.answer})
     writer = Writer(chat, lambda ep: (None, text) if ep.turn == 0 else (answer, None))
@@ -303,6 +305,18 @@ def test_a_turn_the_template_would_rewrite_is_a_format_error_kept_verbatim(token
     assert "calculator" not in t.tool_counts and t.correct
     assert t.messages[2] == {"role": "assistant", "content": text}
     assert_every_turn_is_served_as_trained(writer, exported_tokenizer(chat, tokenizer, tmp_path), None)
+
+
+def test_a_think_block_is_kept_as_written_for_a_server_without_a_reasoning_parser(tokenizer, service):
+    """Without a reasoning parser (the README's serve command) the think block is content, rendered verbatim:
+    the same turn runs its call."""
+    chat = resolve_chat_format(tokenizer, "prefix")
+    task = _arithmetic_tasks(1)[0]
+    answer = tool_call_message("answer", {"answer": task.answer})
+    writer = Writer(chat, lambda ep: (None, "<think>plan</think>\n" + CALL) if ep.turn == 0 else (answer, None))
+    (t,) = _run([task], writer, service)
+    assert t.format_errors == 0 and t.tool_counts.get("calculator") == 1
+    assert t.messages[2]["content"] == "<think>plan</think>\n" and "reasoning_content" not in t.messages[2]
 
 
 def test_a_bfcl_entry_with_several_user_turns_is_served_as_trained(tokenizer, tmp_path):

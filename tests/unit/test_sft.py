@@ -147,3 +147,27 @@ def test_copy_lessons_by_default_only_with_the_embedded_task_set():
     assert load_config(["sft.copy_episodes=null", "sft.copy_batch_size=0"]).sft.copy_lessons(None) == 0
     with pytest.raises(ValueError, match="sft.copy_episodes"):
         load_config(["sft.copy_episodes=-1"])
+
+
+@pytest.mark.parametrize("reasoning_parser", [False, True])
+def test_scripted_turns_are_written_as_the_serving_server_reads_them(reasoning_parser):
+    """Served without a reasoning parser, a plan is content written as ``<think>plan</think>\\n``; with one,
+    it is reasoning, written as Qwen3 writes a think block, which the parser splits and the template writes
+    back. Either way each scripted turn stays a prefix of the conversation's rendering (``Transcript``)."""
+    from nemo_orchestra.config import load_config
+    from nemo_orchestra.data.default_tasks import plan_phrases
+    from nemo_orchestra.data.warm_start import render_text, to_trajectory
+    from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, ChatFormat
+    from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
+
+    reward = load_config([]).reward
+    corpus = [render_text(_episode(False), QWEN3_CHAT_TEMPLATE, reward)] * 4
+    tok = build_embedded_tokenizer(corpus, vocab_size=500, phrases=plan_phrases())
+    chat = ChatFormat(tok, reasoning_parser=reasoning_parser)
+    text = chat.decode(to_trajectory(_episode(False), chat, reward).token_ids)
+    plan = (
+        "<think>\narithmetic, cheap: calculator\n</think>\n\n"
+        if reasoning_parser
+        else "<think>arithmetic, cheap: calculator</think>\n"
+    )
+    assert plan + "<tool_call>" in text
