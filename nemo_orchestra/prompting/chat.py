@@ -274,7 +274,7 @@ def parse_turn(text: str, call_id: str = "call", split_reasoning: bool = True) -
         except ToolCallParseError as e:
             return ParsedTurn({"role": "assistant", "content": text}, [], str(e))
     if not calls:
-        return ParsedTurn({"role": "assistant", "content": text}, [], "a <tool_call> without its </tool_call>")
+        return ParsedTurn({"role": "assistant", "content": text}, [], "no <tool_call>...</tool_call> in the turn")
     message: dict[str, Any] = {
         "role": "assistant",
         "content": body[:start],
