@@ -306,7 +306,9 @@ def parse_server_message(message: dict[str, Any], call_id: str = "call") -> Pars
     else:
         calls, specs = [], []
         for k, tc in enumerate(tool_calls):
-            fn = tc.get("function") or {}
+            fn = tc.get("function") if isinstance(tc, dict) else None
+            fn = fn if isinstance(fn, dict) else {}  # an entry that is not a call: malformed, named below
+
             raw = fn.get("arguments", {})
             try:
                 args = json.loads(raw or "{}") if isinstance(raw, str) else raw
@@ -427,18 +429,16 @@ class Transcript:
         if text is None:
             text = self.chat.turn_text(messages, parsed.message, self.tools)
         written = self.text + text + END_OF_TURN
-        rendered = self.chat.render(list(messages) + [parsed.message], self.tools)
-        if parsed.error is None and rendered.startswith(written):
-            self.text = written
-            return parsed
-
-        verbatim = ParsedTurn(
-            {"role": "assistant", "content": text},
-            [],
-            parsed.error
-            or "the turn is not written as the chat template writes it back "
-            f"({first_difference(text + END_OF_TURN, rendered[len(self.text) :])})",
-        )
+        error = parsed.error
+        if error is None:  # a malformed turn is kept verbatim without rendering its message
+            rendered = self.chat.render(list(messages) + [parsed.message], self.tools)
+            if rendered.startswith(written):
+                self.text = written
+                return parsed
+            error = "the turn is not written as the chat template writes it back " + (
+                f"({first_difference(text + END_OF_TURN, rendered[len(self.text) :])})"
+            )
+        verbatim = ParsedTurn({"role": "assistant", "content": text}, [], error)
         again = self.chat.render(list(messages) + [verbatim.message], self.tools)
         if not again.startswith(written):
             raise ChatTemplateError(

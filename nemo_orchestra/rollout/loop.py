@@ -158,8 +158,7 @@ class LoopLimits:
 
     def turn_budget(self, task: TaskRecord) -> int:
         """The turns an episode of ``task`` may take."""
-        own = getattr(task, "max_turns", None)
-        return own if self.task_turns and own else self.max_turns
+        return task.max_turns if self.task_turns and task.max_turns else self.max_turns
 
 
 @dataclass

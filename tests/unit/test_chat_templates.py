@@ -382,6 +382,9 @@ def test_a_server_reply_is_kept_whole():
     bad = parse_server_message({"content": "", "tool_calls": [{"function": {"name": "answer", "arguments": "[1]"}}]})
     assert bad.calls == [] and "JSON object" in bad.error and "<tool_call>" in bad.message["content"]
     assert parse_server_message({"content": "just text"}).error == "no <tool_call>...</tool_call> in the turn"
+    for entry in ("answer", {"function": "answer"}, {"function": {"arguments": "{}"}}):  # not a call: no crash
+        odd = parse_server_message({"content": "", "tool_calls": [entry]})
+        assert odd.calls == [] and odd.error
 
 
 def test_the_chat_benchmark_plays_entries_without_format_errors(tmp_path):
