@@ -27,7 +27,7 @@ from nemo_orchestra.prompting.prompts import task_messages
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 from nemo_orchestra.rollout.loop import LoopLimits, Turn, run_episodes
 from tools_env.client import ToolsEnvClient
-from tools_env.launch import start_service
+from tools_env.supervisor import start_service
 
 QWEN3_TEMPLATE = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "fixtures", "chat_templates", "qwen3.jinja"

@@ -174,7 +174,7 @@ def measure(args: Any, cfg) -> int:
     # steps, the last one would train with an idle engine beside it
     cfg.trainer.max_steps += cfg.rollout.max_staleness
 
-    from nemo_orchestra.train.console import setup_logging
+    from nemo_orchestra.runtime.console import setup_logging
 
     setup_logging("WARNING", int(os.environ.get("RANK", 0)))  # before Megatron-Core and vLLM are imported
     import torch

@@ -29,7 +29,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tools_env.client import ToolsEnvClient
-from tools_env.launch import start_service
+from tools_env.supervisor import start_service
 
 TOOL_CALLS = {
     "calculator": {"expression": "(12345 * 6789 + 42) / 7"},

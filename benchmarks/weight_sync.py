@@ -69,7 +69,7 @@ def main() -> None:
 
 
 def random_state(model, vocab: int, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
-    from nemo_orchestra.hf.qwen3 import megatron_names
+    from nemo_orchestra.export.qwen3 import megatron_names
 
     g = torch.Generator(device="cpu").manual_seed(0)
     h, d = model.hidden_size, model.head_dim

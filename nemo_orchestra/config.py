@@ -333,7 +333,7 @@ class CheckpointConfig:
 
 @dataclass
 class LoggerConfig:
-    """Where the step metrics go besides metrics.jsonl (nemo_orchestra.train.metrics)."""
+    """Where the step metrics go besides metrics.jsonl (nemo_orchestra.train.metric_logger)."""
 
     tensorboard: bool = MISSING  # event files in <run.output_dir>/tensorboard
     wandb: bool = MISSING  # Weights & Biases (pip install wandb)
@@ -357,15 +357,15 @@ class ToolsConfig:
     token: Optional[str] = MISSING
     workers: int = MISSING
     startup_timeout_s: float = MISSING
-    service: Dict[str, Any] = MISSING  # the service's config file: tools_env.config.ServiceConfig's keys
+    service: Dict[str, Any] = MISSING  # the service's config file: tools_env.service_config.ServiceConfig's keys
 
     def validate(self) -> None:
         self.service_config()
 
     def service_config(self):
-        """``service`` as the service reads it (``tools_env.config.ServiceConfig``): every key it
+        """``service`` as the service reads it (``tools_env.service_config.ServiceConfig``): every key it
         leaves out keeps the service's default; an unknown key or a wrong type names ``tools.service.KEY``."""
-        from tools_env.config import ServiceConfig
+        from tools_env.service_config import ServiceConfig
 
         try:
             return ServiceConfig.from_dict(self.service)

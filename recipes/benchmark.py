@@ -67,7 +67,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
 
 if __name__ == "__main__":
-    from nemo_orchestra.train.reaper import contain
+    from nemo_orchestra.runtime.reaper import contain
 
     contain()  # the tool service, vLLM's processes: every process a benchmark starts ends with it
     sys.exit(main())

@@ -40,11 +40,11 @@ from typing import Dict, Optional
 
 from nemo_orchestra.config import ConfigError, load_config, load_structured
 from nemo_orchestra.config_help import recipe_help, wants_help
-from nemo_orchestra.evaluation.policy import build_policy
+from nemo_orchestra.evaluation.policies import build_policy
 from nemo_orchestra.evaluation.report import summarize, write_report
-from nemo_orchestra.evaluation.runner import PolicyRun, run_all
+from nemo_orchestra.evaluation.harness import PolicyRun, run_all
 from nemo_orchestra.rollout.loop import LoopLimits
-from nemo_orchestra.train.console import setup_logging
+from nemo_orchestra.runtime.console import setup_logging
 from tools_env.task import load_jsonl
 
 MAX_TURNS = 12  # an episode's turns when neither max_turns= nor its record gives any
@@ -138,7 +138,7 @@ def service_config(cfg: EvalConfig) -> dict:
     """The local service's config: a given file, plus the synthesized folder's corpus for `search`. Its
     ``guards.max_turns``, unless the file sets it, is at least the largest turn budget an episode gets
     (``max_turns``, else its record's), so the budget ends an episode and not the service's guard."""
-    from tools_env.config import GuardConfig
+    from tools_env.service_config import GuardConfig
 
     config: dict = {}
     if cfg.tools_env.config:
@@ -272,7 +272,7 @@ def main(argv: list) -> int:
     if cfg.tools_env.url:
         results = asyncio.run(evaluate(cfg, cfg.tools_env.url.split(","), cfg.tools_env.token))
     else:
-        from tools_env.launch import start_service
+        from tools_env.supervisor import start_service
 
         with start_service(service_config(cfg)) as svc:
             results = asyncio.run(evaluate(cfg, svc.urls, svc.token))
@@ -296,7 +296,7 @@ def main(argv: list) -> int:
 
 
 if __name__ == "__main__":
-    from nemo_orchestra.train.reaper import contain
+    from nemo_orchestra.runtime.reaper import contain
 
     contain()  # the tool service and a checkpoint's engine end with the evaluation, SIGKILL included
     sys.exit(main(sys.argv[1:]))

@@ -9,7 +9,7 @@ tokenizer files (from ``tokenizer=DIR``, the checkpoint folder, or the run's ``t
 
 ``format=trtllm tp=N`` writes a TensorRT-LLM checkpoint instead (``config.json`` with its
 ``mapping`` and ``rank{i}.safetensors``, fused QKV, sharded for tensor parallelism N; layout in
-``nemo_orchestra/hf/trtllm.py``) for ``trtllm-build --checkpoint_dir OUTPUT --output_dir ENGINE``.
+``nemo_orchestra/export/trtllm.py``) for ``trtllm-build --checkpoint_dir OUTPUT --output_dir ENGINE``.
 
 Launch:
     python recipes/export_checkpoint.py checkpoint=runs/grpo_orchestrator/checkpoints/step_00000008 output=runs/hf
@@ -26,7 +26,7 @@ from typing import Optional
 
 from nemo_orchestra.config import PARAMS_DTYPES, ConfigError, load_recipe_config
 from nemo_orchestra.config_help import recipe_help, wants_help
-from nemo_orchestra.train.console import setup_logging
+from nemo_orchestra.runtime.console import setup_logging
 
 
 @dataclass
@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
         return 2
     setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))  # before Megatron is imported
 
-    from nemo_orchestra.hf.convert import export_checkpoint
+    from nemo_orchestra.export.convert import export_checkpoint
     from nemo_orchestra.megatron.parallel import destroy_distributed, init_distributed
 
     info = init_distributed(cfg.parallel, cfg.run.seed)

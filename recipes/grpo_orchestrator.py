@@ -29,8 +29,8 @@ from contextlib import ExitStack
 
 from nemo_orchestra.config import ConfigError, load_config
 from nemo_orchestra.config_help import recipe_help, wants_help
-from nemo_orchestra.train import run_control as rc
-from nemo_orchestra.train.console import setup_logging
+from nemo_orchestra.runtime import run_control as rc
+from nemo_orchestra.runtime.console import setup_logging
 
 log = logging.getLogger("grpo_orchestrator")
 
@@ -100,9 +100,9 @@ def heldout(cfg, trainer, tasks: list) -> dict:
 
 def finish(cfg, info, trainer, evals: dict, eval_tasks: list) -> None:
     """The final held-out evaluation, report and Hugging Face export."""
-    from nemo_orchestra.hf.export import export_hf
-    from nemo_orchestra.hf.qwen3 import full_state_dict
-    from nemo_orchestra.train.report import plot_curves, write_report
+    from nemo_orchestra.export.hf import export_hf
+    from nemo_orchestra.export.qwen3 import full_state_dict
+    from nemo_orchestra.train.run_report import plot_curves, write_report
 
     if eval_tasks:
         if info.is_main:  # for recomputing the held-out figures: recipes/evaluate.py tasks=...
@@ -124,7 +124,7 @@ def finish(cfg, info, trainer, evals: dict, eval_tasks: list) -> None:
 
 
 if __name__ == "__main__":
-    from nemo_orchestra.train.reaper import contain
+    from nemo_orchestra.runtime.reaper import contain
 
     contain()  # every process this run starts ends with it, SIGKILL included
     sys.exit(main(sys.argv[1:]))

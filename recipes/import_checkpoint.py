@@ -24,7 +24,7 @@ from typing import Optional
 
 from nemo_orchestra.config import PARAMS_DTYPES, ConfigError, load_recipe_config
 from nemo_orchestra.config_help import recipe_help, wants_help
-from nemo_orchestra.train.console import setup_logging
+from nemo_orchestra.runtime.console import setup_logging
 
 
 @dataclass
@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
         return 2
     setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))  # before Megatron is imported
 
-    from nemo_orchestra.hf.convert import import_hf
+    from nemo_orchestra.export.convert import import_hf
     from nemo_orchestra.megatron.parallel import destroy_distributed, init_distributed
 
     info = init_distributed(cfg.parallel, cfg.run.seed)

@@ -26,7 +26,7 @@ import sys
 from nemo_orchestra.config import ConfigError, load_structured
 from nemo_orchestra.config_help import recipe_help, wants_help
 from nemo_orchestra.synth import SynthConfig, synthesize
-from nemo_orchestra.train.console import setup_logging
+from nemo_orchestra.runtime.console import setup_logging
 
 
 def main(argv: list[str]) -> int:

@@ -7,7 +7,7 @@ The command is started; the signals this wrapper receives (SIGUSR1, SIGTERM, SIG
 on to it, as ``sbatch --signal=B:USR1@N`` and the template's trap do. With ``--time-limit`` each
 launch gets that many seconds: SIGUSR1 at ``time-limit - signal-before``, SIGTERM at the limit and
 SIGKILL ``--kill-wait`` seconds later, as Slurm does. When the command exits with 75 (the recipe's
-"stopped by the preempt signal, requeue me", see nemo_orchestra/train/run_control.py) it is started
+"stopped by the preempt signal, requeue me", see nemo_orchestra/runtime/run_control.py) it is started
 again, with ``NEMO_ORCHESTRA_RESTARTS`` set to the number of restarts so far, up to
 ``--max-restarts`` times; the recipe itself stops asking after ``run.max_restarts``. The wrapper
 exits with the last launch's exit code.
@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-REQUEUE_EXIT = 75  # nemo_orchestra.train.run_control.REQUEUE_EXIT (not imported: the wrapper needs no torch)
+REQUEUE_EXIT = 75  # nemo_orchestra.runtime.run_control.REQUEUE_EXIT (not imported: the wrapper needs no torch)
 FORWARDED = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 
 

@@ -59,7 +59,7 @@ def best_expected_accuracy(run_dir: str, follow_preferences: bool = False) -> fl
         return math.nan
     import yaml
 
-    from tools_env.config import ServiceConfig, for_category
+    from tools_env.service_config import ServiceConfig, for_category
     from tools_env.task import load_jsonl
 
     with open(config_path) as f:

@@ -35,8 +35,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from tools_env.config import ServiceConfig
-from tools_env.metrics import UNKNOWN_TOOL, Metrics
+from tools_env.service_config import ServiceConfig
+from tools_env.prometheus import UNKNOWN_TOOL, Metrics
 from tools_env.schema import EPISODE_ID_PATTERN
 from tools_env.task import TaskRecord, TaskRecordError
 from tools_env.tools.base import EpisodeContext, Tool, ToolArgumentError, ToolResult

@@ -27,10 +27,10 @@ from aiohttp import web
 
 from tools_env import domains as _domains  # noqa: F401  (registers the db_state verifier)
 from tools_env import tools as _plugins  # noqa: F401  (registers the tool plug-ins)
-from tools_env.config import ServiceConfig
+from tools_env.service_config import ServiceConfig
 from tools_env.process import parent_gone, remove_if_orphaned, write_ready_file
 from tools_env.episodes import EpisodeStore, ServiceError
-from tools_env.metrics import Metrics
+from tools_env.prometheus import Metrics
 from tools_env.openapi import NO_AUTH_PATHS, openapi_document
 from tools_env.schema import STEP_REQUEST, check
 from tools_env.tools.base import TOOL_REGISTRY, Tool
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: bad config {args.config}: {e}", file=sys.stderr)
         return 2
     if args.workers > 1:
-        from tools_env.launch import supervise_workers
+        from tools_env.supervisor import supervise_workers
 
         return supervise_workers(args, token)
     _run(

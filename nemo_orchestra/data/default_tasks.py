@@ -24,8 +24,8 @@ The policy reads the preference at the end of the user message (``prompting.prom
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
+from nemo_orchestra.prompting.preferences import PREFERENCES
 from tools_env.task import TaskRecord
 
 CATEGORIES = ("arithmetic", "lookup", "reasoning")
@@ -36,21 +36,6 @@ EXPERT_PRICES = {  # $/1M tokens (input, output), after the paper's price table
 }
 
 
-@dataclass(frozen=True)
-class Profile:
-    weights: dict  # the reward's preference vector
-    wish: str  # how the user states it in the prompt
-    label: str  # how the orchestrator restates it in its plan, in a word
-
-
-PREFERENCES = {
-    "accuracy_first": Profile(
-        {"accuracy": 1.0, "cost": 0.0, "latency": 0.0}, "the most accurate answer, whatever it costs", "accurate"
-    ),
-    "cost_sensitive": Profile(
-        {"accuracy": 1.0, "cost": 1.0, "latency": 0.5}, "a correct answer at low cost and latency", "cheap"
-    ),
-}
 KINDS = {"arithmetic": "arithmetic", "lookup": "lookup", "reasoning": "puzzle"}  # category -> word in the plan
 _SYL = ["ka", "lo", "mi", "ra", "te", "vo", "zu", "ne", "sha", "dri", "pel", "tor", "vin", "qua", "bel"]
 

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_orchestra.evaluation.runner import EpisodeResult
+from nemo_orchestra.evaluation.harness import EpisodeResult
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from nemo_orchestra.data.default_tasks import PREFERENCES
+from nemo_orchestra.prompting.preferences import PREFERENCES
 from tools_env.task import TaskRecord
 
 SYSTEM_PROMPT = (

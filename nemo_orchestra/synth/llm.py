@@ -112,10 +112,10 @@ async def paraphrase_all(opts: Any, candidates: list[Candidate], progress: bool)
 async def pass_at_k(cfg: Any, candidates: list[Candidate]) -> list[int]:
     """How many of ``k`` attempts by the model solve each candidate, through a local tool service."""
     from nemo_orchestra.evaluation.openai_policy import OpenAIChatPolicy
-    from nemo_orchestra.evaluation.runner import PolicyRun, run_all
+    from nemo_orchestra.evaluation.harness import PolicyRun, run_all
     from nemo_orchestra.rollout.loop import LoopLimits
     from tools_env.client import ToolsEnvClient
-    from tools_env.launch import start_service
+    from tools_env.supervisor import start_service
 
     opts = cfg.llm
     bare = RecordOptions(distractors_min=0, distractors_max=0, price_jitter=0.0)

@@ -29,7 +29,7 @@ GENERIC_TOOLS = ("calculator", "python", "search", "expert", "answer")
 
 def default_expert_prices() -> dict[str, tuple[float, float]]:
     """The tool service's default simulated experts and their prices ($/1M tokens in, out)."""
-    from tools_env.config import ExpertsConfig
+    from tools_env.service_config import ExpertsConfig
 
     cfg = ExpertsConfig()
     prices = {a: (e.price_in, e.price_out) for a, e in cfg.simulated.items()}

@@ -1,1 +1,2 @@
-"""What to train on the policy side: trainer stages, the policy and its step, warm start, checkpoints, metrics."""
+"""The policy side of GRPO: the trainer's stages, the policy and its update, rollouts ahead of
+training, the warm start, checkpoints, the metric logger, FLOPs and the memory plan, the run report."""

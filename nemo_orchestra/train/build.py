@@ -21,7 +21,7 @@ from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer, load_to
 from nemo_orchestra.rollout.engines import EngineContext, capabilities, check_engine, start_engine
 from nemo_orchestra.train.flops import slow_half_precision_warning
 from nemo_orchestra.train.memory_plan import memory_check
-from nemo_orchestra.train.metrics import MetricLogger
+from nemo_orchestra.train.metric_logger import MetricLogger
 from nemo_orchestra.train.policy import build_policy
 from nemo_orchestra.train.trainer import Trainer, close_loop
 from tools_env.task import load_jsonl
@@ -63,7 +63,7 @@ def tool_service(cfg: Config, stack: ExitStack, started: list | None = None) -> 
         for url in urls:
             _check_health(url, cfg.tools.startup_timeout_s)
         return urls
-    from tools_env.launch import start_service
+    from tools_env.supervisor import start_service
 
     def start() -> list[str]:
         handle = stack.enter_context(

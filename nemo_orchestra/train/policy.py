@@ -100,7 +100,7 @@ def load_pretrained(gpt, folder: str, model_cfg) -> None:
     """Weights from ``model.init_from``: a Hugging Face folder or a nemo-orchestra checkpoint."""
     import os
 
-    from nemo_orchestra.hf.qwen3 import (
+    from nemo_orchestra.export.qwen3 import (
         HFWeights,
         hf_to_megatron_tensor,
         megatron_names,

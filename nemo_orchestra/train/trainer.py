@@ -24,7 +24,7 @@ import torch
 from nemo_orchestra.config import Config
 from nemo_orchestra.grpo.advantages import assign_advantages, informative_groups
 from nemo_orchestra.grpo.reward import assign_rewards
-from nemo_orchestra.hf.qwen3 import full_state_dict
+from nemo_orchestra.export.qwen3 import full_state_dict
 from nemo_orchestra.megatron.forward import selects_last_layer_rows
 from nemo_orchestra.rollout.engines.base import GenerationEngine
 from nemo_orchestra.megatron.parallel import (
@@ -52,9 +52,9 @@ from nemo_orchestra.train.checkpoint import (
     set_rng_state,
 )
 from nemo_orchestra.train.flops import forward_flops, perf_metrics, sequence_layout
-from nemo_orchestra.train.metrics import MetricLogger
+from nemo_orchestra.train.metric_logger import MetricLogger
 from nemo_orchestra.train.policy import Policy, reset_optimizer_state, set_lr
-from nemo_orchestra.train.run_control import SaveSchedule, agree, param_versions
+from nemo_orchestra.runtime.run_control import SaveSchedule, agree, param_versions
 from nemo_orchestra.train.step import (
     ReferenceAhead,
     grpo_update,

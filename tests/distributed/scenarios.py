@@ -263,7 +263,7 @@ def run_parallel(tp, pp, full, trajs, ref, share=None, dist_opt=True, offload=Fa
 
 
 def scenario_tp(full, trajs, ref):
-    from nemo_orchestra.hf.qwen3 import full_state_dict
+    from nemo_orchestra.export.qwen3 import full_state_dict
 
     out, policy, _ = run_parallel(2, 1, full, trajs, ref, offload=True)
     out["gather"] = max_diff(full_state_dict(policy.module), full)
@@ -271,7 +271,7 @@ def scenario_tp(full, trajs, ref):
 
 
 def scenario_pp(full, trajs, ref):
-    from nemo_orchestra.hf.qwen3 import full_state_dict
+    from nemo_orchestra.export.qwen3 import full_state_dict
 
     out, policy, _ = run_parallel(1, 2, full, trajs, ref)
     out["gather"] = max_diff(full_state_dict(policy.module), full)
@@ -379,7 +379,7 @@ def scenario_hf_tp2(folder):
     """A tiny random transformers Qwen3 imported at TP=2 (model.init_from): logits and export."""
     from transformers import Qwen3ForCausalLM
 
-    from nemo_orchestra.hf.qwen3 import full_state_dict, hf_config, megatron_to_hf
+    from nemo_orchestra.export.qwen3 import full_state_dict, hf_config, megatron_to_hf
     from nemo_orchestra.megatron.forward import forward_logprobs
     from nemo_orchestra.train.packing import pack
     from nemo_orchestra.train.policy import build_policy

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tools_env.launch import REPO_ROOT
+from tools_env.supervisor import REPO_ROOT
 
 SCRIPT = os.path.join(REPO_ROOT, "recipes", "benchmark.py")
 TINY = [

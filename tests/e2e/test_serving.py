@@ -87,7 +87,7 @@ def _qwen3_tokenizer(folder: Path) -> list[str]:
     from nemo_orchestra.prompting.chat import PREFIX_QWEN3_TEMPLATE
     from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
     from tools_env.client import ToolsEnvClient
-    from tools_env.launch import start_service
+    from tools_env.supervisor import start_service
 
     cfg = load_config([])
     with start_service({}) as svc:
@@ -195,7 +195,7 @@ def test_the_server_renders_every_turn_to_the_trained_ids(served):
 
     from nemo_orchestra.rollout.loop import run_episodes
     from tools_env.client import ToolsEnvClient
-    from tools_env.launch import start_service
+    from tools_env.supervisor import start_service
 
     run, url = served
     settings = run_settings(str(run))

@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from tests.doubles import EXPERT_CHAT_SERVER
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -22,7 +24,7 @@ def fake_openai():
     tmp = tempfile.mkdtemp(prefix="fake-openai-")
     ready = os.path.join(tmp, "ready.json")
     proc = subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "fake_openai.py"), "--ready-file", ready],
+        [sys.executable, EXPERT_CHAT_SERVER, "--ready-file", ready],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from benchmarks import tools_env as bench
-from tools_env.launch import REPO_ROOT
+from tools_env.supervisor import REPO_ROOT
 
 SCRIPT = os.path.join(REPO_ROOT, "recipes", "benchmark.py")
 

@@ -15,13 +15,13 @@ import pytest
 
 pytest.importorskip("bfcl_eval", reason="BFCL tasks need the 'bfcl' extra")
 
-from nemo_orchestra.evaluation.policy import Oracle
-from nemo_orchestra.evaluation.runner import PolicyRun, run_all
+from nemo_orchestra.evaluation.policies import Oracle
+from nemo_orchestra.evaluation.harness import PolicyRun, run_all
 from tools_env.client import ToolsEnvClient
 from tools_env.domains.bfcl.apis import call_as_action
 from tools_env.domains.bfcl.checker import end_turn, final_outcome, run_call
 from tools_env.domains.bfcl.importer import read_category, to_record
-from tools_env.launch import start_service
+from tools_env.supervisor import start_service
 from tools_env.tools.base import EpisodeContext
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -196,9 +196,9 @@ def test_missing_extra_is_a_clear_error(base, tmp_path):
     record = json.dumps(base[0][2].to_dict())
     code = f"""
 import asyncio, json
-from tools_env.config import ServiceConfig
+from tools_env.service_config import ServiceConfig
 from tools_env.episodes import EpisodeStore, ServiceError
-from tools_env.metrics import Metrics
+from tools_env.prometheus import Metrics
 from tools_env.server import build_tools
 async def go():
     cfg = ServiceConfig.from_dict({{}})

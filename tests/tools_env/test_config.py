@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tools_env.config import ServiceConfig
+from tools_env.service_config import ServiceConfig
 
 
 def test_empty_config_is_a_working_offline_service():

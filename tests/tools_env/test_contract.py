@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tools_env.episodes import Episode
-from tools_env.launch import start_service
+from tools_env.supervisor import start_service
 from tools_env.openapi import openapi_document
 from tools_env.schema import EPISODE_SUMMARY, STEP_REQUEST, check, task_record_schema
 from tools_env.task import TaskRecord

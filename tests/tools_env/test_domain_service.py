@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from nemo_orchestra.evaluation.policy import Oracle
-from nemo_orchestra.evaluation.runner import PolicyRun, run_all
+from nemo_orchestra.evaluation.policies import Oracle
+from nemo_orchestra.evaluation.harness import PolicyRun, run_all
 from nemo_orchestra.synth.pipeline import SynthConfig, synthesize
 from tools_env.client import ToolsEnvClient
-from tools_env.launch import start_service
+from tools_env.supervisor import start_service
 from tools_env.task import load_jsonl
 
 

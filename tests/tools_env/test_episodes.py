@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from tools_env.config import ServiceConfig
+from tools_env.service_config import ServiceConfig
 from tools_env.episodes import EpisodeStore, ServiceError
-from tools_env.metrics import Metrics
+from tools_env.prometheus import Metrics
 from tools_env.tools.answer import Answer
 from tools_env.tools.base import Tool, ToolResult
 from tools_env.tools.calculator import Calculator

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from tools_env.config import ExpertsConfig
-from tools_env.launch import start_service
+from tools_env.service_config import ExpertsConfig
+from tools_env.supervisor import start_service
 from tools_env.task import TaskRecord
 from tools_env.tools.base import EpisodeContext
 from tools_env.tools.experts import Expert, wrong_answer

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tools_env.client import ToolsEnvClient, ToolsEnvError
-from tools_env.launch import start_service
+from tools_env.supervisor import start_service
 from tools_env.recovery import ToolServiceDown, tool_service_context, with_tool_service
 from tools_env.task import TaskRecordError, load_jsonl
 from tools_env_helpers import http, qa_task

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tools_env.launch import start_service
+from tools_env.supervisor import start_service
 from tools_env_helpers import http, qa_task
 
 pytestmark = pytest.mark.skipif(

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tools_env.client import ToolsEnvClient, ToolsEnvError
-from tools_env.launch import start_service
+from tools_env.supervisor import start_service
 from tools_env_helpers import http, qa_task, run
 
 CONFIG = {"max_request_bytes": 65536, "guards": {"max_cost": 0.012}}

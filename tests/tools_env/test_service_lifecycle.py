@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tools_env.client import ToolsEnvClient, ToolsEnvError
-from tools_env.launch import REPO_ROOT, ServiceStartError, start_service
+from tools_env.supervisor import REPO_ROOT, ServiceStartError, start_service
 from tools_env_helpers import http, qa_task, run
 
 
@@ -116,7 +116,7 @@ def test_the_service_stops_when_its_launcher_is_killed(workers):
     the folders its launcher made for it."""
     code = (
         "import sys, time\n"
-        "from tools_env.launch import start_service\n"
+        "from tools_env.supervisor import start_service\n"
         f"svc = start_service(workers={workers})\n"
         "print(svc.process.pid, svc.tmpdir, svc.workdir, ' '.join(svc.urls), flush=True)\n"
         "time.sleep(600)\n"

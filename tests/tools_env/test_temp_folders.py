@@ -6,10 +6,10 @@ import gc
 import os
 import signal
 
-from tools_env.config import ServiceConfig
+from tools_env.service_config import ServiceConfig
 from tools_env.episodes import EpisodeStore
-from tools_env.launch import start_service
-from tools_env.metrics import Metrics
+from tools_env.supervisor import start_service
+from tools_env.prometheus import Metrics
 
 
 def test_a_store_never_closed_removes_its_root_when_collected():

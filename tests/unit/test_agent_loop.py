@@ -13,7 +13,7 @@ import pytest
 
 from nemo_orchestra.config import load_config
 from nemo_orchestra.data.default_tasks import generate_tasks, plan_phrases
-from nemo_orchestra.evaluation.runner import PolicyRun, run_all
+from nemo_orchestra.evaluation.harness import PolicyRun, run_all
 from nemo_orchestra.prompting.chat import (
     QWEN3_CHAT_TEMPLATE,
     SPECIAL_TOKENS,
@@ -26,7 +26,7 @@ from nemo_orchestra.rollout.engines.base import Generation
 from nemo_orchestra.rollout.loop import EnginePolicy, LoopLimits, Turn, malformed_call_observation, run_episodes
 from nemo_orchestra.train.trainer import Trainer
 from tools_env.client import ToolsEnvClient
-from tools_env.launch import start_service
+from tools_env.supervisor import start_service
 from tools_env.task import TaskRecord
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -37,7 +37,7 @@ from nemo_orchestra.train.step import grpo_loss_fn
 from nemo_orchestra.types import Trajectory
 from tests.unit.helpers import loss_cfg
 from tools_env.client import ToolsEnvClient
-from tools_env.launch import start_service
+from tools_env.supervisor import start_service
 from tools_env.task import TaskRecord
 
 TASK = TaskRecord.from_dict(

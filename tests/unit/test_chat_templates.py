@@ -33,7 +33,7 @@ from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 from nemo_orchestra.rollout.loop import LoopLimits, Turn, run_episodes
 from nemo_orchestra.types import Trajectory
 from tools_env.client import ToolsEnvClient
-from tools_env.launch import start_service
+from tools_env.supervisor import start_service
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "chat_templates")
 PREFERENCE = {"accuracy": 1.0, "cost": 0.5, "latency": 0.5}

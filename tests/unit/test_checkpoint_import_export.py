@@ -105,7 +105,7 @@ def test_recipes_round_trip_a_qwen3_folder(tmp_path):
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_llama_import_has_no_qk_norm_and_round_trips(dist_init, tmp_path, tied):
-    from nemo_orchestra.hf.convert import export_checkpoint, import_hf
+    from nemo_orchestra.export.convert import export_checkpoint, import_hf
 
     _hf_folder(tmp_path / "hf", "llama", tied=tied)
     cfg = load_config([])
@@ -119,7 +119,7 @@ def test_llama_import_has_no_qk_norm_and_round_trips(dist_init, tmp_path, tied):
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_policy_starts_from_an_hf_folder_or_its_import_with_transformers_logits(dist_init, tmp_path, arch):
-    from nemo_orchestra.hf.convert import import_hf
+    from nemo_orchestra.export.convert import import_hf
     from nemo_orchestra.megatron.forward import forward_logprobs
     from nemo_orchestra.train.packing import pack
     from nemo_orchestra.train.policy import build_policy
@@ -167,14 +167,14 @@ def test_init_from_a_different_architecture_names_the_keys(dist_init, tmp_path):
 def test_export_shards_with_an_index_that_transformers_loads(dist_init, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from nemo_orchestra.hf import export
-    from nemo_orchestra.hf.convert import import_hf
+    from nemo_orchestra.export import export
+    from nemo_orchestra.export.convert import import_hf
 
     hf = _hf_folder(tmp_path / "hf", "qwen3", tied=True)
     cfg = load_config([])
     import_hf(str(tmp_path / "hf"), str(tmp_path / "ckpt"), cfg.model, cfg.parallel, torch.device("cpu"))
     monkeypatch.setattr(export, "SHARD_BYTES", 40_000)  # a few tensors per shard
-    from nemo_orchestra.hf.convert import export_checkpoint
+    from nemo_orchestra.export.convert import export_checkpoint
 
     export_checkpoint(str(tmp_path / "ckpt"), str(tmp_path / "out"), cfg.parallel, torch.device("cpu"))
     index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())

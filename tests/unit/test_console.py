@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # each known notice as its library raises it (message, category, module), then two it must not hide
 SCRIPT = r"""
 import subprocess, sys, warnings
-from nemo_orchestra.train.console import setup_logging
+from nemo_orchestra.runtime.console import setup_logging
 setup_logging(sys.argv[1], 0)
 def raise_as(message, category, module):
     warnings.warn_explicit(message, category, module.replace(".", "/") + ".py", 1, module=module)
@@ -36,7 +36,7 @@ child = (
     "warnings.warn_explicit('resource_tracker: There appear to be 1 leaked shared_memory objects', UserWarning, "
     "'r.py', 1, module='multiprocessing.resource_tracker')\n"
     "warnings.warn_explicit('SHOWN: in the child', UserWarning, 'c.py', 1, module='vllm.other')\n"
-    "import logging; from nemo_orchestra.train import console\n"  # as a spawned vLLM process imports the recipe
+    "import logging; from nemo_orchestra.runtime import console\n"  # as a spawned vLLM process imports the recipe
     "logging.getLogger('vllm.triton_utils.importing').warning('Triton is installed, but no CPU backend')\n"
 )
 subprocess.run([sys.executable, "-c", child], check=True)
@@ -70,7 +70,7 @@ def test_debug_shows_everything():
 @pytest.mark.slow
 def test_megatron_imports_quietly():
     code = (
-        "from nemo_orchestra.train.console import setup_logging\nsetup_logging('INFO', 0)\n"
+        "from nemo_orchestra.runtime.console import setup_logging\nsetup_logging('INFO', 0)\n"
         "import megatron.core.optimizer, megatron.core.models.gpt.gpt_layer_specs\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}

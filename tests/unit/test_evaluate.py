@@ -13,11 +13,12 @@ import time
 import pytest
 
 from nemo_orchestra.evaluation.openai_policy import OpenAIChatPolicy
-from nemo_orchestra.evaluation.policy import POLICIES, build_policy, cheapest, expert_reply_answer, strongest
+from nemo_orchestra.evaluation.policies import POLICIES, build_policy, cheapest, expert_reply_answer, strongest
 from nemo_orchestra.evaluation.report import pareto_front
-from nemo_orchestra.evaluation.runner import EpisodeResult, alpha_of
+from nemo_orchestra.evaluation.harness import EpisodeResult, alpha_of
 from nemo_orchestra.rollout.loop import Episode, turn_seed
 from nemo_orchestra.synth.pipeline import SynthConfig, synthesize
+from tests.doubles import ORACLE_CHAT_SERVER
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -122,7 +123,7 @@ def _start_fake(tmp_path, records):
     )
     ready = tmp_path / "ready"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "nemo_orchestra.synth.fake_openai", "--oracle", str(oracle), "--ready-file", str(ready)],
+        [sys.executable, ORACLE_CHAT_SERVER, "--oracle", str(oracle), "--ready-file", str(ready)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -231,7 +232,7 @@ def test_an_episode_runs_under_its_records_budget_unless_max_turns_is_given(tmp_
     import asyncio
 
     from tools_env.client import ToolsEnvClient
-    from tools_env.launch import start_service
+    from tools_env.supervisor import start_service
     from tools_env.task import TaskRecord
 
     evaluate = _recipe()
@@ -257,7 +258,7 @@ def _fake_checkpoint(monkeypatch, max_turns=3, tokens=48, enable_thinking=None):
     without a model: ``run_settings`` and the policy builder stand in."""
     from nemo_orchestra.evaluation import checkpoint_policy
     from nemo_orchestra.evaluation.checkpoint_policy import RunSettings
-    from nemo_orchestra.evaluation.policy import Policy
+    from nemo_orchestra.evaluation.policies import Policy
     from nemo_orchestra.rollout.loop import LoopLimits
 
     settings = RunSettings(

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from nemo_orchestra.config import load_config
-from nemo_orchestra.hf.qwen3 import full_state_dict, hf_to_megatron, megatron_to_hf
+from nemo_orchestra.export.qwen3 import full_state_dict, hf_to_megatron, megatron_to_hf
 from nemo_orchestra.megatron.forward import forward_logprobs
 from nemo_orchestra.megatron.model import build_gpt_model
 from nemo_orchestra.megatron.parallel import init_distributed
@@ -18,7 +18,7 @@ VOCAB = 256
 def models(request):
     from transformers import Qwen3ForCausalLM
 
-    from nemo_orchestra.hf.qwen3 import hf_config
+    from nemo_orchestra.export.qwen3 import hf_config
 
     cfg = load_config([f"model.tie_embeddings={request.param}", "model.num_layers=2"])
     info = init_distributed(cfg.parallel, seed=7)
@@ -64,7 +64,7 @@ def test_import_of_export_is_identity(models):
 def test_export_folder_loads_offline(models, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from nemo_orchestra.hf.export import export_hf
+    from nemo_orchestra.export.hf import export_hf
 
     cfg, gpt, hf = models
     export_hf(full_state_dict(gpt), cfg.model, VOCAB, None, str(tmp_path))
@@ -79,7 +79,7 @@ def test_export_generation_config_samples_as_the_run_did(models, tmp_path, sampl
     """A server that reads generation_config.json (vLLM's does) samples by default as training did."""
     from transformers import GenerationConfig
 
-    from nemo_orchestra.hf.export import export_hf
+    from nemo_orchestra.export.hf import export_hf
 
     cfg, gpt, _ = models
     export_hf(full_state_dict(gpt), cfg.model, VOCAB, None, str(tmp_path), sampling=sampling)
@@ -91,7 +91,7 @@ def test_export_generation_config_samples_as_the_run_did(models, tmp_path, sampl
 
 
 def test_a_checkpoint_export_takes_its_runs_sampling(tmp_path):
-    from nemo_orchestra.hf.convert import run_sampling
+    from nemo_orchestra.export.convert import run_sampling
 
     ckpt = tmp_path / "run" / "checkpoints" / "step_00000003"
     ckpt.mkdir(parents=True)

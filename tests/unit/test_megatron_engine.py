@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nemo_orchestra.config import load_config
-from nemo_orchestra.hf.qwen3 import full_state_dict
+from nemo_orchestra.export.qwen3 import full_state_dict
 from nemo_orchestra.rollout.engines import EngineContext, GenerationEngine, capabilities, start_engine
 from nemo_orchestra.rollout.engines.megatron import MegatronEngine
 from nemo_orchestra.train.packing import pack

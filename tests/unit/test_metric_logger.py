@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nemo_orchestra.config import ConfigError, LoggerConfig, load_config
-from nemo_orchestra.train.metrics import WANDB_ID_FILE, MetricLogger, summary_line
+from nemo_orchestra.train.metric_logger import WANDB_ID_FILE, MetricLogger, summary_line
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -171,7 +171,7 @@ def test_wandb_process_ends_with_a_killed_trainer(tmp_path):
     psutil = pytest.importorskip("psutil")
     code = (
         "import sys, time\nfrom nemo_orchestra.config import LoggerConfig\n"
-        "from nemo_orchestra.train.metrics import MetricLogger\n"
+        "from nemo_orchestra.train.metric_logger import MetricLogger\n"
         "cfg = LoggerConfig(tensorboard=True, wandb=True, wandb_project='p', wandb_run_name=None, wandb_mode='offline')\n"
         "MetricLogger(sys.argv[1], cfg=cfg).log(1, {'reward/mean': 1.0})\nprint('logged', flush=True)\n"
         "time.sleep(600)\n"

@@ -1,4 +1,4 @@
-"""Nothing a run starts outlives it (nemo_orchestra/train/reaper.py): a job killed by SIGKILL leaves
+"""Nothing a run starts outlives it (nemo_orchestra/runtime/reaper.py): a job killed by SIGKILL leaves
 no process behind — forked and spawned multiprocessing children, the resource tracker, a
 subprocess in a session of its own, a grandchild — and no temporary folder, within 10 s."""
 
@@ -34,7 +34,7 @@ JOB = textwrap.dedent("""
     if __name__ == "__main__":
         # a shell's background job starts with SIGINT ignored, and Python then leaves it so
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from nemo_orchestra.train.reaper import contain
+        from nemo_orchestra.runtime.reaper import contain
         contain()
         shm = shared_memory.SharedMemory(create=True, size=4096)  # starts the resource tracker
         mp.get_context("spawn").Process(target=engine_core).start()
@@ -52,7 +52,7 @@ JOB = textwrap.dedent("""
 
 
 def _marked(token: str) -> list[int]:
-    from nemo_orchestra.train.reaper import marked
+    from nemo_orchestra.runtime.reaper import marked
 
     return marked(token)
 

@@ -21,7 +21,7 @@ from nemo_orchestra.prompting.prompts import task_messages, with_default_prefere
 from nemo_orchestra.rollout.loop import EnginePolicy, LoopLimits, run_episodes
 from tests.unit.helpers import reward_cfg
 from tools_env.client import ToolsEnvClient
-from tools_env.launch import start_service
+from tools_env.supervisor import start_service
 from tools_env.task import TaskRecord
 
 SLOW, FAST = "Which word does Kalo hide?", "What is 12 + 30?"

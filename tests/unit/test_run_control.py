@@ -1,5 +1,5 @@
 """Run control: the folder lock, stop signals, the save schedule, the record cut-back on resume,
-the requeue decision and the early task-file checks (nemo_orchestra/train/run_control.py)."""
+the requeue decision and the early task-file checks (nemo_orchestra/runtime/run_control.py)."""
 
 import json
 import logging
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nemo_orchestra.train import run_control as rc
+from nemo_orchestra.runtime import run_control as rc
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 HOLD = """
 import sys, time
-from nemo_orchestra.train.run_control import RunLock
+from nemo_orchestra.runtime.run_control import RunLock
 RunLock(sys.argv[1]).acquire()
 print("held", flush=True)
 time.sleep(60)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nemo_orchestra.data.default_tasks import generate_tasks
-from nemo_orchestra.hf.qwen3 import full_state_dict
+from nemo_orchestra.export.qwen3 import full_state_dict
 from nemo_orchestra.prompting.chat import ChatFormat, format_tool_call
 from nemo_orchestra.rollout.engines.base import Generation
 from nemo_orchestra.rollout.engines.hf import HFEngine
@@ -22,7 +22,7 @@ from nemo_orchestra.rollout.loop import EnginePolicy, LoopLimits, run_episodes, 
 from tests.unit.test_agent_loop import TOKENIZERS
 from tests.unit.test_megatron_engine import VOCAB, make_prompts, new_policy
 from tools_env.client import ToolsEnvClient
-from tools_env.launch import start_service
+from tools_env.supervisor import start_service
 
 CPU = torch.device("cpu")
 SEEDS = [11, 2**62 + 5, 0, 987654321]

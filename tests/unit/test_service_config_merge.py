@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from nemo_orchestra.config import load_config
-from tools_env.config import ServiceConfig
+from tools_env.service_config import ServiceConfig
 
 DEFAULT = ServiceConfig.from_dict({})
 SECTIONS = [f.name for f in dataclasses.fields(ServiceConfig) if dataclasses.is_dataclass(getattr(DEFAULT, f.name))]

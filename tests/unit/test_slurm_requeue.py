@@ -18,7 +18,7 @@ SBATCH = ROOT / "recipes" / "slurm" / "grpo_orchestrator.sbatch"
 
 JOB = textwrap.dedent("""
     import os, signal, sys, time
-    from nemo_orchestra.train import run_control as rc
+    from nemo_orchestra.runtime import run_control as rc
 
     stop = rc.StopSignals(signal.SIGUSR1)  # what the recipe checks between steps
     open(os.environ["READY"], "w").close()

@@ -14,6 +14,7 @@ import pytest
 from nemo_orchestra.synth.llm import accept_rewording, protected_tokens
 from nemo_orchestra.synth.pipeline import LLMOptions, SynthConfig, allocate, generate_candidates, synthesize
 from tools_env.task import load_jsonl
+from tests.doubles import ORACLE_CHAT_SERVER
 
 
 def test_protected_tokens_must_survive_a_rewording():
@@ -49,7 +50,7 @@ def fake_llm(tmp_path):
             )
     ready = tmp_path / "ready"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "nemo_orchestra.synth.fake_openai", "--oracle", str(oracle), "--ready-file", str(ready)],
+        [sys.executable, ORACLE_CHAT_SERVER, "--oracle", str(oracle), "--ready-file", str(ready)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )

@@ -22,7 +22,7 @@ from nemo_orchestra.rollout.loop import EngineWeights
 from nemo_orchestra.train.trainer import Trainer
 from nemo_orchestra.types import StopReason
 from tools_env.client import ToolsEnvClient
-from tools_env.launch import start_service
+from tools_env.supervisor import start_service
 from tools_env.recovery import ToolServiceDown
 from tools_env.task import TaskRecord
 

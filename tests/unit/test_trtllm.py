@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from nemo_orchestra.config import ModelConfig, load_config
-from nemo_orchestra.hf.qwen3 import hf_to_megatron, model_config_from_hf
-from nemo_orchestra.hf.trtllm import export_trtllm
+from nemo_orchestra.export.qwen3 import hf_to_megatron, model_config_from_hf
+from nemo_orchestra.export.trtllm import export_trtllm
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 250  # not a multiple of 4: the lm_head is padded for tp=4

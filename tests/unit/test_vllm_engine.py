@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from nemo_orchestra.config import load_config
-from nemo_orchestra.hf.qwen3 import full_state_dict, megatron_to_hf
+from nemo_orchestra.export.qwen3 import full_state_dict, megatron_to_hf
 from nemo_orchestra.rollout.engines import EngineContext, start_engine
 from nemo_orchestra.rollout.engines.vllm import VLLMEngine, call_with_timeout
 from tests.unit.helpers import generated_logprobs

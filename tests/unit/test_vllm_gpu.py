@@ -19,7 +19,7 @@ VOCAB = 256
 
 @pytest.fixture(scope="module")
 def setup():
-    from nemo_orchestra.hf.qwen3 import full_state_dict
+    from nemo_orchestra.export.qwen3 import full_state_dict
     from nemo_orchestra.megatron.model import build_gpt_model
     from nemo_orchestra.megatron.parallel import init_distributed
     from nemo_orchestra.rollout.engines.vllm import VLLMEngine

@@ -38,7 +38,7 @@ def children_cpu_s(proc: psutil.Process) -> float:
 
 @needs_vllm
 def test_an_engine_on_shared_cores_leaves_them_idle_between_calls():
-    from nemo_orchestra.hf.qwen3 import full_state_dict
+    from nemo_orchestra.export.qwen3 import full_state_dict
     from nemo_orchestra.megatron.model import build_gpt_model
     from nemo_orchestra.megatron.parallel import init_distributed
     from nemo_orchestra.rollout.engines.vllm import VLLMEngine

@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from tools_env.config import JudgeConfig
+from tools_env.service_config import JudgeConfig
 from tools_env.tools.base import EpisodeContext, Tool, ToolArgumentError, ToolResult, register_tool
 from tools_env.tools.experts import EndpointError, Expert, chat_completion
 from tools_env.verify import next_user_turn, verify

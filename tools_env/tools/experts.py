@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from tools_env.config import EndpointExpertConfig, ExpertsConfig, SimulatedExpertConfig, for_category
+from tools_env.service_config import EndpointExpertConfig, ExpertsConfig, SimulatedExpertConfig, for_category
 from tools_env.tools.base import EpisodeContext, Tool, ToolResult, register_tool
 from tools_env.verify import normalize_answer, parse_number
 

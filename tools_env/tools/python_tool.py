@@ -16,7 +16,7 @@ import asyncio
 import os
 from typing import Any
 
-from tools_env.config import PythonConfig
+from tools_env.service_config import PythonConfig
 from tools_env.tools.base import EpisodeContext, Tool, ToolResult, register_tool
 
 MAX_CODE_CHARS = 100_000

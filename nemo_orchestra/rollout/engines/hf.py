@@ -12,7 +12,7 @@ import threading
 import torch
 
 from nemo_orchestra.config import ModelConfig
-from nemo_orchestra.hf.qwen3 import hf_config, megatron_to_hf
+from nemo_orchestra.export.qwen3 import hf_config, megatron_to_hf
 from nemo_orchestra.rollout.engines.base import (
     EngineCapabilities,
     EngineContext,

@@ -1,6 +1,6 @@
 """A tiny OpenAI-compatible ``/v1/chat/completions`` server for tests, run as a subprocess.
 
-    python tests/tools_env/fake_openai.py --port 0 --ready-file PATH
+    python tests/doubles/expert_chat_server.py --port 0 --ready-file PATH
 
 Behaviour by the request's ``model``:
 - ``echo``: answers ``"echo: <last user message>"``, usage 11 prompt / 7 completion tokens.

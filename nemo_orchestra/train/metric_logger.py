@@ -137,6 +137,6 @@ def _plain(v):
 
 
 def setup_logging(level: str, rank: int) -> None:  # kept for callers that import it from here
-    from nemo_orchestra.train.console import setup_logging as setup
+    from nemo_orchestra.runtime.console import setup_logging as setup
 
     setup(level, rank)

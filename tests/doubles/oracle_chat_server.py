@@ -1,6 +1,6 @@
 """A tiny fake OpenAI-compatible chat server for offline tests and demos of the LLM-driven paths.
 
-    python -m nemo_orchestra.synth.fake_openai --oracle ORACLE.jsonl [--port 0] [--ready-file PATH]
+    python tests/doubles/oracle_chat_server.py --oracle ORACLE.jsonl [--port 0] [--ready-file PATH]
 
 ``ORACLE.jsonl`` lines are ``{"key": text, "answer": str, "gold_actions": [...]}``; a request is
 matched to the entry whose ``key`` is the longest one contained in its first user message.

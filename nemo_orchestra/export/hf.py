@@ -15,7 +15,7 @@ import os
 import torch
 
 from nemo_orchestra.config import ModelConfig
-from nemo_orchestra.hf.qwen3 import architecture, hf_config, megatron_to_hf
+from nemo_orchestra.export.qwen3 import architecture, hf_config, megatron_to_hf
 
 SHARD_BYTES = 2 * 1024**3
 

@@ -144,7 +144,7 @@ def export_trtllm(
     """Write ``config.json`` and ``rank{0..tp-1}.safetensors`` into ``out_dir`` from full Megatron weights."""
     from safetensors.torch import save_file
 
-    from nemo_orchestra.hf.qwen3 import megatron_to_hf
+    from nemo_orchestra.export.qwen3 import megatron_to_hf
 
     check_tp(model, tp)
     if dtype not in DTYPE_NAMES:

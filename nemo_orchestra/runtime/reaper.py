@@ -68,7 +68,7 @@ def contain() -> None:
     env = {k: v for k, v in os.environ.items() if k not in (RUN_ENV, "TMPDIR")}
     folders = [os.environ[k] for k in (TMP_ENV, SHM_ENV) if os.environ.get(k)]
     subprocess.Popen(
-        [sys.executable, "-m", "nemo_orchestra.train.reaper", str(os.getpid()), os.environ[RUN_ENV], *folders],
+        [sys.executable, "-m", "nemo_orchestra.runtime.reaper", str(os.getpid()), os.environ[RUN_ENV], *folders],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

@@ -113,7 +113,7 @@ def start_service(
     """Start ``python -m tools_env.server`` in its own process group and wait until every worker
     answers ``/healthz``. ``port=None`` picks free ports. Raises ``ServiceStartError`` with the
     tail of the server's log if it does not come up within ``timeout_s``."""
-    from tools_env.config import ServiceConfig
+    from tools_env.service_config import ServiceConfig
 
     ServiceConfig.from_dict(config or {})  # a bad config fails here, with its message, not in a log file
     tmpdir = tempfile.mkdtemp(prefix="tools_env-launch-")

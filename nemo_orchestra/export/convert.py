@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_orchestra.config import ModelConfig, ParallelConfig
-from nemo_orchestra.hf.qwen3 import (
+from nemo_orchestra.export.qwen3 import (
     HFWeights,
     hf_to_megatron_tensor,
     megatron_names,
@@ -141,7 +141,7 @@ def export_checkpoint(
     (``fmt="trtllm"``) from a checkpoint saved under any layout. Collective; rank 0 writes."""
     from transformers import AutoTokenizer
 
-    from nemo_orchestra.hf.export import export_hf
+    from nemo_orchestra.export.hf import export_hf
     from nemo_orchestra.megatron import dist_ckpt
     from nemo_orchestra.megatron.model import DTYPES as TORCH_DTYPES
     from nemo_orchestra.megatron.model import build_gpt_model
@@ -154,14 +154,14 @@ def export_checkpoint(
     model = ModelConfig(**{k: v for k, v in meta["model"].items() if k in fields})
     model = dataclasses.replace(model, init_from=None, fp8=None)
     if fmt == "trtllm":
-        from nemo_orchestra.hf.trtllm import check_tp
+        from nemo_orchestra.export.trtllm import check_tp
 
         check_tp(model, tp_out)  # before the weights are read
     gpt = build_gpt_model(model, parallel, meta["vocab_size"], device, initialize=False)
     dist_ckpt.load_model(gpt, ckpt_dir)
     weights = gather_full_state(gpt)
     if _rank() == 0 and fmt == "trtllm":
-        from nemo_orchestra.hf.trtllm import export_trtllm
+        from nemo_orchestra.export.trtllm import export_trtllm
 
         tmp = out_dir.rstrip("/") + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,1 +1,0 @@
-"""Hugging Face interop: Qwen3 weight-name mapping, config, export folder."""
