@@ -41,24 +41,25 @@ def main(argv: list[str]) -> int:
             print(recipe_help(__doc__, main=True, argv=argv), end="")
             return 0
         cfg = load_config(argv)
-        rc.check_task_files(cfg)  # a bad task file stops the run now, not after the warm start
+        n_train = rc.check_task_files(cfg)  # a bad task file stops the run now, not after the warm start
         stop = rc.StopSignals(rc.preempt_signal(cfg.run.preempt_signal)).install()
     except (ConfigError, ValueError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     setup_logging(cfg.run.log_level, int(os.environ.get("RANK", 0)))  # before Megatron and vLLM are imported
     # the folder lock; one line at the end
-    code = rc.guarded(lambda: train(cfg, stop), cfg.run.output_dir, stop, cfg.run.max_restarts)
+    code = rc.guarded(lambda: train(cfg, stop, n_train), cfg.run.output_dir, stop, cfg.run.max_restarts)
     stop.ended(code)
     return code
 
 
-def train(cfg, stop: rc.StopSignals) -> int:
+def train(cfg, stop: rc.StopSignals, n_train: int | None = None) -> int:
+    """The run; ``n_train``: the records ``data.train_path`` holds (``check_task_files``)."""
     from nemo_orchestra.megatron.parallel import destroy_distributed, init_distributed
     from nemo_orchestra.train.build import build_trainer, load_eval_tasks
 
     info = init_distributed(cfg.parallel, cfg.run.seed)
-    rc.check_task_files(cfg, info.dp)
+    rc.check_enough_tasks(cfg, n_train, info.dp)
     ckpt_root = os.path.join(cfg.run.output_dir, "checkpoints")
     if not cfg.run.resume and info.is_main:
         rc.start_afresh(cfg.run.output_dir, ckpt_root)

@@ -11,9 +11,11 @@ inherited by the workers and every process a test starts), removed when the suit
 vLLM and wandb leave folders in the temp folder (``torchelastic_*``, ``vllm_dist_*``, ``tmp*wandb-*``)
 that would otherwise pile up in /tmp run after run. A ``TMPDIR`` already set is the parent."""
 
+import _posixsubprocess
 import atexit
 import os
 import shutil
+import subprocess
 import tempfile
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -43,3 +45,42 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+# ---- tiers: a unit test starts no process -----------------------------------------------------------
+UNIT_TIER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "unit") + os.sep
+_SPAWNERS = [
+    (os, "fork"),
+    (os, "forkpty"),
+    (os, "posix_spawn"),
+    (os, "posix_spawnp"),
+    (_posixsubprocess, "fork_exec"),  # multiprocessing's spawn and forkserver
+    (subprocess, "_fork_exec"),  # subprocess.Popen (its own reference to _posixsubprocess.fork_exec)
+]
+
+
+def _refuse(name):
+    def refuse(*args, **kwargs):
+        raise RuntimeError(
+            f"a unit test starts no process ({name} was called): "
+            "move the test to tests/integration (tests/README.md)"
+        )
+
+    return refuse
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under ``tests/unit`` every way of starting a process raises, from the first fixture's set-up to
+    the last one's teardown (module fixtures included: they are set up within a test's protocol)."""
+    if not (str(item.path).startswith(UNIT_TIER) or os.environ.get("NEMO_TESTS_GUARD_ALL")):
+        yield
+        return
+    saved = [(m, n, getattr(m, n)) for m, n in _SPAWNERS if hasattr(m, n)]
+    for m, n, _ in saved:
+        setattr(m, n, _refuse(n))
+    try:
+        yield
+    finally:
+        for m, n, f in saved:
+            setattr(m, n, f)

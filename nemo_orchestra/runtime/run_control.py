@@ -343,11 +343,13 @@ def _step_of(line: bytes) -> int | None:
 # ---- inputs, checked before anything expensive starts --------------------------------------------
 
 
-def check_task_files(cfg, dp_size: int = 1) -> None:
+def check_task_files(cfg, dp_size: int = 1) -> int | None:
     """``data.train_path`` / ``data.eval_path``: readable, JSON lines, every record complete (the error
-    names the file and line), and enough training tasks for one step. Raises ValueError."""
+    names the file and line), and enough training tasks for one step (``check_enough_tasks``). Raises
+    ValueError. Returns the number of training records (None: the embedded task set)."""
     from tools_env.task import load_jsonl
 
+    n_train = None
     for key, path in (("data.train_path", cfg.data.train_path), ("data.eval_path", cfg.data.eval_path)):
         if not path:
             continue
@@ -361,12 +363,21 @@ def check_task_files(cfg, dp_size: int = 1) -> None:
             raise ValueError(f"{key}: {e}") from None
         if not tasks:
             raise ValueError(f"{key}: {path} holds no task records")
-        need = cfg.data.prompts_per_step * dp_size
-        if key == "data.train_path" and len(tasks) < need:
-            raise ValueError(
-                f"{key}: {path} holds {len(tasks)} task(s), fewer than one step's "
-                f"data.prompts_per_step={cfg.data.prompts_per_step} x {dp_size} data-parallel rank(s)"
-            )
+        if key == "data.train_path":
+            n_train = len(tasks)
+            check_enough_tasks(cfg, n_train, dp_size)
+    return n_train
+
+
+def check_enough_tasks(cfg, n_train: int | None, dp_size: int) -> None:
+    """At least one step's prompts for every data-parallel rank in ``data.train_path`` (``n_train``
+    records; None: the embedded set, sized by ``data.num_train_tasks``). Raises ValueError."""
+    need = cfg.data.prompts_per_step * dp_size
+    if n_train is not None and n_train < need:
+        raise ValueError(
+            f"data.train_path: {cfg.data.train_path} holds {n_train} task(s), fewer than one step's "
+            f"data.prompts_per_step={cfg.data.prompts_per_step} x {dp_size} data-parallel rank(s)"
+        )
 
 
 # ---- the start and the end of a run -----------------------------------------------------------------

@@ -19,9 +19,11 @@ from nemo_orchestra.megatron.parallel import DistInfo, once_per_node
 from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, resolve_chat_format
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer, load_tokenizer
 from nemo_orchestra.rollout.engines import EngineContext, capabilities, check_engine, start_engine
+from nemo_orchestra.rollout.managed_engine import ManagedEngine
 from nemo_orchestra.train.flops import slow_half_precision_warning
 from nemo_orchestra.train.memory_plan import memory_check
 from nemo_orchestra.train.metric_logger import MetricLogger
+from nemo_orchestra.train.plan import RunPlan
 from nemo_orchestra.train.policy import build_policy
 from nemo_orchestra.train.trainer import Trainer, close_loop
 from tools_env.task import load_jsonl
@@ -102,51 +104,6 @@ def _check_health(url: str, timeout_s: float) -> None:
         raise ValueError(f"tools.url: no tool service answers at {url}/healthz ({e})") from None
 
 
-def live_sequences(cfg: Config) -> int:
-    """The most sequences a rank keeps in its engine at once: a step's rollouts (prompts x group; the
-    extra prompts of dynamic sampling come after them, at most as many), and with rollouts ahead
-    those of each step in flight. The engine's KV cache holds them (``vllm.default_kv_bytes``)."""
-    r = cfg.rollout
-    return cfg.data.prompts_per_step * r.group_size * max(1, r.max_staleness)
-
-
-def engine_cpus(cfg: Config, device) -> list[int] | None:
-    """The cores for the vLLM engine's worker when rollouts run ahead of training on a CPU
-    (``rollout.max_staleness`` >= 1): the engine and the trainer then compute at the same time, and
-    both taking every core oversubscribes them (2 cores, 16 x 8 rollouts: 17.0 s a step; split, 13.0 s).
-    The engine gets the first half of this process's cores (at least one), the trainer's torch
-    threads the rest. None, leaving vLLM's own binding, when synchronous, on CUDA, with another engine,
-    with one core, or with ``VLLM_CPU_OMP_THREADS_BIND`` set."""
-    if (
-        device.type != "cpu"
-        or cfg.rollout.engine != "vllm"
-        or cfg.rollout.max_staleness < 1
-        or "VLLM_CPU_OMP_THREADS_BIND" in os.environ
-    ):
-        return None
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        return None
-    return cores[: len(cores) // 2]
-
-
-def overlap_reference(cfg: Config, device) -> bool:
-    """Whether the reference logprobs run on a thread beside the update (``perf.overlap_reference``; see
-    ``train/step.py: ReferenceAhead``). null: where the engine has cores of its own on a CPU
-    (``engine_cpus``) and the trainer's passes one thread, so a second one finds the engine's idle
-    cycles; not with tensor or pipeline parallelism (collectives from two threads), nor with
-    ``reference.offload`` (the reference's weights are swapped into the policy's module)."""
-    if cfg.perf.overlap_reference is not None:
-        return bool(cfg.perf.overlap_reference)
-    return (
-        cfg.loss.kl_coef > 0
-        and cfg.parallel.tp == 1
-        and cfg.parallel.pp == 1
-        and not cfg.reference.offload
-        and bool(engine_cpus(cfg, device))
-    )
-
-
 def gc_threshold(threshold: int | None, stack: ExitStack) -> None:
     """Python's young-generation collection threshold for the run (``perf.gc_threshold``), Python's
     own again when ``stack`` closes; None leaves it. At Python's 700 the rollouts' short-lived objects
@@ -215,6 +172,7 @@ def _build(cfg: Config, info: DistInfo, tasks: list, client, loop: asyncio.Abstr
     if slow and info.is_main:
         log.warning(slow)
     policy = build_policy(cfg, vocab, info.device)
+    plan = RunPlan.make(cfg, info.device)
 
     ctx = EngineContext(
         cfg.model,
@@ -225,30 +183,29 @@ def _build(cfg: Config, info: DistInfo, tasks: list, client, loop: asyncio.Abstr
         seed=cfg.run.seed,
         model=policy.module,
         kv_cache_bytes=kv_cache_bytes,
-        live_sequences=live_sequences(cfg),
+        live_sequences=plan.live_sequences,
     )
 
-    def engine_factory(state):  # the engine starts at the first weight sync (Trainer.sync_weights)
-        cpus = engine_cpus(cfg, info.device)
-        if cpus:
-            trainer_threads = max(1, len(os.sched_getaffinity(0)) - len(cpus))
-            torch.set_num_threads(trainer_threads)
+    def engine_factory(state):  # when the engine starts: ManagedEngine
+        if plan.engine_cpus:
+            torch.set_num_threads(plan.trainer_threads)
             if info.is_main:
                 log.info(
                     "rollouts ahead of training on CPU: the engine's worker on cores %s, the trainer on %d thread(s)",
-                    ",".join(map(str, cpus)),
-                    trainer_threads,
+                    ",".join(map(str, plan.engine_cpus)),
+                    plan.trainer_threads,
                 )
+        cpus = list(plan.engine_cpus) if plan.engine_cpus else None
         return start_engine(cfg.rollout.engine, replace(ctx, cpus=cpus), state)
 
-    # an engine on the policy's own model waits for no weights: started now, so that a layout it cannot
-    # serve stops the run before the warm start
-    engine = engine_factory(None) if capabilities(cfg.rollout.engine).reads_policy_weights else None
+    generation = ManagedEngine(
+        engine_factory, reads_policy_weights=capabilities(cfg.rollout.engine).reads_policy_weights
+    )
     logger = MetricLogger(cfg.run.output_dir, enabled=info.is_main, cfg=cfg.logger, run_config=to_dict(cfg))
     return Trainer(
         cfg,
         policy,
-        engine,
+        generation,
         client,
         chat,
         tasks,
@@ -261,8 +218,7 @@ def _build(cfg: Config, info: DistInfo, tasks: list, client, loop: asyncio.Abstr
         dp_rank=info.rank // (info.tp * info.pp),
         dp_size=info.dp,
         loop=loop,
-        engine_factory=engine_factory,
-        overlap_reference=overlap_reference(cfg, info.device),
+        plan=plan,
     )
 
 

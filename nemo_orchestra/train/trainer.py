@@ -26,7 +26,7 @@ from nemo_orchestra.grpo.advantages import assign_advantages, informative_groups
 from nemo_orchestra.grpo.reward import assign_rewards
 from nemo_orchestra.export.qwen3 import full_state_dict
 from nemo_orchestra.megatron.forward import selects_last_layer_rows
-from nemo_orchestra.rollout.engines.base import GenerationEngine
+from nemo_orchestra.rollout.managed_engine import ManagedEngine
 from nemo_orchestra.megatron.parallel import (
     broadcast_in_model_parallel_group,
     data_parallel_gather,
@@ -34,14 +34,7 @@ from nemo_orchestra.megatron.parallel import (
     model_parallel_rank,
 )
 from nemo_orchestra.prompting.chat import ChatFormat
-from nemo_orchestra.rollout.loop import (
-    HELDOUT_SEED,
-    EnginePolicy,
-    EngineWeights,
-    LoopLimits,
-    run_episodes,
-    stop_engine_calls,
-)
+from nemo_orchestra.rollout.loop import HELDOUT_SEED, EnginePolicy, LoopLimits, run_episodes
 from nemo_orchestra.train.async_rollouts import AsyncRollouts
 from nemo_orchestra.train.checkpoint import (
     CheckpointError,
@@ -53,6 +46,7 @@ from nemo_orchestra.train.checkpoint import (
 )
 from nemo_orchestra.train.flops import forward_flops, perf_metrics, sequence_layout
 from nemo_orchestra.train.metric_logger import MetricLogger
+from nemo_orchestra.train.plan import RunPlan
 from nemo_orchestra.train.policy import Policy, reset_optimizer_state, set_lr
 from nemo_orchestra.runtime.run_control import SaveSchedule, agree, param_versions
 from nemo_orchestra.train.step import (
@@ -71,16 +65,13 @@ log = logging.getLogger(__name__)
 
 # a wait for a step's rollouts longer than this: the engine is behind the trainer (Trainer.reference_ahead)
 ENGINE_BEHIND_S = 0.05
-# how long closing waits for a generate call in flight to return once its engine is closed (a closed
-# in-process engine ends it at its next token; vLLM's fails when its processes end)
-ENGINE_CALL_GRACE_S = 30.0
 
 
 @dataclass
 class Trainer:
     cfg: Config
     policy: Policy
-    engine: GenerationEngine | None  # None until the first weight sync starts it (engine_factory)
+    generation: ManagedEngine  # the generation engine, from its start to its close
     client: object  # tools_env client
     chat: ChatFormat
     tasks: list[TaskRecord]
@@ -94,10 +85,17 @@ class Trainer:
     dp_size: int = 1
     step: int = 0
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
-    engine_factory: Callable[[dict | None], GenerationEngine] | None = None  # starts the engine (sync_weights)
-    weights: EngineWeights = field(default_factory=EngineWeights)  # the version of the engine's weights
-    rollouts: AsyncRollouts | None = None  # rollouts running ahead of training (rollout.max_staleness > 0)
-    overlap_reference: bool = False  # reference logprobs on a thread beside the update (ReferenceAhead)
+    plan: RunPlan | None = None  # settings derived from the config and the machine (made here when None)
+    rollouts: AsyncRollouts | None = None  # rollouts running ahead of training (plan.rollouts_ahead > 0)
+
+    def __post_init__(self):
+        if self.plan is None:
+            self.plan = RunPlan.make(self.cfg, self.policy.device if self.policy else torch.device("cpu"))
+
+    @property
+    def engine(self):
+        """The generation engine (None until it starts; see ``ManagedEngine``)."""
+        return self.generation.engine
 
     # ---- data order: a seeded permutation per epoch; position = step --------------------------------
     def batch_tasks(self, step: int) -> list[TaskRecord]:
@@ -143,7 +141,7 @@ class Trainer:
             r.max_new_tokens_per_turn,
             temperature,
             r.top_p,
-            weights=self.weights,
+            weights=self.generation.weights,
             priority=priority,
             seed_per_turn=r.seed_per_turn,
         )
@@ -159,15 +157,17 @@ class Trainer:
         )
 
     async def step_rollouts(self, step: int) -> tuple[list[Trajectory], dict]:
-        """Step ``step``'s rollouts (group_size per prompt) and the engine's timings; with
-        ``rollout.fill_informative_groups``, more prompts until the step has ``data.prompts_per_step``
-        groups whose rewards differ (DAPO's dynamic sampling), at most ``rollout.max_extra_prompts``."""
+        """Step ``step``'s rollouts (group_size per prompt), each with its reward, and the engine's
+        timings; with ``rollout.fill_informative_groups``, more prompts until the step has
+        ``data.prompts_per_step`` groups whose rewards differ (DAPO's dynamic sampling), at most
+        ``rollout.max_extra_prompts``. Rewards are computed once, here, as each group comes back."""
         r = self.cfg.rollout
         seed = f"{self.cfg.run.seed}/{step}/{self.dp_rank}"
         tasks = self.batch_tasks(step)
         stats: dict = {}
         t0 = time.perf_counter()
         trajs = await self.episodes(tasks, r.group_size, r.temperature, seed, stats, priority=step)
+        assign_rewards(trajs, self.cfg.reward)
         drawn = await self.fill_informative_groups(tasks, trajs, seed, stats, step) if r.fill_informative_groups else 0
         stats["prompts_drawn"] = len(tasks) + drawn
         stats["wall_s"] = time.perf_counter() - t0
@@ -185,7 +185,6 @@ class Trainer:
         random.Random(f"{seed}/extra").shuffle(pool)
         drawn = 0
         while drawn < min(r.max_extra_prompts, len(pool)):
-            assign_rewards(trajs, self.cfg.reward)
             need = n - len(informative_groups(trajs, self.cfg.advantage.min_group_std))
             if need <= 0:
                 break
@@ -197,6 +196,7 @@ class Trainer:
             offset = max(t.group for t in trajs) + 1
             for t in more:
                 t.group += offset
+            assign_rewards(more, self.cfg.reward)
             trajs += more
             drawn += len(extra)
             for k, v in more_stats.items():
@@ -206,12 +206,12 @@ class Trainer:
     def take_rollouts(self) -> tuple[list[Trajectory], dict, float]:
         """This step's rollouts, their engine timings and the seconds the trainer waited for them."""
         context = tool_service_context(self.cfg.run.output_dir, self.step)
-        if self.rollouts is None and self.cfg.rollout.max_staleness > 0:
-            assert self.engine is not None and not self.engine.capabilities.reads_policy_weights, (
+        if self.rollouts is None and self.plan.rollouts_ahead > 0:
+            assert self.engine is not None and not self.generation.reads_policy_weights, (
                 "rollout.max_staleness > 0 needs an engine with its own weights (checked by the config)"
             )
             self.rollouts = AsyncRollouts(
-                self.loop, self.step_rollouts, self.cfg.rollout.max_staleness, self.cfg.trainer.max_steps
+                self.loop, self.step_rollouts, self.plan.rollouts_ahead, self.cfg.trainer.max_steps
             )
         if self.rollouts is None:
             t0 = time.perf_counter()
@@ -232,7 +232,7 @@ class Trainer:
         """Trajectories whose oldest turn is at most ``rollout.max_staleness`` versions behind this step's
         policy (all of them, by construction: a violation is counted, and the trajectory not trained on)."""
         lags = [self.step - min(t.turn_versions, default=self.step) for t in trajs]
-        k = self.cfg.rollout.max_staleness
+        k = self.plan.rollouts_ahead
         kept = [t for t, lag in zip(trajs, lags) if lag <= k]
         return kept, {
             "rollout/staleness_mean": statistics.fmean(lags) if lags else 0.0,
@@ -246,7 +246,7 @@ class Trainer:
         An engine whose forward spans the tensor-parallel group (rollout.engine=megatron at TP > 1)
         has the other ranks serve its generate calls meanwhile, until the first rank releases them.
         """
-        spans = self.engine is not None and self.engine.capabilities.spans_tensor_parallel_group
+        spans = self.generation.spans_tensor_parallel_group
         if model_parallel_rank() != 0:
             if spans:
                 self.engine.serve()
@@ -260,7 +260,7 @@ class Trainer:
     def fill_logprobs(self, batches: list[PackedBatch]) -> dict[str, float]:
         """The frozen reference's logprobs, for the KL term (none when ``loss.kl_coef`` is 0). The old
         logprobs are the update's (see grpo_update)."""
-        if self.cfg.loss.kl_coef == 0:
+        if not self.plan.reference_pass:
             return {"time/ref_logprobs_s": 0.0}
         t0 = time.perf_counter()
         for b, r in zip(batches, reference_logprobs(self.policy, batches, self.cfg.rollout.temperature)):
@@ -272,10 +272,8 @@ class Trainer:
         or None: computed first, by ``fill_logprobs``. The thread runs at idle priority when the trainer
         waited for this step's rollouts (``waited_s`` over ``ENGINE_BEHIND_S``: the engine bounds the
         step, so the thread takes only cycles nothing else wants), else at normal priority: the engine
-        keeps ahead, and the thread may take cycles from it. On a 2-core AVX512-BF16 machine (bf16,
-        the matched benchmark, the engine ahead) normal priority gave 6.96 s a step against 7.53 s at
-        idle; on an AVX2-only one (fp32, the engine behind) idle had given 10.0 s against 11.4 s."""
-        if not self.overlap_reference or self.cfg.loss.kl_coef == 0:
+        keeps ahead, and the thread may take cycles from it."""
+        if not self.plan.overlap_reference:
             return None
         idle = waited_s > ENGINE_BEHIND_S
         return ReferenceAhead(self.policy, batches, self.cfg.rollout.temperature, torch.get_num_threads(), idle=idle)
@@ -283,7 +281,7 @@ class Trainer:
     def train_perf(self, batches: list[PackedBatch], seconds: float) -> dict:
         """perf/tflops_per_gpu, perf/mfu, perf/peak_mem_gb of the logprob + train stage (see flops.py)."""
         seqs, prefixes, rows = sequence_layout(batches)
-        passes = 3 + (self.cfg.loss.kl_coef > 0)  # forward + backward, and the reference's logprobs
+        passes = 3 + self.plan.reference_pass  # forward + backward, and the reference's logprobs
         logit_tokens = sum(len(r) for r in rows)  # the LM head's rows (logits_at)
         last_rows = rows if selects_last_layer_rows(self.policy.model) else None
         flops = forward_flops(self.cfg.model, self.vocab_size, seqs, logit_tokens, prefixes, last_rows)
@@ -292,30 +290,12 @@ class Trainer:
         return perf_metrics(flops, seconds, world, self.cfg.perf.peak_tflops)
 
     def sync_weights(self, version: int) -> float:
-        """Push the policy's weights (after ``version`` GRPO steps) into the engine, between two of its
-        generate calls. The engine itself is started here the first time, from the weights of that
-        moment (after the warm start, or from a resumed checkpoint), so an engine with processes of its
-        own (vLLM) does not compete with the warm start for CPU. An engine that reads the policy's own
-        parameters (``reads_policy_weights``) gets nothing."""
-        t0 = time.perf_counter()
-        if self.engine is not None and self.engine.capabilities.reads_policy_weights:  # nothing to gather or push
-            self.weights.version = version
-            return time.perf_counter() - t0
-        state = full_state_dict(self.policy.module)  # gathered from TP/PP shards: every rank joins
-        if self.engine is None:
-            self.engine = self.engine_factory(state)
-            self.weights.version = version
-        else:
-            self.weights.load(self.engine, state, version)
-        return time.perf_counter() - t0
+        """The policy's weights after ``version`` GRPO steps into the engine (``ManagedEngine.sync``)."""
+        return self.generation.sync(lambda: full_state_dict(self.policy.module), version)
 
     def engine_memory(self, action: str) -> float:
-        """``engine.sleep()`` or ``engine.wake_up()`` (vLLM's sleep mode on CUDA); its seconds. Not while
-        rollouts run ahead of training: the engine is generating the next steps' turns meanwhile."""
-        t0 = time.perf_counter()
-        if self.engine is not None and self.rollouts is None:
-            {"sleep": self.engine.sleep, "wake_up": self.engine.wake_up}[action]()
-        return time.perf_counter() - t0
+        """``sleep`` or ``wake_up`` (``ManagedEngine.memory``)."""
+        return self.generation.memory(action, rollouts_ahead=self.rollouts is not None)
 
     def grpo_step(self) -> dict:
         t0 = time.perf_counter()
@@ -324,8 +304,7 @@ class Trainer:
         trajs, stats, waited = broadcast_in_model_parallel_group(self.on_rollout_rank(self.take_rollouts))
         t_rollout = time.perf_counter() - t0
         t_sleep = self.engine_memory("sleep")  # the engine's GPU memory is the trainer's until the sync
-        assign_rewards(trajs, self.cfg.reward)
-        self.write_samples(trajs)
+        self.write_samples(trajs)  # rewards: assigned as the rollouts came back (step_rollouts)
         fresh, stale_metrics = self.drop_stale(trajs)
         kept, metrics = assign_advantages(fresh, self.cfg.advantage, self.policy.device)
         lessons = self.step_lessons(self.step)
@@ -552,12 +531,7 @@ class Trainer:
             self.logger.close()
             close_loop(self.loop, self.client)
         finally:  # engines with processes of their own (vllm) are shut down whatever happened before
-            if self.engine is not None:
-                self.engine.close()  # a generate call still running (rollouts ahead, a stop) ends soon
-            if not stop_engine_calls(ENGINE_CALL_GRACE_S):
-                log.warning(
-                    "a generation engine call was still running %.0f s after the engine closed", ENGINE_CALL_GRACE_S
-                )
+            self.generation.close()
 
 
 def close_loop(loop: asyncio.AbstractEventLoop, client) -> None:

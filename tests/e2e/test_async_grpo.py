@@ -101,7 +101,19 @@ def test_resume_mid_async_run_keeps_the_data_order(tmp_path):
     assert [order[s] for s in (1, 2, 3, 4)] == [m["data/task_ids"] for m in full]
 
 
-def test_fill_informative_groups_draws_extra_prompts_within_its_cap(tmp_path):
+def test_fill_informative_groups_draws_extra_prompts_within_its_cap(tmp_path, monkeypatch):
+    """... and every trajectory's reward is computed once."""
+    import nemo_orchestra.train.trainer as trainer_module
+
+    rewarded: dict[int, int] = {}
+    assign = trainer_module.assign_rewards
+
+    def counting(trajs, cfg):
+        for t in trajs:
+            rewarded[id(t)] = rewarded.get(id(t), 0) + 1
+        assign(trajs, cfg)
+
+    monkeypatch.setattr(trainer_module, "assign_rewards", counting)
     # min_group_std high: no group is informative, so every step draws its cap of extra prompts
     _, metrics, _ = run(
         tmp_path,
@@ -110,5 +122,6 @@ def test_fill_informative_groups_draws_extra_prompts_within_its_cap(tmp_path):
         steps=2,
     )
     assert [m["rollout/prompts_drawn"] for m in metrics] == [5, 5]
+    assert len(rewarded) == 2 * 5 * 2 and set(rewarded.values()) == {1}  # steps x prompts x group
     _, plain, _ = run(tmp_path, "plain", ["advantage.min_group_std=10.0"], steps=1)
     assert plain[0]["rollout/prompts_drawn"] == 2

@@ -25,6 +25,7 @@ from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 from nemo_orchestra.rollout.engines.base import Generation
 from nemo_orchestra.rollout.loop import EnginePolicy, LoopLimits, Turn, malformed_call_observation, run_episodes
 from nemo_orchestra.train.trainer import Trainer
+from nemo_orchestra.rollout.managed_engine import ManagedEngine
 from tools_env.client import ToolsEnvClient
 from tools_env.supervisor import start_service
 from tools_env.task import TaskRecord
@@ -173,7 +174,7 @@ def test_training_and_evaluation_agree_on_malformed_calls_and_missing_preference
     cfg = load_config(["rollout.max_turns=3", "rollout.max_context=4096"])
     chat = ChatFormat(TOKENIZERS["embedded"]())
     client = ToolsEnvClient(service)
-    trainer = Trainer(cfg, None, ScriptedEngine(chat), client, chat, [], None)
+    trainer = Trainer(cfg, None, ManagedEngine(engine=ScriptedEngine(chat)), client, chat, [], None)
     trained = trainer.run_loop([NO_PREFERENCE], 1, temperature=1.0)[0]
     run = PolicyRun(ScriptedMessages(), LoopLimits(max_turns=3), _evaluate_recipe().EvalConfig().default_preference)
     evaluated = trainer.loop.run_until_complete(

@@ -7,7 +7,7 @@ import torch
 
 from nemo_orchestra.config import ConfigError, load_config
 from nemo_orchestra.rollout.engines.vllm_memory import pinned_to
-from nemo_orchestra.train.build import engine_cpus, overlap_reference
+from nemo_orchestra.train.plan import engine_cpus, live_sequences, overlap_reference
 
 CPU = torch.device("cpu")
 
@@ -66,3 +66,21 @@ def test_the_binding_reaches_the_engine_processes_and_is_undone(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "1")
     with pinned_to(CPU, [0, 2]):
         assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+
+
+def test_the_plan_decides_each_derived_setting_once(cores):
+    """RunPlan: what the trainer and the engine's start read; no overlap without a reference pass,
+    even when asked for."""
+    from nemo_orchestra.train.plan import RunPlan
+
+    cores(4)
+    plan = RunPlan.make(load_config(["rollout.max_staleness=2", "loss.tis_cap=2.0"]), CPU)
+    assert (plan.reference_pass, plan.rollouts_ahead, plan.engine_cpus, plan.trainer_threads) == (True, 2, (3, 4), 2)
+    assert plan.overlap_reference and plan.live_sequences == 2 * live_sequences(load_config([]))
+    plain = RunPlan.make(load_config(["loss.kl_coef=0", "perf.overlap_reference=true"]), CPU)
+    assert (plain.reference_pass, plain.rollouts_ahead, plain.engine_cpus, plain.overlap_reference) == (
+        False,
+        0,
+        None,
+        False,
+    )

@@ -297,12 +297,12 @@ def test_the_reference_thread_is_idle_only_when_the_trainer_waited_for_its_rollo
     from nemo_orchestra.train.trainer import ENGINE_BEHIND_S, Trainer
 
     cfg = SimpleNamespace(loss=loss_cfg(tis_cap=2.0, kl_coef=0.1), rollout=SimpleNamespace(temperature=1.0))
-    trainer = SimpleNamespace(overlap_reference=True, cfg=cfg, policy=policy)
+    trainer = SimpleNamespace(plan=SimpleNamespace(overlap_reference=True), cfg=cfg, policy=policy)
     for waited, idle in ((0.0, False), (ENGINE_BEHIND_S / 2, False), (2 * ENGINE_BEHIND_S, True), (3.0, True)):
         ahead = Trainer.reference_ahead(trainer, _packs(), waited)
         ahead.join()
         assert ahead.idle is idle, waited
-    cfg.loss = loss_cfg(tis_cap=2.0, kl_coef=0.0)
+    trainer.plan = SimpleNamespace(overlap_reference=False)  # RunPlan: never without a reference pass
     assert Trainer.reference_ahead(trainer, _packs(), 3.0) is None
 
 

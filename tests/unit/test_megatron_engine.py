@@ -191,6 +191,7 @@ def test_trainer_pushes_no_weights_into_it(setup, monkeypatch):
 
     import nemo_orchestra.train.trainer as trainer_module
     from nemo_orchestra.train.trainer import Trainer
+    from nemo_orchestra.rollout.managed_engine import ManagedEngine
 
     def no_gather(gpt):
         raise AssertionError("the megatron engine needs no gathered state dict")
@@ -202,10 +203,10 @@ def test_trainer_pushes_no_weights_into_it(setup, monkeypatch):
     def no_factory(state):
         raise AssertionError("the megatron engine is built with the policy, not at a weight sync")
 
-    trainer = Trainer(cfg, s.policy, s.engine, None, None, [], None, engine_factory=no_factory)
+    trainer = Trainer(cfg, s.policy, ManagedEngine(no_factory, engine=s.engine), None, None, [], None)
     trainer.sync_weights(0)
     trainer.sync_weights(1)
-    assert trainer.weights.version == 1
+    assert trainer.generation.weights.version == 1
     assert trainer.engine is s.engine
     assert trainer.on_rollout_rank(lambda: 42) == 42  # one rank: it is the rollout rank
     trainer.loop.close()

@@ -1,0 +1,92 @@
+"""The run's generation engine from its start to its close, in one place (``ManagedEngine``).
+
+- **start**: an engine that reads the policy's own parameters (``reads_policy_weights``) starts when
+  the run is built, so that a layout it cannot serve stops the run before the warm start; any other
+  starts at the first weight sync, from the weights of that moment (after the warm start, or from a
+  resumed checkpoint), so that an engine with processes of its own (vLLM) does not compete with the
+  warm start for CPU.
+- **sync**: the policy's weights pushed between two generate calls (``EngineWeights.load``); every
+  turn records the version that wrote it. An engine that reads the policy's parameters gets nothing.
+- **sleep / wake_up**: the engine's GPU memory is the trainer's between a step's rollouts and its
+  weight sync (vLLM's sleep mode on CUDA); not while rollouts run ahead, which generate meanwhile.
+- **close**: once, whatever happened before; a generate call still running ends within
+  ``CALL_GRACE_S``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from nemo_orchestra.rollout.engines.base import GenerationEngine
+from nemo_orchestra.rollout.loop import EngineWeights, stop_engine_calls
+
+log = logging.getLogger(__name__)
+
+# how long closing waits for a generate call in flight to return once its engine is closed (a closed
+# in-process engine ends it at its next token; vLLM's fails when its processes end)
+CALL_GRACE_S = 30.0
+
+
+class ManagedEngine:
+    def __init__(
+        self,
+        factory: Callable[[dict | None], GenerationEngine] | None = None,
+        engine: GenerationEngine | None = None,
+        reads_policy_weights: bool = False,
+    ):
+        """``factory(state)`` starts the engine from a full state dict (None: the policy's own
+        parameters). With ``reads_policy_weights`` it is started now."""
+        self.factory = factory
+        self.engine = engine
+        self.weights = EngineWeights()  # the version of the engine's weights
+        if self.engine is None and reads_policy_weights:
+            self.engine = self._start(None)
+
+    def _start(self, state: dict | None) -> GenerationEngine:
+        if self.factory is None:
+            raise RuntimeError("the generation engine has no factory to start it from")
+        return self.factory(state)
+
+    @property
+    def reads_policy_weights(self) -> bool:
+        return self.engine is not None and self.engine.capabilities.reads_policy_weights
+
+    @property
+    def spans_tensor_parallel_group(self) -> bool:
+        return self.engine is not None and self.engine.capabilities.spans_tensor_parallel_group
+
+    def sync(self, full_state: Callable[[], dict], version: int) -> float:
+        """The policy's weights after ``version`` GRPO steps into the engine (started now if it is not
+        yet); its seconds. ``full_state()`` gathers the weights from every shard: every rank calls
+        this, whether or not it holds the engine."""
+        t0 = time.perf_counter()
+        if self.reads_policy_weights:  # nothing to gather or push
+            self.weights.version = version
+            return time.perf_counter() - t0
+        state = full_state()
+        if self.engine is None:
+            self.engine = self._start(state)
+            self.weights.version = version
+        else:
+            self.weights.load(self.engine, state, version)
+        return time.perf_counter() - t0
+
+    def memory(self, action: str, rollouts_ahead: bool) -> float:
+        """``engine.sleep()`` or ``engine.wake_up()``; its seconds. Nothing while rollouts run ahead
+        of training (``rollouts_ahead``): the engine is generating the next steps' turns meanwhile."""
+        t0 = time.perf_counter()
+        if self.engine is not None and not rollouts_ahead:
+            {"sleep": self.engine.sleep, "wake_up": self.engine.wake_up}[action]()
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        """The engine closed (its processes ended), then the engine calls still waiting dropped and
+        the running one waited for."""
+        try:
+            if self.engine is not None:
+                self.engine.close()  # a generate call still running (rollouts ahead, a stop) ends soon
+        finally:
+            if not stop_engine_calls(CALL_GRACE_S):
+                log.warning("a generation engine call was still running %.0f s after the engine closed", CALL_GRACE_S)
