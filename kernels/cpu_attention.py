@@ -6,10 +6,7 @@ every key. At the lengths of CPU training (a few hundred tokens, head dim 64) th
 saves. ``BlockedAttention`` takes 64 queries at a time: their scores in fp32 over the keys they may
 see (a causal block stops at its last query's key), softmax in fp32, probabilities in the input dtype
 for the value product (as flash attention does on a GPU), kept for the backward, which is then four
-products a block. ``kernels/bench.py`` on one core of a 2-core AVX512-BF16 machine, a group with its
-prompt packed once (a 220-token prompt, 8 continuations of 300 tokens, 4 heads, head dim 64): bf16
-forward 19.0 ms against the flash kernel's 23.9 ms, forward + backward 56.0 ms against 87.3 ms;
-fp32 20.6 against 22.8 ms and 57.3 against 72.9 ms.
+products a block. ``kernels/bench.py`` times both paths (docs/performance.md).
 
 The kept probabilities take H x L x S elements, so ``attend`` runs this path only while that stays
 small (``DENSE_MAX_SCORES``), and the flash kernel beyond.
@@ -115,7 +112,7 @@ def attend(q_HLD, k_HSD, v_HSD, *, offset: int | None, scale: float, rows_N: tor
         return q_HLD.clone()
     if q_HLD.device.type == "cpu" and H * L * S <= DENSE_MAX_SCORES:
         return BlockedAttention.apply(q_HLD, k_HSD, v_HSD, pos_L, scale)
-    # a batch dimension of 1: 3-D inputs fall back to SDPA's math path (8x slower on CPU)
+    # a batch dimension of 1: 3-D inputs fall back to SDPA's math path, far slower on CPU than its flash kernel
     q, k, v = q_HLD[None], k_HSD[None], v_HSD[None]
     if pos_L is None:
         return F.scaled_dot_product_attention(q, k, v, scale=scale)[0]

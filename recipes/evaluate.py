@@ -24,9 +24,9 @@ prompt training uses. A checkpoint of a run folder is evaluated under that run's
 held-out figures; the other policies under ``max_turns``, ``orchestrator.*`` and ``default_preference``.
 Turns: a record's own ``max_turns`` when it has one, else 12; ``max_turns=N`` gives every episode N.
 An ``openai:`` policy evaluated beside a ``checkpoint:RUN`` (such as that run's export served by
-vLLM's OpenAI-compatible server, README "Serving") runs under the run's turn budget and tokens per
-turn, unless ``max_turns=`` or ``openai.max_tokens=`` (else 1024) is given; when the policies'
-limits still differ, one printed line says which policy runs under which.
+vLLM's OpenAI-compatible server, docs/checkpoints_and_export.md) runs under the run's turn budget
+and tokens per turn, unless ``max_turns=`` or ``openai.max_tokens=`` (else 1024) is given; when the
+policies' limits still differ, one printed line says which policy runs under which.
 ``--help`` lists every key with its default.
 """
 

@@ -66,10 +66,10 @@ for stage in $STAGES; do
         async) timeout "${GRPO_S:-150}" "$PY" "${GRPO[@]}" --out "$OUT/grpo_async.json" "run.output_dir=$OUT/run_async" \
             rollout.max_staleness=1 loss.tis_cap=2.0 ;;
         kbench) timeout "${KBENCH_S:-120}" "$PY" kernels/bench.py --out "$OUT/kernel_bench.json" ;;
-        tests) timeout "${TESTS_S:-300}" "$PY" -m pytest -o addopts="" -q -p no:cacheprovider -rfEs tests/kernels \
-            tests/unit/test_attention_backends.py tests/unit/test_rope.py tests/unit/test_grpo_update.py \
-            tests/unit/test_shared_prompts.py tests/unit/test_megatron_engine.py tests/unit/test_vllm_gpu.py \
-            tests/distributed/test_fp8.py --timeout=120 ;;
+        tests) timeout "${TESTS_S:-300}" "$PY" -m pytest -o addopts="" -q -p no:cacheprovider -rfEs \
+            tests/integration/kernels tests/unit/test_attention_backends.py tests/unit/test_rope.py \
+            tests/unit/test_grpo_update.py tests/unit/test_shared_prompts.py tests/integration/test_megatron_engine.py \
+            tests/integration/test_vllm_gpu.py tests/integration/distributed/test_fp8.py --timeout=120 ;;
         *) echo "unknown stage '$stage' (sync, async, kbench, tests)"; false ;;
     esac > >(tee "$OUT/$stage.log") 2>&1
     rc=$?

@@ -3,6 +3,7 @@
     python scripts/seed_sweep.py --seeds 1 2 3 4 5 [-- key=value ...]
     python scripts/seed_sweep.py --table runs/seeds/seed-1 runs/seeds/seed-2    # table of finished runs
     python scripts/seed_sweep.py --table runs/seeds/seed-* --stages greedy      # from the greedy evaluation
+    python scripts/seed_sweep.py --table runs/seeds/seed-* --check claims       # exit 1 if a run misses a claim
 
 Each run goes to <--root>/seed-<N> (run.resume=false) with the overrides given after ``--``. The
 table has, per seed: wall time, held-out accuracy and cost per correct answer before and after
@@ -128,6 +129,30 @@ def meets(s: dict) -> bool:
     return a1 - a0 >= 0.2 and c1 < c0 and s["separation"] >= 0.5 and ca >= 0.8 and cc <= 2e-4 and s["time_s"] <= 600
 
 
+# What the README says the default run learns, on every seed, judged on the sampled held-out evaluation
+# (the policy GRPO trains) against the run's own warm start. A run that misses one is a regression.
+CLAIMS = {
+    "held-out accuracy rises": lambda s: s["acc"][1] > s["acc"][0],
+    "preferences apart in the right direction (separation > 0)": lambda s: s["separation"] > 0,
+    "within 10 minutes": lambda s: not s["time_s"] > 600,  # unknown (nan): not judged
+}
+
+
+def missed_claims(s: dict) -> list[str]:
+    return [name for name, holds in CLAIMS.items() if not holds(s)]
+
+
+def check(runs: list[tuple[str, str]], which: str, stages: str = "sampled") -> list[str]:
+    """One line per run that misses ``which`` (``claims``: CLAIMS; ``targets``: ``meets``)."""
+    out = []
+    for seed, d in runs:
+        s = summary(d, stages)
+        missed = missed_claims(s) if which == "claims" else ([] if meets(s) else ["the targets"])
+        if missed:
+            out.append(f"seed {seed} ({d}): misses {'; '.join(missed)}")
+    return out
+
+
 def row(seed: str, s: dict) -> str:
     (a0, a1), (c0, c1), (ca, cc) = s["acc"], s["cpc"], s["calc"]
     t = s["time_s"]
@@ -150,14 +175,21 @@ def main(argv: list[str]) -> int:
     p.add_argument("--root", default="runs/seeds")
     p.add_argument("--table", nargs="*", default=None, metavar="RUN_DIR")
     p.add_argument("--stages", choices=("sampled", "greedy"), default="sampled")
+    p.add_argument(
+        "--check",
+        choices=("claims", "targets"),
+        default=None,
+        help="exit 1 when a run misses the README's claims (CLAIMS) or the targets (meets)",
+    )
     args = p.parse_args(own)
     if args.table is not None:
+        runs = [(os.path.basename(d.rstrip("/")), d) for d in args.table]
         try:
-            print(table([(os.path.basename(d.rstrip("/")), d) for d in args.table], args.stages))
+            print(table(runs, args.stages))
+            return _judge(runs, args)
         except (FileNotFoundError, KeyError, ValueError) as e:
             print(f"seed_sweep: {e}", file=sys.stderr)
             return 2
-        return 0
     if not args.seeds:
         p.error("give --seeds or --table")
     runs = []
@@ -175,7 +207,17 @@ def main(argv: list[str]) -> int:
             f.write(f"{time.monotonic() - t0:.1f}\n")
         runs.append((seed, out))
     print(table(runs, args.stages))
-    return 0
+    return _judge(runs, args)
+
+
+def _judge(runs: list[tuple[str, str]], args) -> int:
+    if args.check is None:
+        return 0
+    misses = check(runs, args.check, args.stages)
+    for line in misses:
+        print(line, file=sys.stderr)
+    print(f"{len(runs) - len(misses)} of {len(runs)} run(s) meet the {args.check}")
+    return 1 if misses else 0
 
 
 if __name__ == "__main__":

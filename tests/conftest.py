@@ -62,8 +62,7 @@ _SPAWNERS = [
 def _refuse(name):
     def refuse(*args, **kwargs):
         raise RuntimeError(
-            f"a unit test starts no process ({name} was called): "
-            "move the test to tests/integration (tests/README.md)"
+            f"a unit test starts no process ({name} was called): move the test to tests/integration (tests/README.md)"
         )
 
     return refuse

@@ -13,7 +13,7 @@ outcome whose reason names the guard. Episodes idle for ``ttl_s`` expire: they a
 their workdir and leave a small tombstone so ``GET`` can still say "expired".
 
 Workdirs: ``ctx.workdir`` is ``<service temp root>/<episode id>``; it is not created up front
-(a mkdir costs ~0.3 ms on some filesystems and most episodes never touch disk): a tool that
+(most episodes never touch disk, and a mkdir is a filesystem call each would pay): a tool that
 writes files creates it (``os.makedirs(ctx.workdir, exist_ok=True)``). It is removed when the
 episode ends, is deleted or expires, and the whole root when the service stops.
 """

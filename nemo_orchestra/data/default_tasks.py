@@ -107,7 +107,7 @@ def copy_tasks(n: int, seed: int) -> list[TaskRecord]:
     two shapes in turn. Half has operands of 1 to 4 digits, so calculator results of 1 to 8
     characters; half has the default set's operands (10 to 99 and 2 to 99), so results of 1 to 4
     digits, negatives down to -89, and 4-digit products as often as the tasks the run is judged on
-    have them. With the wide shape alone the copy missed exactly those (README, "Copy lessons")."""
+    have them: lessons of the wide shape alone leave the copy of those unlearned (docs/algorithm.md)."""
     rng = random.Random(seed)
     tasks = []
     for i in range(n):

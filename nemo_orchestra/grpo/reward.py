@@ -27,12 +27,12 @@ the cheapest is far cheaper than the dearest (an expert-small call next to an ex
 small when the values are close, so that such a group falls under ``advantage.min_group_std``.
 
 ``reward.latency_resolution_s`` (10 ms): each tool call's latency counts rounded to it. A local tool's
-latency is its measured run time, 25 to 340 us for a calculator call and an answer on a 2-core
-host, which is the machine's noise: divided by a group's largest value it became a latency utility
-up to 0.8 apart between rollouts that did the same, a reward gap that trained calculator groups on
-timing, and two runs of one seed drifted apart. Per call, not the episode's sum: a simulated
-expert's drawn latency plus a few microseconds of a local call would cross a rounding boundary
-now and then. Experts take seconds, which 10 ms keeps.
+latency is its measured run time, microseconds that are the machine's noise: divided by a group's
+largest value, that noise would part the latency utilities of rollouts that did the same, a reward
+gap that trains calculator groups on timing, and the rewards would read the clock, so two runs of
+one seed would drift apart. Per call, not the episode's sum: a simulated expert's drawn latency plus
+a few microseconds of a local call would cross a rounding boundary now and then. Experts take
+seconds, which 10 ms keeps (docs/algorithm.md).
 
 Ablations (``conf/reward``): ``outcome_only`` (R = o), ``outcome_efficiency`` (config weights for
 every task), ``full`` (the task's own preference vector).

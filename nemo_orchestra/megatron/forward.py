@@ -11,8 +11,7 @@ Only the loss's tokens need logits: with ``loss_rows`` the output layer runs on 
 (0 elsewhere). In a GRPO or warm-start pack most tokens are prompt and tool observations, so this
 skips most of the output layer's matmul and the vocabulary-wide softmax. The last transformer layer
 needs no more rows than that either, past its key/value projection (``last_layer_at``): its queries,
-attention output, MLP and final norm run on those rows only (about a quarter of the tokens in the
-GRPO benchmark's packs).
+attention output, MLP and final norm run on those rows only.
 """
 
 from __future__ import annotations

@@ -5,11 +5,9 @@ frequencies for every call, one slice per sequence of the pack (a ``.item()`` ea
 cos and sin again: for the query and for the key of every layer, in the update and in the reference
 pass. Here the cos and sin of a pass's frequencies (the same tensor for every layer: ``GPTModel``
 computes it once a forward) are kept for the next calls, and the rotation is the same expression on
-the same operands, so the result is Megatron's to the bit (``tests/unit/test_rope.py``). One pack of
-the matched GRPO benchmark (2,700 tokens in 10 sequences, 4 query and 2 key heads of 64, bf16, one
-thread of the AVX512-BF16 machine kind): Megatron's took 1.44 ms for the query and 1.14 ms for the
-key a call, this one 0.68 and 0.42 ms, plus 0.59 ms for the cos and sin once a pass: a pass of the
-2-layer model 2.8 ms against 5.2 ms.
+the same operands, so the result is Megatron's to the bit (``tests/unit/test_rope.py``). The packed
+rows and their cos and sin are the same for every call of a pass, so they are computed once a pass,
+not for the query and the key of every layer (docs/performance.md).
 
 ``install`` puts ``apply_rotary_pos_emb`` where Megatron's attention looks it up. Every other case
 (fused RoPE, context parallelism, interleaved or MLA rotation, no ``cu_seqlens``, frequencies with a

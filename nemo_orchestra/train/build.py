@@ -106,12 +106,10 @@ def _check_health(url: str, timeout_s: float) -> None:
 
 def gc_threshold(threshold: int | None, stack: ExitStack) -> None:
     """Python's young-generation collection threshold for the run (``perf.gc_threshold``), Python's
-    own again when ``stack`` closes; None leaves it. At Python's 700 the rollouts' short-lived objects
-    (vLLM's outputs decoded at every decode step, the turns' token lists) met a young collection
-    while alive, were promoted, and the promotions set off full collections of the process's heap:
-    0.4 s each, every thread of the trainer stopped, twice in a 5-step benchmark run (1.04 s of
-    collector in all). At 50,000 they die before any collection: none ran in the same run. The
-    matched benchmark, seven pairs alternated: faster in six, even in one (README, "Fast GRPO")."""
+    own again when ``stack`` closes; None leaves it. The threshold must be high enough that the
+    rollouts' short-lived objects (vLLM's outputs decoded at every decode step, the turns' token
+    lists) die before a young collection meets them: promoted, they set off full collections of the
+    process's heap, which stop every thread of the trainer (docs/performance.md)."""
     if threshold is None:
         return
     previous = gc.get_threshold()

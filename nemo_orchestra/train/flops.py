@@ -137,7 +137,7 @@ def cpu_half_precision_flags(path: str = "/proc/cpuinfo") -> set[str] | None:
 def slow_half_precision_warning(params_dtype: str, device: torch.device, path: str = "/proc/cpuinfo") -> str | None:
     """A one-line warning when ``model.params_dtype`` is bf16 or fp16 on a CPU that has no native
     instructions for it: torch then converts every matmul, which can be hundreds of times slower
-    than fp32 (an AVX2-only EPYC: 115 GFLOP/s fp32, 0.27 bf16, 2048^3 matmul)."""
+    than fp32 (docs/performance.md)."""
     if device.type != "cpu" or params_dtype == "fp32":
         return None
     flags = cpu_half_precision_flags(path)

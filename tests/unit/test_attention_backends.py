@@ -16,7 +16,7 @@ from nemo_orchestra.megatron.forward import (
 from nemo_orchestra.megatron.model import build_gpt_model
 from nemo_orchestra.megatron.parallel import init_distributed
 from nemo_orchestra.train.packing import pack
-from tests.unit.helpers import traj
+from tests.helpers import traj
 
 
 def test_auto_picks_the_reference_without_cuda():

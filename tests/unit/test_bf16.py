@@ -12,7 +12,7 @@ from nemo_orchestra.megatron.sharding import load_full_state, model_state
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.policy import build_policy
 from nemo_orchestra.train.step import grpo_loss_fn, train_step
-from tests.unit.helpers import loss_cfg, traj
+from tests.helpers import loss_cfg, traj
 
 VOCAB = 512
 TINY = [

@@ -7,7 +7,7 @@ from nemo_orchestra.config import AdvantageConfig
 from nemo_orchestra.grpo.advantages import assign_advantages
 from nemo_orchestra.grpo.loss import policy_loss
 from nemo_orchestra.train.packing import first_fit_decreasing, pack
-from tests.unit.helpers import loss_cfg, task, traj
+from tests.helpers import loss_cfg, task, traj
 
 
 def _adv_cfg(**kw):

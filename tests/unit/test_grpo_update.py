@@ -28,7 +28,7 @@ from nemo_orchestra.train.step import (
     sft_loss_fn,
     train_step,
 )
-from tests.unit.helpers import loss_cfg, traj
+from tests.helpers import loss_cfg, traj
 
 VOCAB = 256
 TINY = [

@@ -4,7 +4,7 @@ profile, with the expert shares a preference-following policy is read from."""
 import pytest
 
 from nemo_orchestra.evaluation.heldout import breakdown
-from tests.unit.helpers import task, traj
+from tests.helpers import task, traj
 
 
 def _t(category, profile, alias, correct=True, cost=0.0):

@@ -8,7 +8,7 @@ import pytest
 from nemo_orchestra.config import ConfigError, load_config
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.trainer import Trainer, interleave
-from tests.unit.helpers import traj
+from tests.helpers import traj
 
 
 def _trainer(coef, n, lessons, seed=1234, dp_rank=0):

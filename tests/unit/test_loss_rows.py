@@ -9,7 +9,7 @@ from nemo_orchestra.megatron.forward import forward_logprobs, loss_rows, packed_
 from nemo_orchestra.megatron.model import build_gpt_model
 from nemo_orchestra.megatron.parallel import init_distributed
 from nemo_orchestra.train.packing import pack
-from tests.unit.helpers import traj
+from tests.helpers import traj
 
 VOCAB = 256
 

@@ -84,7 +84,7 @@ def test_activation_recompute_changes_no_gradient():
     from nemo_orchestra.megatron.model import build_gpt_model
     from nemo_orchestra.megatron.parallel import init_distributed
     from nemo_orchestra.train.packing import pack
-    from tests.unit.helpers import traj
+    from tests.helpers import traj
 
     base = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128"]
     info = init_distributed(load_config(base).parallel, seed=3)

@@ -1,7 +1,7 @@
 import pytest
 
 from nemo_orchestra.grpo.reward import assign_rewards, group_rewards
-from tests.unit.helpers import reward_cfg, task, traj
+from tests.helpers import reward_cfg, task, traj
 
 
 def test_incorrect_rollouts_earn_zero():

@@ -114,3 +114,16 @@ def test_the_preference_ceiling_puts_cost_sensitive_tasks_on_the_route_their_rew
     )
     s = summary(d)
     assert abs(s["ceiling"] - (0.8 + 0.98 + 1.0) / 3) < 1e-9 and abs(s["best"] - (0.98 + 0.98 + 1.0) / 3) < 1e-9
+
+
+def test_the_claims_check_exits_nonzero_naming_the_run_and_the_claim_it_misses(tmp_path, capsys):
+    good = _run(tmp_path, "seed-1", large_acc_first=0.9, calc_acc=0.5, seconds=400.0)  # misses targets, not claims
+    assert main(["--table", good, "--check", "claims"]) == 0
+    assert main(["--table", good, "--check", "targets"]) == 1
+    capsys.readouterr()
+    backwards = _run(tmp_path, "seed-2", large_acc_first=0.05, calc_acc=0.9, seconds=400.0)  # 0.05 - 0.1 < 0
+    slow = _run(tmp_path, "seed-3", large_acc_first=0.9, calc_acc=0.9, seconds=700.0)
+    assert main(["--table", good, backwards, slow, "--check", "claims"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "seed-2" in err[0] and "separation > 0" in err[0]
+    assert "seed-3" in err[1] and "within 10 minutes" in err[1]

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from nemo_orchestra.data.warm_start import _choose, _final
-from tests.unit.helpers import task
+from tests.helpers import task
 
 
 def _tool(name, **props):

@@ -11,7 +11,7 @@ from nemo_orchestra.megatron.model import build_gpt_model
 from nemo_orchestra.megatron.parallel import init_distributed
 from nemo_orchestra.train.flops import forward_flops, sequence_lengths
 from nemo_orchestra.train.packing import PADDING, SHARED_PROMPT, pack
-from tests.unit.helpers import traj
+from tests.helpers import traj
 
 VOCAB = 256
 CPU = torch.device("cpu")

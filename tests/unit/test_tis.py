@@ -9,7 +9,7 @@ from nemo_orchestra.config import ConfigError, load_config
 from nemo_orchestra.grpo.loss import policy_loss, tis_weights
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.step import grpo_loss_fn
-from tests.unit.helpers import loss_cfg, traj
+from tests.helpers import loss_cfg, traj
 
 LOG = math.log
 

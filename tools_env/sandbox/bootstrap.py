@@ -211,9 +211,9 @@ def _sandbox_end(main, before, code, sigint):
     # The interpreter's exit (Py_FinalizeEx), step for step: wait for non-daemon threads, atexit,
     # flush stdio, clear __main__ and the modules the code imported (closing files it left open and
     # running __del__ methods), collect cycles, flush again, exit. Left out: the teardown of the
-    # interpreter's own modules, which prints nothing and in a zygote's child costs 5-15 ms of
-    # copy-on-write faults. C stdio buffers are not flushed (os._exit). Only locals from here on:
-    # the code may have rebound any global.
+    # interpreter's own modules, which prints nothing and in a zygote's child costs a copy-on-write
+    # fault for every inherited page it touches. C stdio buffers are not flushed (os._exit). Only
+    # locals from here on: the code may have rebound any global.
     import sys, posix, gc, atexit
 
     def flush(code):

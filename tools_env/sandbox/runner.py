@@ -38,7 +38,7 @@ async def run_python(
     wd, closed = _check_workdir(workdir, plan)
     uid = _next_uid() if plan.layers["uid_drop"] else None
     marker = uuid.uuid4().hex
-    if _prepare_is_quick(wd, uid, plan):  # a thread hop costs ~0.25 ms of CPU, more than a few chowns
+    if _prepare_is_quick(wd, uid, plan):  # a thread hop costs more CPU than a few chowns
         nproc = _prepare(wd, uid, plan, limits)
     else:
         nproc = await asyncio.to_thread(_prepare, wd, uid, plan, limits)

@@ -26,9 +26,9 @@ def clone_run(born, cgroup_fd):
     """os.fork(), with the child created in the namespaces `born` (user, network, pid) and in the
     cgroup `cgroup_fd`, by clone3 (Linux >= 5.7). The pid namespace's first process is then this
     child itself, so no process has to stay outside to wait, and it is born in the cgroup: moving it
-    there afterwards waits for an RCU grace period, ~10 ms on an idle host. Returns (pid, the
-    namespaces the child was created in, whether it is in the cgroup); where clone3 cannot do it,
-    a plain os.fork(), (), False."""
+    there afterwards waits for an RCU grace period. Returns (pid, the namespaces the child was
+    created in, whether it is in the cgroup); where clone3 cannot do it, a plain os.fork(), (),
+    False."""
     global clone3_ok
     if clone3_ok:
         flags = sum(BORN[name] for name in born) | (CLONE_INTO_CGROUP if cgroup_fd is not None else 0)

@@ -38,7 +38,7 @@ class HFEngine(GenerationEngine):
 
         self.model_cfg = model_cfg
         self.pad_id = tokenizer.pad_token_id
-        if model is None:  # built where it runs (the 8-layer Qwen3-8B shape: 38.6 s of init on a 2-core host)
+        if model is None:  # built where it runs: a large random init on the host CPU is slow
             with torch.device(device):
                 model = Qwen3ForCausalLM(hf_config(model_cfg, vocab_size, tokenizer))
         self.model = model.to(device).eval()

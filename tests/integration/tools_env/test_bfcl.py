@@ -24,7 +24,7 @@ from tools_env.domains.bfcl.importer import read_category, to_record
 from tools_env.supervisor import start_service
 from tools_env.tools.base import EpisodeContext
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import torch
 
 from nemo_orchestra.config import AdvantageConfig
 from nemo_orchestra.grpo.advantages import assign_advantages
-from tests.unit.helpers import traj
+from tests.helpers import traj
 
 import kernels
 from kernels.reference import grouped_advantage_ref

@@ -6,7 +6,7 @@ same weights and documents; each test checks one scenario's figures.
 
 import pytest
 
-from tests.distributed import scenarios
+from tests.integration.distributed import scenarios
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 

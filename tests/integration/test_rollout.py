@@ -19,7 +19,7 @@ from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 from nemo_orchestra.rollout.engines.base import Generation
 from nemo_orchestra.prompting.prompts import task_messages, with_default_preference
 from nemo_orchestra.rollout.loop import EnginePolicy, LoopLimits, run_episodes
-from tests.unit.helpers import reward_cfg
+from tests.helpers import reward_cfg
 from tools_env.client import ToolsEnvClient
 from tools_env.supervisor import start_service
 from tools_env.task import TaskRecord

@@ -50,7 +50,7 @@ def test_one_fp8_training_step(recipe):
     from nemo_orchestra.train.packing import pack
     from nemo_orchestra.train.policy import build_policy
     from nemo_orchestra.train.step import sft_loss_fn, train_step
-    from tests.unit.helpers import traj
+    from tests.helpers import traj
 
     cfg = load_config(
         [

@@ -6,7 +6,7 @@ import os
 
 from tools_env.sandbox import SandboxLimits
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 FAST = SandboxLimits(cpu_time_s=1, wall_time_s=5, memory_mb=256, max_processes=8, max_output_bytes=4096, file_size_mb=1)
 
 

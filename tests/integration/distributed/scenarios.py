@@ -64,7 +64,7 @@ def layout(tp: int, pp: int) -> None:
 
 def trajectories(n=6, seed=1):
     """Documents of mixed lengths with random masks, advantages and old/reference logprobs."""
-    from tests.unit.helpers import traj
+    from tests.helpers import traj
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -82,7 +82,7 @@ def trajectories(n=6, seed=1):
 def grouped_trajectories(seed=2):
     """Two prompts of 20 tokens with three rollouts each (a GRPO group: the prompt packs once with
     ``perf.share_prompts``), random masks after the first generated token, advantages and logprobs."""
-    from tests.unit.helpers import traj
+    from tests.helpers import traj
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -383,7 +383,7 @@ def scenario_hf_tp2(folder):
     from nemo_orchestra.megatron.forward import forward_logprobs
     from nemo_orchestra.train.packing import pack
     from nemo_orchestra.train.policy import build_policy
-    from tests.unit.helpers import traj
+    from tests.helpers import traj
 
     layout(2, 1)
     cfg = config(2, 1, True, f"model.init_from={folder}", "model.tie_embeddings=false")

@@ -123,7 +123,7 @@ def test_policy_starts_from_an_hf_folder_or_its_import_with_transformers_logits(
     from nemo_orchestra.megatron.forward import forward_logprobs
     from nemo_orchestra.train.packing import pack
     from nemo_orchestra.train.policy import build_policy
-    from tests.unit.helpers import traj
+    from tests.helpers import traj
 
     hf = _hf_folder(tmp_path / "hf", arch, tied=False, seed=4)
     cfg = load_config([])

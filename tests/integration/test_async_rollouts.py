@@ -35,7 +35,7 @@ from nemo_orchestra.train.async_rollouts import AsyncRollouts
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.step import grpo_loss_fn
 from nemo_orchestra.types import Trajectory
-from tests.unit.helpers import loss_cfg
+from tests.helpers import loss_cfg
 from tools_env.client import ToolsEnvClient
 from tools_env.supervisor import start_service
 from tools_env.task import TaskRecord

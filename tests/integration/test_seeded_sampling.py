@@ -19,8 +19,8 @@ from nemo_orchestra.rollout.engines.hf import HFEngine
 from nemo_orchestra.rollout.engines.megatron import MegatronEngine
 from nemo_orchestra.rollout.engines.sampling import row_generators, sample_rows
 from nemo_orchestra.rollout.loop import EnginePolicy, LoopLimits, run_episodes, turn_seed
-from tests.unit.test_agent_loop import TOKENIZERS
-from tests.unit.test_megatron_engine import VOCAB, make_prompts, new_policy
+from tests.integration.test_agent_loop import TOKENIZERS
+from tests.integration.test_megatron_engine import VOCAB, make_prompts, new_policy
 from tools_env.client import ToolsEnvClient
 from tools_env.supervisor import start_service
 

@@ -17,7 +17,7 @@ from nemo_orchestra.train.checkpoint import (
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.policy import build_policy
 from nemo_orchestra.train.step import sft_loss_fn, train_step
-from tests.unit.helpers import traj
+from tests.helpers import traj
 
 VOCAB = 256
 TINY = [

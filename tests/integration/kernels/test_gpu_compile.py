@@ -51,7 +51,7 @@ print("compiled")
 def test_kernels_compile_for_sm90():
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     result = subprocess.run(
         [sys.executable, "-c", COMPILE], env=env, cwd=root, capture_output=True, text=True, timeout=600
     )

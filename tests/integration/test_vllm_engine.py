@@ -19,7 +19,7 @@ from nemo_orchestra.config import load_config
 from nemo_orchestra.export.qwen3 import full_state_dict, megatron_to_hf
 from nemo_orchestra.rollout.engines import EngineContext, start_engine
 from nemo_orchestra.rollout.engines.vllm import VLLMEngine, call_with_timeout
-from tests.unit.helpers import generated_logprobs
+from tests.helpers import generated_logprobs
 
 VOCAB = 256
 CPU = torch.device("cpu")
@@ -111,7 +111,7 @@ def test_top_p_samples_within_the_nucleus_and_reports_its_logprobs(setup):
     from nemo_orchestra.megatron.forward import packed_forward
     from nemo_orchestra.rollout.engines.vllm_plugin import top_p_by_values_
     from nemo_orchestra.train.packing import pack
-    from tests.unit.helpers import traj
+    from tests.helpers import traj
 
     s = setup
     assert s.engine.llm.collective_rpc("nemo_top_p") == ["by values"]

@@ -18,7 +18,7 @@ from nemo_orchestra.rollout.engines.megatron import MegatronEngine
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.policy import build_policy, set_lr
 from nemo_orchestra.train.step import sft_loss_fn, train_step
-from tests.unit.helpers import generated_logprobs, traj
+from tests.helpers import generated_logprobs, traj
 
 VOCAB = 256
 CPU = torch.device("cpu")
