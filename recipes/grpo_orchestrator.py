@@ -65,6 +65,7 @@ def train(cfg, stop: rc.StopSignals, n_train: int | None = None) -> int:
         rc.start_afresh(cfg.run.output_dir, ckpt_root)
     with ExitStack() as stack:
         try:
+            rc.check_resume(cfg, ckpt_root)  # before the run writes anything (config.yaml included)
             trainer = build_trainer(cfg, info, stack)
         except (ValueError, FileNotFoundError, ImportError) as e:
             log.error("%s", e)

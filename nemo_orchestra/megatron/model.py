@@ -168,19 +168,36 @@ ARCH_KEYS = (
 )
 
 
-def check_vocab(found: int, ours: int, where: str) -> None:
-    if found != ours:
-        raise ValueError(
-            f"model.init_from={where}: the checkpoint's vocabulary has {found} entries, the model "
-            f"{ours} (set model.vocab_size={found})"
-        )
+def check_vocab(
+    found: int, ours: int, where: str, source_tokenizer: str | None = None, same_tokenizer: bool = False
+) -> None:
+    """The checkpoint's vocabulary size against the model's. Two sizes mean two tokenizers unless
+    ``same_tokenizer`` (then only the padding differs): a token id names another token in each, so
+    the fix is the checkpoint's tokenizer (``source_tokenizer``, its folder when known), not its size."""
+    if found == ours:
+        return
+    head = f"model.init_from={where}: the checkpoint's vocabulary has {found} entries, the model {ours}"
+    if same_tokenizer:
+        raise ValueError(f"{head}; the tokenizer is the same, padded to another size: set model.vocab_size={found}")
+    tokenizer = source_tokenizer or "<the tokenizer it was trained with>"
+    raise ValueError(
+        f"{head}: the checkpoint was trained with another tokenizer: set model.tokenizer={tokenizer} so that "
+        "token ids mean the same (a different model.vocab_size would load embeddings of other tokens)"
+    )
+
+
+def architecture_differences(found, model_cfg) -> list[str]:
+    """``model.KEY=ours (checkpoint: theirs)`` for each ``ARCH_KEYS`` entry that differs; ``found``: a
+    ModelConfig or a checkpoint's recorded model dict."""
+    get = found.get if isinstance(found, dict) else (lambda k: getattr(found, k))
+    return [
+        f"model.{k}={getattr(model_cfg, k)} (checkpoint: {get(k)})"
+        for k in ARCH_KEYS
+        if get(k) != getattr(model_cfg, k)
+    ]
 
 
 def check_same_architecture(found, model_cfg, where: str) -> None:
-    diff = [
-        f"model.{k}={getattr(model_cfg, k)} (checkpoint: {getattr(found, k)})"
-        for k in ARCH_KEYS
-        if getattr(found, k) != getattr(model_cfg, k)
-    ]
+    diff = architecture_differences(found, model_cfg)
     if diff:
         raise ValueError(f"model.init_from={where}: the checkpoint's architecture differs: " + ", ".join(diff))

@@ -476,3 +476,32 @@ def guarded(run, output_dir: str, stop: StopSignals | None = None, max_restarts:
             traceback.print_exc(file=f)
         log.error("stopped by an error: %s: %s (traceback in %s)", type(e).__name__, e, path)
         return 1
+
+
+def check_resume(cfg, ckpt_root: str) -> None:
+    """``run.resume``: the model the newest intact checkpoint was trained with (its recorded config)
+    against the requested one, before anything of the run is written or built. A difference in
+    architecture or vocabulary is refused naming the keys. A damaged checkpoint is left to the resume
+    itself, which says which and falls back to an older one."""
+    if not cfg.run.resume:
+        return
+    from nemo_orchestra.megatron import dist_ckpt
+    from nemo_orchestra.megatron.model import architecture_differences
+    from nemo_orchestra.train.checkpoint import CheckpointError, latest_checkpoint
+
+    try:
+        folder = latest_checkpoint(ckpt_root)
+    except CheckpointError:
+        return
+    if folder is None or not os.path.isfile(os.path.join(folder, dist_ckpt.META)):
+        return
+    meta = dist_ckpt.read_meta(folder)
+    diff = architecture_differences(meta.get("model", {}), cfg.model)
+    if cfg.model.vocab_size is not None and meta.get("vocab_size") not in (None, cfg.model.vocab_size):
+        diff.append(f"model.vocab_size={cfg.model.vocab_size} (checkpoint: {meta['vocab_size']})")
+    if diff:
+        raise ValueError(
+            f"run.resume: {folder} was trained with another model: {', '.join(diff)}. Resume with the "
+            "checkpoint's values, or start afresh: run.resume=false (removes this run's checkpoints) or "
+            "another run.output_dir"
+        )

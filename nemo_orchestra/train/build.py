@@ -125,8 +125,6 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     check_engine(cfg.rollout.engine)  # a missing vLLM stops the run now, not after the warm start
     gc_threshold(cfg.perf.gc_threshold, stack)
     os.makedirs(cfg.run.output_dir, exist_ok=True)
-    if info.is_main:
-        save_config(cfg, os.path.join(cfg.run.output_dir, "config.yaml"))
     tasks = load_tasks(cfg)
     started: list = []
     urls = tool_service(cfg, stack, started)
@@ -135,10 +133,13 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
         urls, token=cfg.tools.token or os.environ.get("TOOLS_ENV_TOKEN"), service=restartable(started)
     )
     try:
-        return _build(cfg, info, tasks, client, loop)
+        trainer = _build(cfg, info, tasks, client, loop)
     except BaseException:
         close_loop(loop, client)
         raise
+    if info.is_main:  # the run's config, once everything it asks for is built: a refused run leaves the old one
+        save_config(cfg, os.path.join(cfg.run.output_dir, "config.yaml"))
+    return trainer
 
 
 def _build(cfg: Config, info: DistInfo, tasks: list, client, loop: asyncio.AbstractEventLoop) -> Trainer:

@@ -314,3 +314,41 @@ def test_a_signal_outside_a_grpo_step_requeues_only_for_the_preempt_signal(
     assert f"stopped by {signal.Signals(signum).name} outside a GRPO step" in caplog.text
     assert ("asking to be requeued" in caplog.text) == (code == rc.REQUEUE_EXIT)
     assert rc.guarded(run, str(tmp_path / "run")) == 128 + signum  # no stop signals given: never requeued
+
+
+def _checkpoint_of(root, model_cfg, vocab_size=2176, step=2):
+    """A sealed checkpoint folder that records ``model_cfg`` (its weights do not matter here)."""
+    from nemo_orchestra.megatron import dist_ckpt
+    from nemo_orchestra.train.checkpoint import write_manifest
+
+    folder = root / "checkpoints" / f"step_{step}"
+    folder.mkdir(parents=True)
+    dist_ckpt.write_meta(str(folder), model_cfg, vocab_size, step=step)
+    write_manifest(str(folder))
+    return folder
+
+
+def test_a_resume_with_another_model_is_refused_naming_the_keys(tmp_path):
+    from dataclasses import replace
+
+    from nemo_orchestra.config import load_config
+
+    cfg = load_config([f"run.output_dir={tmp_path}"])
+    _checkpoint_of(tmp_path, replace(cfg.model, num_layers=cfg.model.num_layers + 1, rope_theta=1e6))
+    ckpt = str(tmp_path / "checkpoints")
+    with pytest.raises(ValueError) as e:
+        rc.check_resume(cfg, ckpt)
+    assert f"model.num_layers={cfg.model.num_layers} (checkpoint: {cfg.model.num_layers + 1})" in str(e.value)
+    assert "model.rope_theta" in str(e.value) and "run.resume=false" in str(e.value)
+    rc.check_resume(replace(cfg, run=replace(cfg.run, resume=False)), ckpt)  # a fresh start checks nothing
+    same = load_config([f"run.output_dir={tmp_path}", f"model.num_layers={cfg.model.num_layers + 1}"])
+    with pytest.raises(ValueError, match="model.rope_theta"):
+        rc.check_resume(same, ckpt)
+    rc.check_resume(load_config([f"model.num_layers={cfg.model.num_layers + 1}", "model.rope_theta=1e6"]), ckpt)
+    with pytest.raises(ValueError, match=r"model.vocab_size=4096 \(checkpoint: 2176\)"):
+        rc.check_resume(
+            load_config(
+                [f"model.num_layers={cfg.model.num_layers + 1}", "model.rope_theta=1e6", "model.vocab_size=4096"]
+            ),
+            ckpt,
+        )
