@@ -15,7 +15,7 @@ Launch:
 Overrides are key=value (see conf/grpo_orchestrator.yaml); group=name picks conf/<group>/name.yaml;
 --help lists every key with its default (after any overrides given with it).
 
-When it stops (README, "When a run stops"): SIGTERM, SIGINT or run.preempt_signal end the step in
+When it stops (docs/checkpoints_and_export.md, "When a run stops"): SIGTERM, SIGINT or run.preempt_signal end the step in
 flight, checkpoint and exit with one line naming the resume command (the same command: a run
 resumes from its folder's newest intact checkpoint); every process it started ends with it
 (train/reaper.py); one run per run.output_dir (run.lock). Exit codes: 0 done, 2 bad input or the

@@ -2,7 +2,7 @@
 
 Reads the data shipped in the ``bfcl-eval`` package (install the ``bfcl`` extra:
 ``EXTRAS=test,bfcl bash scripts/setup.sh``) and writes ``OUTPUT/<category>.jsonl`` (one record per
-entry, docs/data.md, "BFCL") and ``OUTPUT/manifest.json`` (source version, counts, file hashes,
+entry, docs/data_and_evaluation.md, "BFCL") and ``OUTPUT/manifest.json`` (source version, counts, file hashes,
 content hash). The tool service runs the records with BFCL's API classes and checks them with our
 implementation of BFCL's multi-turn checker (``tools_env/domains/bfcl``).
 

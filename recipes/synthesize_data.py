@@ -1,6 +1,6 @@
 """Synthesize ToolScale-style task data: QA and domain tasks with verifiable ground truth.
 
-Writes train.jsonl, eval.jsonl (task records, docs/data.md), the search corpus the lookup
+Writes train.jsonl, eval.jsonl (task records, docs/data_and_evaluation.md), the search corpus the lookup
 questions need (corpus/docs.jsonl) and manifest.json (counts, content hash, corpus and
 database seeds). Domain databases are not written: they are rebuilt from their seed, which
 every domain record carries in ``verifier.db_seed``.

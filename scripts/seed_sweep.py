@@ -129,7 +129,7 @@ def meets(s: dict) -> bool:
     return a1 - a0 >= 0.2 and c1 < c0 and s["separation"] >= 0.5 and ca >= 0.8 and cc <= 2e-4 and s["time_s"] <= 600
 
 
-# What the README says the default run learns, on every seed, judged on the sampled held-out evaluation
+# What the docs say the default run learns (docs/data_and_evaluation.md), on every seed, judged on the sampled held-out evaluation
 # (the policy GRPO trains) against the run's own warm start. A run that misses one is a regression.
 CLAIMS = {
     "held-out accuracy rises": lambda s: s["acc"][1] > s["acc"][0],
@@ -179,7 +179,7 @@ def main(argv: list[str]) -> int:
         "--check",
         choices=("claims", "targets"),
         default=None,
-        help="exit 1 when a run misses the README's claims (CLAIMS) or the targets (meets)",
+        help="exit 1 when a run misses the claims of docs/data_and_evaluation.md (CLAIMS) or the targets (meets)",
     )
     args = p.parse_args(own)
     if args.table is not None:

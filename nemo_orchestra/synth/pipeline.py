@@ -2,7 +2,7 @@
 
 Output folder::
 
-    train.jsonl, eval.jsonl   task records (docs/data.md), split deterministically by id
+    train.jsonl, eval.jsonl   task records (docs/data_and_evaluation.md), split deterministically by id
     corpus/docs.jsonl         the search corpus the lookup questions were drawn from
     manifest.json             counts per split/category/domain, content hash, corpus and database
                               seeds, the service tool config that runs these records, the settings

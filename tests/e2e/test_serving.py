@@ -146,7 +146,7 @@ def served(request, tmp_path_factory):
             "--kv-cache-memory-bytes",
             str(256 << 20),
             "--enforce-eager",
-            "--no-enable-chunked-prefill",  # seeded sampling on CPU (README "Serving")
+            "--no-enable-chunked-prefill",  # seeded sampling on CPU (docs/checkpoints_and_export.md, "Serving")
             "--generation-config",
             "vllm",
             "--host",

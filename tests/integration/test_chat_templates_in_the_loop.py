@@ -189,7 +189,7 @@ def test_a_turn_the_template_would_rewrite_is_a_format_error_kept_verbatim(
 
 
 def test_a_think_block_is_kept_as_written_for_a_server_without_a_reasoning_parser(tokenizer, service):
-    """Without a reasoning parser (the README's serve command) the think block is content, rendered verbatim:
+    """Without a reasoning parser (the serve command of docs/checkpoints_and_export.md) the think block is content, rendered verbatim:
     the same turn runs its call."""
     chat = resolve_chat_format(tokenizer, "prefix")
     task = _arithmetic_tasks(1)[0]
