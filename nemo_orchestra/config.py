@@ -44,6 +44,7 @@ class RunConfig:
     resume: bool = MISSING  # false: start afresh, removing the folder's checkpoints and records
     max_restarts: int = MISSING  # requeues after the preempt signal (Slurm, scripts/requeue_local.py)
     preempt_signal: Optional[str] = MISSING  # checkpoint, stop and ask to be requeued; null: none
+    stall_timeout_s: Optional[float] = MISSING  # a rank silent this long ends the run (runtime/watchdog.py)
 
     def validate(self) -> None:
         _check(
@@ -52,6 +53,7 @@ class RunConfig:
             "must be DEBUG, INFO, WARNING or ERROR",
         )
         _check(self.max_restarts >= 0, "run.max_restarts", "must be >= 0")
+        _check(self.stall_timeout_s is None or self.stall_timeout_s > 0, "run.stall_timeout_s", "must be > 0 or null")
         _check(
             self.preempt_signal is None
             or self.preempt_signal.upper().removeprefix("SIG") in ("USR1", "USR2", "HUP", "URG"),
@@ -131,12 +133,14 @@ class ParallelConfig:
     microbatch_tokens: int = MISSING
     backend: str = MISSING  # auto | nccl | gloo
     activation_recompute: bool = MISSING  # keep each layer's input only; recompute the layer in backward
+    collective_timeout_s: float = MISSING  # how long a collective waits for a rank that does not join
 
     def validate(self) -> None:
         _check(self.tp >= 1, "parallel.tp", "must be >= 1")
         _check(self.pp >= 1, "parallel.pp", "must be >= 1")
         _check(self.microbatch_tokens > 0, "parallel.microbatch_tokens", "must be > 0")
         _check(self.backend in ("auto", "nccl", "gloo"), "parallel.backend", "must be auto, nccl or gloo")
+        _check(self.collective_timeout_s > 0, "parallel.collective_timeout_s", "must be > 0")
 
 
 @dataclass
@@ -267,6 +271,7 @@ class SftConfig:
     #   (data.warm_start); null: sft.num_episodes with the embedded default task set, none with data.train_path
     copy_batch_size: int = MISSING  # copy lessons in each warm-start batch, besides batch_size scripted episodes
     min_lr_ratio: float = MISSING  # the learning rate decays from lr to lr * this along a cosine
+    endpoint_experts: bool = MISSING  # scripted episodes may call experts served by endpoints (which cost money)
 
     def validate(self) -> None:
         _check(self.steps >= 0, "sft.steps", "must be >= 0")
@@ -286,9 +291,14 @@ class SftConfig:
 @dataclass
 class TrainerConfig:
     max_steps: int = MISSING
+    # optimizer steps skipped in a row for non-finite loss or gradients before the run stops as diverged
+    max_skipped_steps: int = MISSING
+    kl_warn: Optional[float] = MISSING  # warn once when loss/kl is above this (the policy runs away); null: never
 
     def validate(self) -> None:
         _check(self.max_steps >= 1, "trainer.max_steps", "must be >= 1")
+        _check(self.max_skipped_steps >= 1, "trainer.max_skipped_steps", "must be >= 1")
+        _check(self.kl_warn is None or self.kl_warn > 0, "trainer.kl_warn", "must be null or > 0")
 
 
 @dataclass

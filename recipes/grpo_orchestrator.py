@@ -56,6 +56,7 @@ def main(argv: list[str]) -> int:
 def train(cfg, stop: rc.StopSignals, n_train: int | None = None) -> int:
     """The run; ``n_train``: the records ``data.train_path`` holds (``check_task_files``)."""
     from nemo_orchestra.megatron.parallel import destroy_distributed, init_distributed
+    from nemo_orchestra.runtime.watchdog import start_watchdog
     from nemo_orchestra.train.build import build_trainer, load_eval_tasks
 
     info = init_distributed(cfg.parallel, cfg.run.seed)
@@ -63,13 +64,20 @@ def train(cfg, stop: rc.StopSignals, n_train: int | None = None) -> int:
     ckpt_root = os.path.join(cfg.run.output_dir, "checkpoints")
     if not cfg.run.resume and info.is_main:
         rc.start_afresh(cfg.run.output_dir, ckpt_root)
+    built: list = []  # the trainer, once built: the watchdog writes its step with each beat
+    watchdog = start_watchdog(
+        cfg.run.output_dir, info.rank, info.world_size, cfg.run.stall_timeout_s, lambda: built[0].step if built else 0
+    )
     with ExitStack() as stack:
+        if watchdog is not None:
+            stack.callback(watchdog.stop)
         try:
-            rc.check_resume(cfg, ckpt_root)  # before the run writes anything (config.yaml included)
-            trainer = build_trainer(cfg, info, stack)
+            resume_from = rc.check_resume(cfg, ckpt_root)  # before the run writes anything (config.yaml included)
+            trainer = build_trainer(cfg, info, stack, resume_from)
         except (ValueError, FileNotFoundError, ImportError) as e:
             log.error("%s", e)
             return 2
+        built.append(trainer)
         stack.callback(trainer.close)
         if not (cfg.run.resume and trainer.resume(ckpt_root)):
             trainer.warm_start()

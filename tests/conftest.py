@@ -13,15 +13,20 @@ that would otherwise pile up in /tmp run after run. A ``TMPDIR`` already set is 
 
 import _posixsubprocess
 import atexit
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"  # before torch starts its thread pool, and for child processes
 
 import pytest  # noqa: E402
+
+from tests.doubles import EXPERT_CHAT_SERVER  # noqa: E402
 import torch  # noqa: E402
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -83,3 +88,30 @@ def pytest_runtest_protocol(item, nextitem):
     finally:
         for m, n, f in saved:
             setattr(m, n, f)
+
+
+# ---- doubles -------------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def fake_openai():
+    """Base URL (…/v1) of a fake OpenAI-compatible server subprocess."""
+    tmp = tempfile.mkdtemp(prefix="fake-openai-")
+    ready = os.path.join(tmp, "ready.json")
+    proc = subprocess.Popen(
+        [sys.executable, EXPERT_CHAT_SERVER, "--ready-file", ready],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 20
+    while not os.path.exists(ready):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"fake OpenAI server did not start: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.02)
+    with open(ready) as f:
+        url = json.load(f)["url"]
+    try:
+        yield url + "/v1"
+    finally:
+        proc.terminate()
+        proc.wait(5)
+        shutil.rmtree(tmp, ignore_errors=True)

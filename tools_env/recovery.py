@@ -13,7 +13,8 @@ refused or reset, or no answer within the client's ``timeout_s``):
   service, what it was doing and how to resume. It is raised as soon as the failure is seen;
   the only wait is the client's own timeout when the service hangs instead of dying.
 
-HTTP errors (4xx/5xx) are not transport failures and pass through unchanged.
+HTTP errors (4xx/5xx) are not transport failures and pass through unchanged. ``restarts(client)``
+counts the restarts so far: a training run logs it as ``tools_env/restarts`` at every step.
 """
 
 from __future__ import annotations
@@ -71,6 +72,12 @@ def with_tool_service(fn: Callable[[], T], client: Any, *, what: str, resume_hin
         client.retarget(urls)
         log.warning("tool service restarted at %s; redoing %s", ", ".join(urls), what)
     raise AssertionError("unreachable")
+
+
+def restarts(client: Any) -> int:
+    """How many times this process has restarted ``client``'s tool service (the step metric
+    ``tools_env/restarts``, cumulative); 0 for a service it did not start."""
+    return int(getattr(getattr(client, "service", None), "restarts", 0) or 0)
 
 
 def tool_service_context(output_dir: str, step: int, heldout: bool = False) -> dict[str, str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
 import hmac
 import ipaddress
@@ -20,6 +21,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from typing import Any
 
@@ -227,12 +229,17 @@ async def serve(
     parent_pid: int | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT, or until process ``parent_pid`` is gone when given; announces
-    ``READY <url>`` on stdout once listening."""
+    ``READY <url>`` on stdout once listening. An address it cannot listen on (a port in use) raises
+    ``ListenError``, whose message says what to change."""
     app = build_app(cfg, token=token, worker_index=worker_index)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=75.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise ListenError(listen_error(host, port, e)) from e
     bound_port = runner.addresses[0][1]
     _tune_gc()
     url = f"http://{_url_host(host)}:{bound_port}"
@@ -332,19 +339,38 @@ def main(argv: list[str] | None = None) -> int:
         from tools_env.supervisor import supervise_workers
 
         return supervise_workers(args, token)
-    _run(
-        serve(
-            cfg,
-            args.host,
-            args.port,
-            token=token,
-            worker_index=args.worker_index,
-            ready_file=args.ready_file,
-            parent_pid=args.parent_pid,
+    try:
+        _run(
+            serve(
+                cfg,
+                args.host,
+                args.port,
+                token=token,
+                worker_index=args.worker_index,
+                ready_file=args.ready_file,
+                parent_pid=args.parent_pid,
+            )
         )
-    )
+    except ListenError as e:  # one line, not the event loop's traceback
+        print(f"error: tools_env.server: {e}", file=sys.stderr)
+        return 2
     remove_if_orphaned(args.parent_pid, args.orphan_cleanup)  # nobody is left to stop() this service
     return 0
+
+
+class ListenError(OSError):
+    """The service cannot listen on its address; the message says what to change."""
+
+
+def listen_error(host: str, port: int, e: OSError) -> str:
+    """What keeps the service from listening on ``host:port``, in words that say what to change."""
+    if e.errno == errno.EADDRINUSE:
+        return f"port {port} is in use on {host} (choose another with --port, or --port 0 for a free one)"
+    if e.errno == errno.EACCES:
+        return f"not allowed to listen on port {port} (ports below 1024 need privileges; choose another with --port)"
+    if e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT) or isinstance(e, socket.gaierror):
+        return f"cannot listen on {host}: no such address on this machine (check --host): {e.strerror or e}"
+    return f"cannot listen on {host}:{port}: {e.strerror or e}"
 
 
 def _run(coro: Any) -> None:

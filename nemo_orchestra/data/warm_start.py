@@ -54,18 +54,22 @@ class ScriptedEpisode:
     copy: bool = False  # a copy lesson: its calls are trained, not its plans
 
 
-def _aliases(tools: list[dict]) -> list[str]:
-    """The expert aliases the episode's ``answer`` tool can hand the final answer to."""
+def _aliases(tools: list[dict], avoid: frozenset = frozenset()) -> list[str]:
+    """The expert aliases the episode's ``answer`` tool can hand the final answer to, but ``avoid``."""
     for t in tools:
         if t["function"]["name"] == "answer":
-            return t["function"]["parameters"]["properties"].get("model", {}).get("enum", [])
+            enum = t["function"]["parameters"]["properties"].get("model", {}).get("enum", [])
+            return [a for a in enum if a not in avoid]
     return []
 
 
-def _choose(task: TaskRecord, tools: list[dict], rng: random.Random, copy: bool = False) -> tuple[str, dict]:
+def _choose(
+    task: TaskRecord, tools: list[dict], rng: random.Random, copy: bool = False, avoid: frozenset = frozenset()
+) -> tuple[str, dict]:
     """The first action: the calculator, an expert, or the final answer written by an expert. A copy
-    lesson's: a tool whose result it can copy, the calculator when the problem has an expression."""
-    names, aliases = [t["function"]["name"] for t in tools], _aliases(tools)
+    lesson's: a tool whose result it can copy, the calculator when the problem has an expression.
+    Experts in ``avoid`` (endpoints that cost money) are never called."""
+    names, aliases = [t["function"]["name"] for t in tools], _aliases(tools, avoid)
     m = _EXPR_RE.match(task.problem)
     kinds = (
         (["answer"] if aliases else [])
@@ -75,9 +79,11 @@ def _choose(task: TaskRecord, tools: list[dict], rng: random.Random, copy: bool 
     if copy:
         kinds = [k for k in ("calculator", "expert") if k in kinds][:1]
     if not kinds:
+        paid = f"; experts it does not call (endpoints; sft.endpoint_experts=true allows them): {sorted(avoid)}"
         raise ValueError(
             f"sft: task {task.id!r} offers none of what the scripted warm start uses (the calculator "
             f"on 'What is a op b?', an expert, or answer written by an expert); its tools: {names}"
+            + (paid if avoid else "")
         )
     kind = rng.choice(kinds)
     if kind == "calculator":
@@ -87,9 +93,9 @@ def _choose(task: TaskRecord, tools: list[dict], rng: random.Random, copy: bool 
     return "answer", {"model": rng.choice(aliases)}
 
 
-def _final(observation: str, tools: list[dict], rng: random.Random) -> dict:
-    """After a tool result: answer with what it said, or have an expert write the answer."""
-    aliases = _aliases(tools)
+def _final(observation: str, tools: list[dict], rng: random.Random, avoid: frozenset = frozenset()) -> dict:
+    """After a tool result: answer with what it said, or have an expert (not in ``avoid``) write it."""
+    aliases = _aliases(tools, avoid)
     if not aliases or rng.random() < 0.5:
         return {"answer": answer_from(observation)}
     return {"model": rng.choice(aliases)}
@@ -101,8 +107,18 @@ def answer_from(observation: str) -> str:
     return (m.group(1) if m else observation).strip()
 
 
-async def scripted_episodes(tasks: list[TaskRecord], client, seed: int, copy: bool = False) -> list[ScriptedEpisode]:
-    """One scripted episode per task; ``copy``: copy lessons (a tool, then its result as the answer)."""
+def paid_aliases(tools: list[dict]) -> frozenset:
+    """The expert aliases of an episode that a real endpoint serves: every alias its tools offer that
+    their descriptions do not mark "(simulated)" (the service's contract, tools_env/README.md)."""
+    text = " ".join(t["function"].get("description", "") for t in tools)
+    return frozenset(a for a in _aliases(tools) if f"{a} (simulated)" not in text)
+
+
+async def scripted_episodes(
+    tasks: list[TaskRecord], client, seed: int, copy: bool = False, paid_experts: bool = False
+) -> list[ScriptedEpisode]:
+    """One scripted episode per task; ``copy``: copy lessons (a tool, then its result as the answer).
+    Without ``paid_experts`` no episode calls an expert a real endpoint serves (``paid_aliases``)."""
     rng = random.Random(seed)
     choices = [rng.random() for _ in tasks]
 
@@ -110,11 +126,14 @@ async def scripted_episodes(tasks: list[TaskRecord], client, seed: int, copy: bo
         ep = await client.create_episode(task.to_dict())
         rng = random.Random(r)
         try:
-            name, args = _choose(task, ep["tools"], rng, copy)
+            avoid = frozenset() if paid_experts else paid_aliases(ep["tools"])
+            name, args = _choose(task, ep["tools"], rng, copy, avoid)
             first = await client.step(ep["episode_id"], name, args)
             turns = [(name, args, str(first["observation"]))]
             if not first["done"]:
-                final_args = {"answer": answer_from(turns[0][2])} if copy else _final(turns[0][2], ep["tools"], rng)
+                final_args = (
+                    {"answer": answer_from(turns[0][2])} if copy else _final(turns[0][2], ep["tools"], rng, avoid)
+                )
                 last = await client.step(ep["episode_id"], "answer", final_args)
                 turns.append(("answer", final_args, str(last["observation"])))
             return ScriptedEpisode(task, ep["tools"], turns, copy=copy)

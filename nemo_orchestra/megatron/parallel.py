@@ -61,7 +61,11 @@ def init_distributed(cfg: ParallelConfig, seed: int) -> DistInfo:
         else:
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         dist.init_process_group(
-            backend, init_method=init_method, rank=rank, world_size=world, timeout=timedelta(minutes=30)
+            backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=cfg.collective_timeout_s),  # a collective a rank never joins fails then
         )
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(

@@ -454,14 +454,18 @@ def guarded(run, output_dir: str, stop: StopSignals | None = None, max_restarts:
     import traceback
     from contextlib import nullcontext
 
-    from nemo_orchestra.train.checkpoint import CheckpointError, CheckpointSpaceError
+    from nemo_orchestra.train.checkpoint import CheckpointError, CheckpointSpaceError, NonFiniteCheckpoint
+    from nemo_orchestra.train.divergence import TrainingDiverged
 
     try:
         with RunLock(output_dir) if int(os.environ.get("RANK", 0)) == 0 else nullcontext():
             return run()
+    except TrainingDiverged as e:  # the last finite checkpoint stays the newest
+        log.error("error: %s", e)
+        return 1
     except (RunLocked, CheckpointError, CheckpointSpaceError) as e:
         log.error("%s", e)
-        return 1 if isinstance(e, CheckpointSpaceError) else 2
+        return 1 if isinstance(e, (CheckpointSpaceError, NonFiniteCheckpoint)) else 2
     except StopNow as e:
         log.warning(
             "stopped by %s outside a GRPO step; last checkpoint %s; resume with: %s",
@@ -478,13 +482,14 @@ def guarded(run, output_dir: str, stop: StopSignals | None = None, max_restarts:
         return 1
 
 
-def check_resume(cfg, ckpt_root: str) -> None:
+def check_resume(cfg, ckpt_root: str) -> str | None:
     """``run.resume``: the model the newest intact checkpoint was trained with (its recorded config)
     against the requested one, before anything of the run is written or built. A difference in
-    architecture or vocabulary is refused naming the keys. A damaged checkpoint is left to the resume
-    itself, which says which and falls back to an older one."""
+    architecture or vocabulary is refused naming the keys. Returns the checkpoint the run resumes
+    from (None: it starts afresh). A damaged checkpoint is left to the resume itself, which says
+    which and falls back to an older one."""
     if not cfg.run.resume:
-        return
+        return None
     from nemo_orchestra.megatron import dist_ckpt
     from nemo_orchestra.megatron.model import architecture_differences
     from nemo_orchestra.train.checkpoint import CheckpointError, latest_checkpoint
@@ -492,9 +497,9 @@ def check_resume(cfg, ckpt_root: str) -> None:
     try:
         folder = latest_checkpoint(ckpt_root)
     except CheckpointError:
-        return
+        return None
     if folder is None or not os.path.isfile(os.path.join(folder, dist_ckpt.META)):
-        return
+        return folder
     meta = dist_ckpt.read_meta(folder)
     diff = architecture_differences(meta.get("model", {}), cfg.model)
     if cfg.model.vocab_size is not None and meta.get("vocab_size") not in (None, cfg.model.vocab_size):
@@ -505,3 +510,4 @@ def check_resume(cfg, ckpt_root: str) -> None:
             "checkpoint's values, or start afresh: run.resume=false (removes this run's checkpoints) or "
             "another run.output_dir"
         )
+    return folder

@@ -35,7 +35,7 @@ def load_tasks(cfg: Config):
     if cfg.data.train_path:
         if not os.path.isfile(cfg.data.train_path):
             raise FileNotFoundError(
-                f"data.train_path: no task file at {cfg.data.train_path} (docs/data.md; "
+                f"data.train_path: no task file at {cfg.data.train_path} (docs/data_and_evaluation.md; "
                 "recipes/synthesize_data.py writes one)"
             )
         return load_jsonl(cfg.data.train_path)
@@ -117,8 +117,10 @@ def gc_threshold(threshold: int | None, stack: ExitStack) -> None:
     stack.callback(gc.set_threshold, *previous)
 
 
-def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
+def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack, resume_from: str | None = None) -> Trainer:
     """The trainer, its tool service (closed by ``stack``), warm-start data, tokenizer, policy and engine.
+    ``resume_from``: the checkpoint the run will resume from (``run_control.check_resume``), whose run
+    folder holds the tokenizer it was trained with; the warm start's episodes are then not run.
     A failure on the way closes the tool-service client and its event loop before it propagates."""
     from tools_env.client import ToolsEnvClient
 
@@ -133,7 +135,7 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
         urls, token=cfg.tools.token or os.environ.get("TOOLS_ENV_TOKEN"), service=restartable(started)
     )
     try:
-        trainer = _build(cfg, info, tasks, client, loop)
+        trainer = _build(cfg, info, tasks, client, loop, resume_from)
     except BaseException:
         close_loop(loop, client)
         raise
@@ -142,17 +144,32 @@ def build_trainer(cfg: Config, info: DistInfo, stack: ExitStack) -> Trainer:
     return trainer
 
 
-def _build(cfg: Config, info: DistInfo, tasks: list, client, loop: asyncio.AbstractEventLoop) -> Trainer:
+def _build(
+    cfg: Config, info: DistInfo, tasks: list, client, loop: asyncio.AbstractEventLoop, resume_from: str | None
+) -> Trainer:
     # a user's tokenizer and its chat template are checked before any episode runs
     tokenizer = load_tokenizer(cfg.model.tokenizer) if cfg.model.tokenizer else None
+    run_tokenizer = os.path.join(cfg.run.output_dir, "tokenizer")
+    if tokenizer is None and resume_from and os.path.isdir(run_tokenizer):
+        tokenizer = load_tokenizer(run_tokenizer)  # the ids the checkpoint was trained with
     chat = resolve_chat_format(tokenizer, *chat_options(cfg)) if tokenizer else None
-    sft_tasks = warm_start_tasks(cfg, tasks)
-    log.info("scripted warm-start episodes: %d", len(sft_tasks))
-    scripted = loop.run_until_complete(scripted_episodes(sft_tasks, client, cfg.run.seed))
-    n = cfg.sft.copy_lessons(cfg.data.train_path)
+    sft = warm_start_reason(cfg, resume_from)
+    if sft is None or tokenizer is None:  # the embedded tokenizer is built from the episodes' text
+        sft_tasks = warm_start_tasks(cfg, tasks)
+        log.info("scripted warm-start episodes: %d%s", len(sft_tasks), f" (tokenizer corpus; {sft})" if sft else "")
+        scripted = loop.run_until_complete(
+            scripted_episodes(sft_tasks, client, cfg.run.seed, paid_experts=cfg.sft.endpoint_experts)
+        )
+    else:
+        log.info("scripted warm-start episodes: none (%s)", sft)
+        scripted = []
+    # copy lessons: the warm start's, and GRPO's lesson batches (loss.lesson_coef), made again on a resume
+    n = cfg.sft.copy_lessons(cfg.data.train_path) if sft is None or cfg.loss.lesson_coef > 0 else 0
     if n:
         lessons = copy_tasks(n, cfg.run.seed + 3)
-        copies = loop.run_until_complete(scripted_episodes(lessons, client, cfg.run.seed, copy=True))
+        copies = loop.run_until_complete(
+            scripted_episodes(lessons, client, cfg.run.seed, copy=True, paid_experts=cfg.sft.endpoint_experts)
+        )
         log.info("copy lessons: %d", len(copies))
     else:
         copies = []
@@ -224,3 +241,15 @@ def _build(cfg: Config, info: DistInfo, tasks: list, client, loop: asyncio.Abstr
 def chat_options(cfg: Config) -> tuple:
     """``resolve_chat_format``'s arguments after the tokenizer: the model's chat settings."""
     return cfg.model.chat_template, cfg.model.enable_thinking, cfg.model.reasoning_parser
+
+
+def warm_start_reason(cfg: Config, resume_from: str | None) -> str | None:
+    """Why this run has no warm start (None: it has one): ``sft.steps=0``, ``model.init_from``, or a
+    resume past it."""
+    if cfg.sft.steps == 0:
+        return "sft.steps=0"
+    if cfg.model.init_from:
+        return f"the policy starts from model.init_from={cfg.model.init_from}"
+    if resume_from:
+        return f"resuming from {resume_from}"
+    return None

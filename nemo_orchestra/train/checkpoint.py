@@ -21,6 +21,10 @@ reads and broadcasts the verdict). A checkpoint written before manifests existed
 until sealed by hand (``python -m nemo_orchestra.train.checkpoint seal FOLDER``). A ``latest``
 that names a missing or unreadable folder is reported, and the newest intact checkpoint is used.
 
+Finite values only: a save whose weights or optimizer state hold a NaN or an infinity (a diverged
+run) raises ``NonFiniteCheckpoint`` naming the first such tensor, before anything is written and
+without moving ``latest``; a checkpoint holding one (from a version that saved it) is refused at load.
+
 Disk space: before each save the free space is compared with the newest checkpoint's size (from
 its manifest); a save that runs out of space anyway removes its partial folder. Both stop with
 ``CheckpointSpaceError``, one line naming the path and the bytes.
@@ -63,16 +67,22 @@ def save_checkpoint(
 
     A disk that cannot hold it stops the save with ``CheckpointSpaceError`` (one line: the path, the
     bytes needed and free) before writing when the last checkpoint's size is more than the free
-    space, or when the write itself runs out of space; the partial folder is removed."""
+    space, or when the write itself runs out of space; the partial folder is removed. Weights or
+    optimizer state holding a NaN or an infinity (on any rank) stop it with ``NonFiniteCheckpoint``
+    before anything is written (``check_finite``)."""
     final = os.path.join(root, f"step_{step:08d}")
     tmp = final + ".tmp"
+    check_finite(policy, f"{final}: not written, and {os.path.join(root, 'latest')} left as it was")
     check_free_space(root)
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
     _barrier()
     try:
-        dist_ckpt.save(tmp, policy=policy, common={"step": step, **extra})  # needs an empty folder
+        common = {"step": step, **extra}
+        if hasattr(policy, "guard"):  # train/steps_skipped_total counts on across a resume
+            common["steps_skipped_total"] = policy.guard.total
+        dist_ckpt.save(tmp, policy=policy, common=common)  # needs an empty folder
         torch.save(rng if rng is not None else rng_state(), os.path.join(tmp, f"rng_rank_{rank:05d}.pt"))
         _barrier()
         if rank == 0:
@@ -185,10 +195,15 @@ def _prune(root: str, keep: int) -> None:
 
 def load_checkpoint(folder: str, policy, rank: int) -> dict:
     """Restore the policy in place; returns the common state (``step``, data position, ...).
-    Raises ``CheckpointError`` if the folder does not match its manifest."""
+    Raises ``CheckpointError`` if the folder does not match its manifest, and ``NonFiniteCheckpoint``
+    if what it holds is not finite (written by a diverged run, before saves refused that)."""
     if os.path.realpath(folder) not in _VERIFIED:
         verify_checkpoint(folder)
     common = dist_ckpt.load(folder, policy)
+    check_finite(policy, f"{folder}: not loaded (saved by a run that had diverged; resume from an earlier one)")
+    if hasattr(policy, "guard"):
+        policy.guard.step = int(common.get("step", 0))
+        policy.guard.total = int(common.get("steps_skipped_total", 0))
     meta = dist_ckpt.read_meta(folder) if os.path.isfile(os.path.join(folder, dist_ckpt.META)) else {}
     rng_file = os.path.join(folder, f"rng_rank_{rank:05d}.pt")
     if meta.get("layout") == _layout() and os.path.isfile(rng_file):
@@ -254,6 +269,67 @@ _CHUNK = 8 << 20
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be trusted; the message names the folder and the file."""
+
+
+class NonFiniteCheckpoint(CheckpointError):
+    """Weights or optimizer state holding a NaN or an infinity, refused at save and at load."""
+
+
+def policy_tensors(policy):
+    """(name, tensor) of what a checkpoint holds of the policy: weights, reference, optimizer state
+    (moments and the fp32 main copies of low-precision weights)."""
+    names = {}
+    for prefix, module in (("model.", policy.module), ("reference.", policy.reference)):
+        for name, p in module.named_parameters():
+            names.setdefault(id(p), prefix + name)
+            yield prefix + name, p
+    for opt in getattr(policy.optimizer, "chained_optimizers", [policy.optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        main = _main_param_names(opt, names)
+        for i, p in enumerate(q for group in getattr(inner, "param_groups", []) for q in group["params"]):
+            label = names.get(id(p)) or main.get(id(p), f"parameter #{i}")
+            if id(p) not in names:
+                yield f"optimizer main copy of {label}", p
+            for key, v in inner.state.get(p, {}).items():
+                if torch.is_tensor(v):
+                    yield f"optimizer {key} of {label}", v
+
+
+def _main_param_names(opt, names: dict[int, str]) -> dict[int, str]:
+    """The model parameter's name of each of a Megatron optimizer's main parameters (fp32 copies,
+    or the distributed optimizer's shards), by ``id``."""
+    out = {}
+    pairs = (
+        ("model_float16_groups", "shard_fp32_from_float16_groups"),  # distributed optimizer
+        ("model_fp32_groups", "shard_fp32_groups"),
+        ("float16_groups", "fp32_from_float16_groups"),  # Float16OptimizerWithFloat16Params
+        ("fp32_from_fp32_groups", "fp32_from_fp32_groups"),
+    )
+    for model_attr, main_attr in pairs:
+        for model_group, main_group in zip(getattr(opt, model_attr, None) or [], getattr(opt, main_attr, None) or []):
+            for model_param, main_param in zip(model_group, main_group):
+                if id(model_param) in names:
+                    out.setdefault(
+                        id(main_param), names[id(model_param)] + (" (shard)" if "shard" in main_attr else "")
+                    )
+    return out
+
+
+def check_finite(policy, context: str) -> None:
+    """Raise ``NonFiniteCheckpoint`` on every rank when the policy's weights or optimizer state hold a
+    NaN or an infinity on any rank, naming the first such tensor (one ``isfinite`` pass per tensor;
+    collective when torch.distributed is up)."""
+    from nemo_orchestra.train.divergence import any_rank, first_non_finite
+
+    bad = first_non_finite(policy_tensors(policy)) if policy is not None else None
+    if not any_rank(bad is not None)[0]:
+        return
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        found: list = [None] * dist.get_world_size()
+        dist.all_gather_object(found, bad)
+        rank, bad = next((r, b) for r, b in enumerate(found) if b is not None)
+        bad = f"{bad} (rank {rank})"
+    raise NonFiniteCheckpoint(f"{context}: {bad} holds non-finite values (NaN or inf)")
 
 
 def _sha256(path: str) -> str:

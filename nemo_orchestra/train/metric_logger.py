@@ -2,13 +2,16 @@
 asked, and a one-line summary via logging.
 
 Every backend gets the same keys as ``metrics.jsonl``; a value that is not a number (``data/task_ids``,
-a list of the prompts a step used) is kept in ``metrics.jsonl`` only.
+a list of the prompts a step used) is kept in ``metrics.jsonl`` only. A NaN or an infinity (a
+skipped step's loss) is ``null`` in ``metrics.jsonl``, which stays strict JSON; TensorBoard and W&B
+get the float.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import netrc
 import os
 import time
@@ -54,7 +57,7 @@ class MetricLogger:
         if not self.enabled:
             return
         row = {"step": step, "time": time.time(), **{k: _plain(v) for k, v in sorted(metrics.items())}}
-        self._f.write(json.dumps(row) + "\n")
+        self._f.write(json.dumps(_json_safe(row), allow_nan=False) + "\n")
         scalars = {k: float(v) for k, v in row.items() if k not in ("step", "time") and _is_scalar(v)}
         if self.cfg.tensorboard:
             writer = self._tensorboard(step)
@@ -128,6 +131,18 @@ def _wandb_key_configured() -> bool:
 
 def _is_scalar(v) -> bool:
     return isinstance(v, (int, float))
+
+
+def _json_safe(v):
+    """``v`` with every NaN or infinity as None: ``metrics.jsonl`` is strict JSON (``null``), which
+    every parser reads; Python's ``NaN`` and ``Infinity`` tokens are not JSON."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    return v
 
 
 def _plain(v):

@@ -8,8 +8,10 @@ its weights live in CPU memory and are swapped into the policy's model for its f
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,6 +22,7 @@ from nemo_orchestra.megatron.model import (
     check_same_architecture,
     check_vocab,
 )
+from nemo_orchestra.train.divergence import StepGuard, any_rank, first_non_finite
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,7 @@ class Policy:
     reference: torch.nn.Module  # frozen copy for the KL term, sharded like the model
     device: torch.device
     reference_offloaded: bool = False  # the reference's weights are in CPU memory
+    guard: StepGuard = field(default_factory=StepGuard)  # skipped steps and divergence (train/divergence.py)
 
     @property
     def module(self):
@@ -73,7 +77,8 @@ def build_policy(cfg: Config, vocab_size: int, device: torch.device) -> Policy:
 
     gpt = build_gpt_model(cfg.model, cfg.parallel, vocab_size, device, initialize=not cfg.model.init_from)
     if cfg.model.init_from:
-        load_pretrained(gpt, cfg.model.init_from, cfg.model)
+        run_tokenizer = cfg.model.tokenizer or os.path.join(cfg.run.output_dir, "tokenizer")  # embedded: saved there
+        load_pretrained(gpt, cfg.model.init_from, cfg.model, run_tokenizer)
     ref_device = torch.device("cpu") if cfg.reference.offload else device
     reference = build_gpt_model(cfg.model, cfg.parallel, vocab_size, device, initialize=False).to(ref_device).eval()
     load_local_state(reference, {k: v.to(ref_device) for k, v in model_state(gpt).items()})
@@ -93,13 +98,19 @@ def build_policy(cfg: Config, vocab_size: int, device: torch.device) -> Policy:
     gpt.config.finalize_model_grads_func = finalize_model_grads
     gpt.config.no_sync_func = ddp.no_sync
     optimizer = build_optimizer(ddp, cfg.optim, cfg.parallel.distributed_optimizer, cfg.model.params_dtype)
-    return Policy(ddp, optimizer, reference, device, reference_offloaded=cfg.reference.offload)
+    guard = StepGuard(
+        max_skipped=cfg.trainer.max_skipped_steps,
+        kl_warn=cfg.trainer.kl_warn,
+        lrs={"optim.lr": cfg.optim.lr, "sft.lr": cfg.sft.lr},
+    )
+    return Policy(ddp, optimizer, reference, device, reference_offloaded=cfg.reference.offload, guard=guard)
 
 
-def load_pretrained(gpt, folder: str, model_cfg) -> None:
-    """Weights from ``model.init_from``: a Hugging Face folder or a nemo-orchestra checkpoint."""
-    import os
-
+def load_pretrained(gpt, folder: str, model_cfg, run_tokenizer: str | None = None) -> None:
+    """Weights from ``model.init_from``: a Hugging Face folder or a nemo-orchestra checkpoint. A
+    vocabulary of another size is refused, naming the checkpoint's tokenizer to train with
+    (``check_vocab``; ``run_tokenizer``: this run's tokenizer folder, to tell whether it is the same);
+    weights holding a NaN or an infinity are refused."""
     from nemo_orchestra.export.qwen3 import (
         HFWeights,
         hf_to_megatron_tensor,
@@ -112,14 +123,16 @@ def load_pretrained(gpt, folder: str, model_cfg) -> None:
 
     if not os.path.isdir(folder):
         raise ValueError(f"model.init_from: no such folder {folder!r}")
+    source = source_tokenizer(folder)
+    same = same_tokenizer(source, run_tokenizer)
     if dist_ckpt.is_checkpoint(folder):
         dist_ckpt.check_model_config(folder, model_cfg)
-        check_vocab(dist_ckpt.read_meta(folder)["vocab_size"], gpt.vocab_size, folder)
+        check_vocab(dist_ckpt.read_meta(folder)["vocab_size"], gpt.vocab_size, folder, source, same)
         dist_ckpt.load_model(gpt, folder)
     elif os.path.isfile(os.path.join(folder, "config.json")):
         hf_cfg = read_hf_config(folder)
         check_same_architecture(model_config_from_hf(hf_cfg, model_cfg), model_cfg, folder)
-        check_vocab(hf_cfg["vocab_size"], gpt.vocab_size, folder)
+        check_vocab(hf_cfg["vocab_size"], gpt.vocab_size, folder, source, same)
         weights = HFWeights(folder)
         dtype = gpt.config.params_dtype
         load_full_state(
@@ -127,7 +140,49 @@ def load_pretrained(gpt, folder: str, model_cfg) -> None:
         )
     else:
         raise ValueError(f"model.init_from: {folder!r} is neither a Hugging Face folder nor a checkpoint")
+    bad = first_non_finite(gpt.named_parameters())
+    if any_rank(bad is not None)[0]:
+        raise ValueError(
+            f"model.init_from={folder}: {bad or 'a weight on another rank'} holds non-finite values (NaN or inf): "
+            "it was saved by a run that had diverged; start from an earlier checkpoint"
+        )
     log.info("initialized the policy from %s", folder)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def source_tokenizer(folder: str) -> str | None:
+    """The tokenizer folder ``model.init_from`` was trained with: its own tokenizer files (a Hugging
+    Face folder, an export) or ``tokenizer/`` beside it or in its run folder (a checkpoint
+    ``<run>/checkpoints/step_N``); None when there is none."""
+    for candidate in (
+        folder,
+        os.path.join(folder, "tokenizer"),
+        os.path.join(folder, os.pardir, os.pardir, "tokenizer"),
+    ):
+        if any(os.path.isfile(os.path.join(candidate, f)) for f in TOKENIZER_FILES):
+            return os.path.normpath(candidate)
+    return None
+
+
+def same_tokenizer(a: str | None, b: str | None) -> bool:
+    """Whether two tokenizer folders map tokens to the same ids: one folder, or the same vocabulary
+    and added tokens in their ``tokenizer.json``. False when either is unknown or unreadable."""
+    if not a or not b:
+        return False
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return _token_ids(a) == _token_ids(b)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _token_ids(folder: str):
+    with open(os.path.join(folder, "tokenizer.json")) as f:
+        spec = json.load(f)
+    return spec["model"]["vocab"], sorted((t["id"], t["content"]) for t in spec.get("added_tokens", []))
 
 
 def build_optimizer(ddp, cfg: OptimConfig, distributed: bool, params_dtype: str, lr: float | None = None):

@@ -5,6 +5,7 @@ GRPO update of a batch of rollouts as ``loss.minibatches`` such steps."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -24,6 +25,13 @@ from nemo_orchestra.megatron.forward import (
     scatter_rows,
 )
 from nemo_orchestra.megatron.vocab_parallel import logprobs_and_entropy
+from nemo_orchestra.train.divergence import (
+    all_finite,
+    any_rank,
+    grad_tensors,
+    loss_scale_search,
+    skip_optimizer_step,
+)
 from nemo_orchestra.train.packing import pack, padding_pack
 from nemo_orchestra.train.policy import Policy
 from nemo_orchestra.types import PackedBatch, Trajectory
@@ -211,19 +219,26 @@ def grpo_update(
     bounds how far it goes.
 
     Metrics: token-weighted means of the steps' ``loss/*`` and ``train/*``, their summed
-    ``train/loss_tokens`` and ``train/optimizer_steps``.
+    ``train/loss_tokens`` and ``train/optimizer_steps``, and ``train/steps_skipped_total``, the
+    optimizer steps skipped so far for non-finite loss or gradients (``train_step``). A ``loss/kl``
+    above ``trainer.kl_warn`` is reported once (``StepGuard.check_kl``).
     """
     loss_fn = grpo_loss_fn(loss_cfg)
+    policy.guard.step += 1
     if len(minibatches) == 1:
-        return {**train_step(policy, minibatches[0], loss_fn, temperature), "train/optimizer_steps": 1.0}
-    t0 = time.perf_counter()
-    packs = [b for mb in minibatches for b in mb]
-    olds = forward_logprobs(policy.model, packs, policy.device, temperature, only_loss_tokens=True)
-    for b, lp in zip(packs, olds, strict=True):
-        b.old_logprobs_T = lp
-    t_old = time.perf_counter() - t0
-    steps = [train_step(policy, mb, loss_fn, temperature) for mb in minibatches]
-    return {**mean_over_steps(steps), "time/old_logprobs_s": t_old}
+        out = {**train_step(policy, minibatches[0], loss_fn, temperature), "train/optimizer_steps": 1.0}
+    else:
+        t0 = time.perf_counter()
+        packs = [b for mb in minibatches for b in mb]
+        olds = forward_logprobs(policy.model, packs, policy.device, temperature, only_loss_tokens=True)
+        for b, lp in zip(packs, olds, strict=True):
+            b.old_logprobs_T = lp
+        t_old = time.perf_counter() - t0
+        steps = [train_step(policy, mb, loss_fn, temperature) for mb in minibatches]
+        out = {**mean_over_steps(steps), "time/old_logprobs_s": t_old}
+    out["train/steps_skipped_total"] = float(policy.guard.total)
+    policy.guard.check_kl(out.get("loss/kl"))
+    return out
 
 
 def mean_over_steps(steps: list[dict]) -> dict[str, float]:
@@ -279,16 +294,39 @@ def forward_backward(policy: Policy, batches: list[PackedBatch], loss_fn, temper
 
 
 def train_step(policy: Policy, batches: list[PackedBatch], loss_fn, temperature: float = 1.0) -> dict:
-    """One optimizer step over all microbatches (gradients summed, scaled by 1/global tokens)."""
+    """One optimizer step over all microbatches (gradients summed, scaled by 1/global tokens).
+
+    A non-finite loss or gradient on any rank skips the step on every rank, in every precision:
+    weights and optimizer state stay as they were (``train/divergence.py``). ``trainer.max_skipped_steps``
+    skipped in a row, or a step that leaves non-finite weights, raise ``TrainingDiverged``."""
     from nemo_orchestra.megatron.cpu_compat import cuda_type_names
 
+    guard = policy.guard
+    guard.begin("warm start" if loss_fn is sft_loss_fn else "grpo")
     losses = forward_backward(policy, batches, loss_fn, temperature)
-    with cuda_type_names():
-        ok, grad_norm, _ = policy.optimizer.step()
-    if not ok:
-        log.warning("optimizer step skipped (non-finite gradients)")
-    out = {"train/grad_norm": float(grad_norm or 0.0), "train/step_skipped": float(not ok)}
-    out.update(reduce_metrics(losses))
+    out = reduce_metrics(losses)
+    loss_finite = all(math.isfinite(v) for k, v in out.items() if k.startswith("loss/"))
+    bad_loss, bad_grads = any_rank(not loss_finite, not all_finite(grad_tensors(policy.model)))
+    if bad_loss or bad_grads:
+        scale_search = not bad_loss and loss_scale_search(policy)  # fp16: Megatron's loss scale backs off
+        skip_optimizer_step(policy)
+        ok, grad_norm = False, math.nan
+        if scale_search:
+            guard.total += 1
+            log.warning("optimizer step skipped (gradients overflow the fp16 loss scale, which backs off)")
+        else:
+            guard.skipped("loss" if bad_loss else "gradients")
+    else:
+        with cuda_type_names():
+            ok, grad_norm, _ = policy.optimizer.step()
+        if not ok:  # Megatron's own check (a loss-scale overflow)
+            guard.total += 1
+            log.warning("optimizer step skipped (non-finite gradients)")
+        elif any_rank(not all_finite(policy.module.parameters()))[0]:
+            raise guard.diverged("the optimizer step made the weights non-finite")
+        else:
+            guard.taken()
+    out.update({"train/grad_norm": float(grad_norm or 0.0), "train/step_skipped": float(not ok)})
     return out
 
 

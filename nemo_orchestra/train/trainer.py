@@ -36,6 +36,7 @@ from nemo_orchestra.megatron.parallel import (
 from nemo_orchestra.prompting.chat import ChatFormat
 from nemo_orchestra.rollout.loop import HELDOUT_SEED, EnginePolicy, LoopLimits, run_episodes
 from nemo_orchestra.train.async_rollouts import AsyncRollouts
+from nemo_orchestra.train.data_order import DataPosition, rank_indices
 from nemo_orchestra.train.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -59,7 +60,7 @@ from nemo_orchestra.train.step import (
     train_step,
 )
 from nemo_orchestra.types import PackedBatch, TaskRecord, Trajectory
-from tools_env.recovery import tool_service_context, with_tool_service
+from tools_env.recovery import restarts as tool_service_restarts, tool_service_context, with_tool_service
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,8 @@ class Trainer:
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
     plan: RunPlan | None = None  # settings derived from the config and the machine (made here when None)
     rollouts: AsyncRollouts | None = None  # rollouts running ahead of training (plan.rollouts_ahead > 0)
+    # (step, its data position): a fresh run's start, or the resumed checkpoint's
+    data_start: tuple[int, DataPosition] = (0, DataPosition())
 
     def __post_init__(self):
         if self.plan is None:
@@ -97,20 +100,23 @@ class Trainer:
         """The generation engine (None until it starts; see ``ManagedEngine``)."""
         return self.generation.engine
 
-    # ---- data order: a seeded permutation per epoch; position = step --------------------------------
-    def batch_tasks(self, step: int) -> list[TaskRecord]:
+    # ---- data order: a seeded permutation per epoch (train/data_order.py) ----------------------------
+    def data_position(self, step: int) -> DataPosition:
+        """Where step ``step`` draws its prompts: ``data_start`` advanced by the steps since it."""
         n = self.cfg.data.prompts_per_step
-        per_epoch = len(self.tasks) // (n * self.dp_size)
-        if per_epoch == 0:
+        if len(self.tasks) < n * self.dp_size:
             raise ValueError(
                 f"data: {len(self.tasks)} tasks are fewer than one step's "
                 f"{n} prompts x {self.dp_size} data-parallel ranks"
             )
-        epoch, k = divmod(step, per_epoch)
-        order = list(range(len(self.tasks)))
-        random.Random(self.cfg.run.seed + epoch).shuffle(order)
-        start = (k * self.dp_size + self.dp_rank) * n
-        return [self.tasks[i] for i in order[start : start + n]]
+        base_step, base = self.data_start
+        return base.advance(step - base_step, len(self.tasks), n * self.dp_size)
+
+    def batch_tasks(self, step: int) -> list[TaskRecord]:
+        pos = self.data_position(step)
+        n = self.cfg.data.prompts_per_step
+        idx = rank_indices(pos, len(self.tasks), n, self.dp_size, self.dp_rank, self.cfg.run.seed)
+        return [self.tasks[i] for i in idx]
 
     # ---- stages ---------------------------------------------------------------------------------------
     def run_loop(
@@ -320,6 +326,7 @@ class Trainer:
             if ahead is None:
                 metrics.update(self.fill_logprobs(batches))
             t2 = time.perf_counter()
+            self.policy.guard.step = self.step  # grpo_update begins step self.step + 1 (the one a message names)
             try:
                 metrics.update(grpo_update(self.policy, minibatches, self.cfg.loss, self.cfg.rollout.temperature))
             except BaseException:
@@ -355,6 +362,7 @@ class Trainer:
             }
         )
         metrics.update({"time/engine_sleep_s": t_sleep, "time/engine_wake_s": t_wake})
+        metrics["tools_env/restarts"] = float(tool_service_restarts(self.client))
         metrics.update(
             {
                 "time/rollout_s": t_rollout,
@@ -433,6 +441,8 @@ class Trainer:
         if self.cfg.model.init_from and sft.steps > 0:
             log.info("warm start skipped: the policy starts from model.init_from=%s", self.cfg.model.init_from)
         elif sft.steps > 0:
+            if not sft_trajs:
+                raise RuntimeError("warm start: no scripted episodes were made (build_trainer, resume_from)")
             set_lr(self.policy.optimizer, sft.lr)
             from tqdm import tqdm
 
@@ -462,6 +472,8 @@ class Trainer:
             return False
         state = load_checkpoint(folder, self.policy, self.rank)
         self.step = state["step"]
+        n = self.cfg.data.prompts_per_step * self.dp_size
+        self.data_start = (self.step, DataPosition.saved(state.get("data_position"), self.step, len(self.tasks), n))
         rng = rng_state()
         self.sync_weights(self.step)  # may start the engine, whose construction draws random numbers
         set_rng_state(rng)  # the checkpoint's: the next step samples as the uninterrupted run's did
@@ -517,7 +529,7 @@ class Trainer:
             ckpt_root,
             self.step,
             self.policy,
-            {"data_position": self.step},
+            {"data_position": self.data_position(self.step).to_dict(), "data_parallel_size": self.dp_size},
             self.cfg.checkpoint.keep,
             self.rank,
             self.cfg.model,

@@ -1,6 +1,8 @@
 """A training run whose tool service is killed mid-run restarts it, redoes the step's rollouts and
-finishes (the service was started by the run itself, which is its only user)."""
+finishes (the service was started by the run itself, which is its only user); the step metrics
+count the restart (``tools_env/restarts``)."""
 
+import json
 import os
 import re
 import signal
@@ -62,3 +64,7 @@ def test_a_killed_tool_service_is_restarted_and_the_run_finishes(tmp_path):
     assert re.search(rf"tool service {re.escape(url)} stopped answering during step \d+'s rollouts", text), text[-4000:]
     assert "tool service restarted at" in text
     assert (out / "checkpoints" / f"step_{MAX_STEPS:08d}").is_dir()
+    # the restart is in the step metrics too: 0 before the kill, 1 from the step it happened in on
+    counts = [json.loads(line)["tools_env/restarts"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(counts) == MAX_STEPS and counts[0] == 0 and counts[-1] == 1, counts
+    assert counts == sorted(counts), counts

@@ -18,7 +18,7 @@ from nemo_orchestra.prompting.chat import (
 )
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 from nemo_orchestra.rollout.engines.base import Generation
-from nemo_orchestra.rollout.loop import EngineWeights
+from nemo_orchestra.rollout.managed_engine import ManagedEngine
 from nemo_orchestra.train.trainer import Trainer
 from nemo_orchestra.types import StopReason
 from tools_env.client import ToolsEnvClient
@@ -52,8 +52,9 @@ class KillingEngine:
 
 def trainer(chat, engine, client, tmp_path):
     cfg = load_config([f"run.output_dir={tmp_path}", "rollout.max_context=65536"])  # room for the tool schemas
+    generation = ManagedEngine(engine=engine)
     t = SimpleNamespace(
-        cfg=cfg, engine=engine, chat=chat, client=client, loop=asyncio.new_event_loop(), step=2, weights=EngineWeights()
+        cfg=cfg, engine=engine, generation=generation, chat=chat, client=client, loop=asyncio.new_event_loop(), step=2
     )
     t.episodes = lambda *args: Trainer.episodes(t, *args)
     return t

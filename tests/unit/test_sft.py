@@ -171,3 +171,25 @@ def test_scripted_turns_are_written_as_the_serving_server_reads_them(reasoning_p
         else "<think>arithmetic, cheap: calculator</think>\n"
     )
     assert plan + "<tool_call>" in text
+
+
+def test_no_scripted_choice_calls_a_paid_expert():
+    """Aliases a real endpoint serves (their description lacks "(simulated)") are never called, as an
+    expert or as the writer of the answer; a task left with nothing usable says which it would not call."""
+    from nemo_orchestra.data.warm_start import paid_aliases
+
+    expert = _tool("expert", model={"type": "string", "enum": ALIASES})
+    expert["function"]["description"] = "| alias | $ in |\n| expert-small (simulated) | 0.2 |\n| expert-large | 1.25 |"
+    tools = [expert, ANSWER]
+    paid = paid_aliases(tools)
+    assert paid == {"expert-large"}
+    t = task(category="lookup")
+    called = set()
+    for i in range(200):
+        rng = random.Random(i)
+        name, args = _choose(t, tools, rng, avoid=paid)
+        called.add(args.get("model"))
+        called.add(_final("The answer is 3.", tools, rng, avoid=paid).get("model"))
+    assert called == {"expert-small", None}  # None: answered with what the tool said
+    with pytest.raises(ValueError, match=r"experts it does not call .*'expert-large', 'expert-small'"):
+        _choose(t, tools, random.Random(0), avoid=frozenset(ALIASES))

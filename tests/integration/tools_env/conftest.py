@@ -1,47 +1,16 @@
-"""Fixtures for the tool-service tests: a fake OpenAI-compatible server subprocess, and for the
-sandbox tests: its capabilities, workdirs, and the path (warm or cold) a test runs on."""
+"""Fixtures for the sandbox tests: its capabilities, workdirs, and the path (warm or cold) a test runs on.
+(The fake OpenAI-compatible server, ``fake_openai``, is the root conftest's.)"""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 
 import pytest
 
-from tests.doubles import EXPERT_CHAT_SERVER
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-@pytest.fixture(scope="session")
-def fake_openai():
-    """Base URL (…/v1) of a fake OpenAI-compatible server subprocess."""
-    tmp = tempfile.mkdtemp(prefix="fake-openai-")
-    ready = os.path.join(tmp, "ready.json")
-    proc = subprocess.Popen(
-        [sys.executable, EXPERT_CHAT_SERVER, "--ready-file", ready],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 20
-    while not os.path.exists(ready):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"fake OpenAI server did not start: {proc.stderr.read().decode()[-2000:]}")
-        time.sleep(0.02)
-    with open(ready) as f:
-        url = json.load(f)["url"]
-    try:
-        yield url + "/v1"
-    finally:
-        proc.terminate()
-        proc.wait(5)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(params=[True, False], ids=["warm", "cold"])

@@ -60,6 +60,28 @@ def test_refuses_a_public_address_without_a_token():
         start_service(host="0.0.0.0", timeout_s=20)
 
 
+def test_a_port_in_use_is_one_line_and_exit_code_2():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = subprocess.run(
+            [sys.executable, "-m", "tools_env.server", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": REPO_ROOT},
+            timeout=60,
+        )
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr and "READY" not in p.stdout
+    assert p.stderr.strip().splitlines() == [
+        f"error: tools_env.server: port {port} is in use on 127.0.0.1 "
+        "(choose another with --port, or --port 0 for a free one)"
+    ]
+
+
 def test_a_failed_start_raises_with_the_server_log():
     with pytest.raises(ServiceStartError, match="names unknown tool"):
         start_service({"tools": {"telepathy": {}}}, timeout_s=20)
