@@ -139,10 +139,13 @@ def _expected_order(steps: int) -> list[list[str]]:
     """What an uninterrupted run feeds each step (the trainer's own function)."""
     from nemo_orchestra.config import load_config
     from nemo_orchestra.data.default_tasks import generate_tasks
+    from nemo_orchestra.train.data_order import DataPosition
     from nemo_orchestra.train.trainer import Trainer
 
     cfg = load_config(ARGS)
     fake = SimpleNamespace(cfg=cfg, tasks=generate_tasks(cfg.data.num_train_tasks, cfg.run.seed), dp_rank=0, dp_size=1)
+    fake.data_start = (0, DataPosition())
+    fake.data_position = lambda step: Trainer.data_position(fake, step)
     return [[t.id for t in Trainer.batch_tasks(fake, s)] for s in range(steps)]
 
 

@@ -186,6 +186,7 @@ import torch
 from nemo_orchestra.config import load_config
 from nemo_orchestra.rollout.engines import EngineContext, start_engine
 from nemo_orchestra.rollout.loop import _ENGINE_THREAD
+from nemo_orchestra.rollout.managed_engine import ManagedEngine
 from nemo_orchestra.train.trainer import Trainer
 
 cfg = load_config([])
@@ -201,7 +202,7 @@ class Client:
         pass
 
 trainer = SimpleNamespace(stop_rollouts_ahead=lambda: None, logger=SimpleNamespace(close=lambda: None),
-                          loop=asyncio.new_event_loop(), client=Client(), engine=engine)
+                          loop=asyncio.new_event_loop(), client=Client(), generation=ManagedEngine(engine=engine))
 t0 = time.perf_counter()
 Trainer.close(trainer)
 assert call.done() and len(call.result()[0].token_ids) < 1500, "the call was not cut short"

@@ -25,7 +25,7 @@ def _launch(tmp_path, visible: str | None) -> list[dict]:
             "--standalone",
             "--nproc-per-node",
             "2",
-            str(ROOT / "tests" / "distributed" / "pinning_rank.py"),
+            str(ROOT / "tests" / "integration" / "distributed" / "pinning_rank.py"),
             str(out),
         ],
         capture_output=True,
