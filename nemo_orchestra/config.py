@@ -215,6 +215,7 @@ class RewardConfig:
 
 @dataclass
 class AdvantageConfig:
+    credit: str = MISSING  # episode: one advantage per rollout; turn: per turn, baselined on the same earlier actions
     mode: str = MISSING
     eps: float = MISSING
     clip: Optional[float] = MISSING
@@ -224,6 +225,7 @@ class AdvantageConfig:
 
     def validate(self) -> None:
         _check(self.mode in ("std", "mean", "loo"), "advantage.mode", "must be std, mean or loo")
+        _check(self.credit in ("episode", "turn"), "advantage.credit", "must be episode or turn")
         _check(self.clip is None or self.clip > 0, "advantage.clip", "must be null or > 0")
 
 

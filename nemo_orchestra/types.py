@@ -52,9 +52,27 @@ class Trajectory:
     retokenized_turns: int = 0  # turns whose generated ids are not the tokenizer's encoding of their text
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation, OpenAI format
     turn_versions: list[int] = field(default_factory=list)  # the policy version (weight syncs) that wrote each turn
+    # each turn's action (its calls, canonical; grpo/advantages.py: turn_key) and where its generated ids start
+    turn_keys: list[str] = field(default_factory=list)
+    turn_starts: list[int] = field(default_factory=list)
+    turn_costs: list[float] = field(default_factory=list)  # $ of each turn: its calls and its own tokens
+    turn_call_counts: list[int] = field(default_factory=list)  # calls each turn made (slices of call_latencies_s)
     reward: float = 0.0
-    advantage: float = 0.0
+    advantage: float = 0.0  # the episode's
+    turn_advantages: list[float] | None = None  # each turn's (advantage.credit=turn); None: the episode's everywhere
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def token_advantages(self) -> list[float]:
+        """The advantage of each token: its turn's (``turn_advantages``) from the turn's first generated id
+        to the next turn's, else the episode's."""
+        n = len(self.token_ids)
+        if self.turn_advantages is None:
+            return [self.advantage] * n
+        out = [self.turn_advantages[0] if self.turn_advantages else self.advantage] * n
+        bounds = [*self.turn_starts, n]
+        for a, start, end in zip(self.turn_advantages, bounds, bounds[1:]):
+            out[start:end] = [a] * (end - start)
+        return out
 
     @property
     def cost(self) -> float:

@@ -40,19 +40,25 @@ every task), ``full`` (the task's own preference vector).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from nemo_orchestra.config import RewardConfig
 from nemo_orchestra.types import Trajectory
 
 
-def _normalized(xs: Sequence[float], how: str = "minmax") -> list[float]:
-    """(x - min) / (max - min) (``minmax``) or / max (``max``); 0 everywhere when all are equal."""
+def _normalizer(xs: Sequence[float], how: str = "minmax") -> Callable[[float], float]:
+    """x -> (x - min) / (max - min) (``minmax``) or / max (``max``) with the min and max of ``xs``; 0 for
+    every x when all of ``xs`` are equal."""
     lo, hi = min(xs), max(xs)
     if hi - lo <= 1e-12:
-        return [0.0] * len(xs)
+        return lambda x: 0.0
     scale = hi - lo if how == "minmax" else abs(hi)
-    return [(x - lo) / scale for x in xs]
+    return lambda x: (x - lo) / scale
+
+
+def _normalized(xs: Sequence[float], how: str = "minmax") -> list[float]:
+    norm = _normalizer(xs, how)
+    return [norm(x) for x in xs]
 
 
 def _at_resolution(group: Sequence[Trajectory], resolution_s: float) -> list[float]:
@@ -66,7 +72,7 @@ def _at_resolution(group: Sequence[Trajectory], resolution_s: float) -> list[flo
                 f"{t.latency_s:g} s of tool latency but no call's (Trajectory.call_latencies_s); "
                 "set reward.latency_resolution_s=0 to use the totals"
             )
-    return [sum(round(x / resolution_s) * resolution_s for x in t.call_latencies_s) for t in group]
+    return [latency_at_resolution(t.call_latencies_s, resolution_s) for t in group]
 
 
 def group_rewards(group: Sequence[Trajectory], cfg: RewardConfig) -> list[float]:
@@ -88,6 +94,34 @@ def group_rewards(group: Sequence[Trajectory], cfg: RewardConfig) -> list[float]
     return [
         o * scalarize({k: utilities[k][i] for k in weights}, weights, cfg.scalarization) for i, o in enumerate(outcome)
     ]
+
+
+def group_value(group: Sequence[Trajectory], cfg: RewardConfig) -> Callable[[bool, float, float], float] | None:
+    """``value(correct, cost, latency)``: the reward a rollout of this group with that outcome, cost and
+    latency (at ``reward.latency_resolution_s``) gets under the group's normalisation, as ``group_rewards``
+    gives each of its own; the counterfactual of per-turn credit (``grpo/advantages.py``). None when the
+    reward counts tool calls (a task's ``tools`` preference): those are not recorded per turn."""
+    if not cfg.use_efficiency:
+        return lambda correct, cost, latency: float(correct)
+    prefs = group[0].task.preference if cfg.use_preference and group[0].task.preference else cfg.default_preference
+    if cfg.use_preference and prefs.get("tools"):
+        return None
+    weights = {k: float(prefs.get(k, 0.0)) for k in ("accuracy", "cost", "latency")}
+    norm_cost = _normalizer([t.cost for t in group], cfg.normalize)
+    norm_latency = _normalizer(_at_resolution(group, cfg.latency_resolution_s), cfg.normalize)
+
+    def value(correct: bool, cost: float, latency: float) -> float:
+        u = {"accuracy": 1.0, "cost": 1.0 - norm_cost(cost), "latency": 1.0 - norm_latency(latency)}
+        return float(correct) * scalarize(u, weights, cfg.scalarization)
+
+    return value
+
+
+def latency_at_resolution(call_latencies_s: Sequence[float], resolution_s: float) -> float:
+    """Calls' latency as the reward counts it: each call's rounded to ``resolution_s`` (0: as measured)."""
+    if resolution_s <= 0:
+        return float(sum(call_latencies_s))
+    return sum(round(x / resolution_s) * resolution_s for x in call_latencies_s)
 
 
 def scalarize(u: dict[str, float], w: dict[str, float], how: str) -> float:

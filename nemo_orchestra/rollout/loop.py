@@ -32,12 +32,13 @@ import concurrent.futures
 import hashlib
 import heapq
 import itertools
+import json
 import logging
 import math
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from nemo_orchestra.config import RolloutConfig
@@ -192,6 +193,7 @@ class Episode:
     completion_tokens: int = 0
     seed: str = ""  # the episode's seed (``run_episodes``): its service draws, and with the turn its sampling
     transcript: Transcript | None = None  # token-level policies: the text of ``traj.token_ids``
+    turn_tokens: list[tuple[int, int]] = field(default_factory=list)  # each turn's (prompt, completion) tokens
 
     @property
     def turn(self) -> int:
@@ -494,7 +496,11 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
     t.turn_versions.append(turn.version)
     ep.prompt_tokens += turn.prompt_tokens
     ep.completion_tokens += turn.completion_tokens
+    ep.turn_tokens.append((turn.prompt_tokens, turn.completion_tokens))
+    t.turn_costs.append(0.0)  # its calls' (here) and its own tokens' (_settle)
+    t.turn_call_counts.append(0)
     if chat is not None:
+        t.turn_starts.append(len(t.token_ids))
         t.token_ids += turn.token_ids
         t.loss_mask += [1] * len(turn.token_ids)
         t.gen_logprobs += turn.logprobs
@@ -512,6 +518,7 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
         parsed = ep.transcript.assistant(ep.messages, parsed, turn.text)
 
     ep.messages.append(parsed.message)
+    t.turn_keys.append(turn_key(parsed.calls, ep.tools) if parsed.error is None else MALFORMED_TURN)
     if parsed.error is not None:
         t.format_errors += 1
         t.tool_errors += 1
@@ -521,6 +528,8 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
     for call, spec in zip(parsed.calls, parsed.message.get("tool_calls") or []):
         result = await client.step(ep.episode_id, call.name, call.arguments)
         t.call_latencies_s.append(float(result.get("latency_s", 0.0)))
+        t.turn_costs[-1] += float(result.get("cost", 0.0))
+        t.turn_call_counts[-1] += 1
         if result.get("error"):
             t.tool_errors += 1
         if result.get("done"):
@@ -534,6 +543,26 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
         t.loss_mask += [0] * len(obs_ids)
         t.gen_logprobs += [0.0] * len(obs_ids)
     return False
+
+
+MALFORMED_TURN = "<malformed>"  # the action of a turn without a valid call, whatever its text
+
+
+def turn_key(calls, tools: list[dict[str, Any]]) -> str:
+    """A turn's action as per-turn credit compares turns (``grpo/advantages.py``): each call's tool and
+    arguments, canonical JSON, with free text (a string the tool's schema does not enumerate: an
+    expert's query, an answer) as its type: the choice among what the tools offer, not its wording."""
+    enums = {
+        (t["function"]["name"], k)
+        for t in tools
+        for k, p in ((t["function"].get("parameters") or {}).get("properties") or {}).items()
+        if "enum" in p
+    }
+    key = [
+        [c.name, {k: v if not isinstance(v, str) or (c.name, k) in enums else "<text>" for k, v in c.arguments.items()}]
+        for c in calls
+    ]
+    return json.dumps(key, sort_keys=True, separators=(",", ":"))
 
 
 def _parse(turn: Turn, call_id: str, chat: ChatFormat | None) -> ParsedTurn:
@@ -554,6 +583,8 @@ async def _settle(ep: Episode, client, limits: LoopLimits) -> None:
     t.latency_s = float(status["total_latency_s"])
     t.tool_counts = {**status.get("tool_counts", {}), **status.get("model_counts", {})}  # tools and expert aliases
     t.policy_cost = (ep.prompt_tokens * limits.price_in + ep.completion_tokens * limits.price_out) / 1e6
+    for k, (p, c) in enumerate(ep.turn_tokens):
+        t.turn_costs[k] += (p * limits.price_in + c * limits.price_out) / 1e6
     t.meta["episode"] = status
     t.meta["sample"] = ep.sample
     outcome = status.get("outcome") or {}

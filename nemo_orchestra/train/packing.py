@@ -119,10 +119,14 @@ def _pack_one(
         if trained:
             mask.extend(t.loss_mask[start + 1 : end + 1] + [0] * (end == len(t.token_ids)))
             gen.extend(t.gen_logprobs[start + 1 : end + 1] + [0.0] * (end == len(t.token_ids)))
+            if t.turn_advantages is None:
+                adv.extend([t.advantage] * n)
+            else:  # the advantage of each position's target: its turn's
+                adv.extend(t.token_advantages()[start + 1 : end + 1] + [0.0] * (end == len(t.token_ids)))
         else:
             mask.extend([0] * n)
             gen.extend([0.0] * n)
-        adv.extend([t.advantage if trained else 0.0] * n)
+            adv.extend([0.0] * n)
         les.extend([float(trained and bool(t.meta.get("lesson")))] * n)
         cu.append(cu[-1] + n)
         index.append(traj)

@@ -312,7 +312,7 @@ class Trainer:
         t_sleep = self.engine_memory("sleep")  # the engine's GPU memory is the trainer's until the sync
         self.write_samples(trajs)  # rewards: assigned as the rollouts came back (step_rollouts)
         fresh, stale_metrics = self.drop_stale(trajs)
-        kept, metrics = assign_advantages(fresh, self.cfg.advantage, self.policy.device)
+        kept, metrics = assign_advantages(fresh, self.cfg.advantage, self.policy.device, self.cfg.reward)
         lessons = self.step_lessons(self.step)
         kept = interleave(kept, lessons)  # lessons in every minibatch of the update
         metrics["train/lessons"] = float(len(lessons))

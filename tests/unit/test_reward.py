@@ -130,3 +130,20 @@ def test_max_normalization_keeps_jitter_small_and_choices_apart():
     (a, b), (c, d) = group_rewards(mixed, reward_cfg()), group_rewards(mixed, reward_cfg(normalize="max"))
     assert a == pytest.approx(1.0) and c == pytest.approx(1.0)
     assert b == pytest.approx(0.4) and d == pytest.approx(0.4 + 0.2 * 1.5 / 9.0 + 0.4 * 4e-5 / 5e-3)
+
+
+@pytest.mark.parametrize("scalarization", ["linear", "chebyshev"])
+@pytest.mark.parametrize("normalize", ["minmax", "max"])
+def test_group_value_gives_each_rollout_its_own_reward(scalarization, normalize):
+    """The counterfactual per-turn credit evaluates is the reward itself on the group's own rollouts."""
+    from nemo_orchestra.grpo.reward import group_value, latency_at_resolution
+
+    cfg = reward_cfg(scalarization=scalarization, normalize=normalize, latency_resolution_s=0.01)
+    t0 = task(preference={"accuracy": 1.0, "cost": 0.7, "latency": 0.3})
+    group = [traj(correct=c, cost=x, latency=y, t=t0) for c, x, y in [(1, 0.2, 1.3), (1, 0.05, 0.4), (0, 0.9, 2.0)]]
+    value = group_value(group, cfg)
+    got = [value(t.correct, t.cost, latency_at_resolution(t.call_latencies_s, 0.01)) for t in group]
+    assert got == pytest.approx(group_rewards(group, cfg))
+    assert value(True, 0.01, 0.1) > value(True, 0.5, 0.1) > value(False, 0.01, 0.1) == 0.0
+    tools = task(preference={"accuracy": 1.0, "tools": {"calculator": 1.0}})
+    assert group_value([traj(t=tools), traj(t=tools)], reward_cfg()) is None  # counts are not kept per turn
