@@ -79,3 +79,14 @@ def generated_logprobs(gpt, prompts, gens, temperature: float = 1.0):
         i = batch.traj_index_B[j]
         out[i] = lp[s + len(prompts[i]) - 1 : e - 1]
     return out
+
+
+# a 2-layer model of a few hundred thousand parameters: Megatron-Core's code paths at test speed
+TINY_MODEL = [
+    "model.hidden_size=64",
+    "model.ffn_hidden_size=128",
+    "model.num_attention_heads=4",
+    "model.num_query_groups=2",
+    "model.head_dim=16",
+    "model.num_layers=2",
+]

@@ -13,18 +13,10 @@ from nemo_orchestra.train import checkpoint as ckpt
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.policy import build_policy
 from nemo_orchestra.train.step import sft_loss_fn, train_step
-from tests.helpers import traj
+from tests.helpers import TINY_MODEL, traj
 
 VOCAB = 256
-TINY = [
-    "model.hidden_size=64",
-    "model.ffn_hidden_size=128",
-    "model.num_attention_heads=4",
-    "model.num_query_groups=2",
-    "model.head_dim=16",
-    "model.num_layers=2",
-    "optim.lr=1e-2",
-]
+TINY = [*TINY_MODEL, "optim.lr=1e-2"]
 
 
 @pytest.fixture(scope="module")

@@ -28,17 +28,10 @@ from nemo_orchestra.train.step import (
     sft_loss_fn,
     train_step,
 )
-from tests.helpers import loss_cfg, traj
+from tests.helpers import TINY_MODEL, loss_cfg, traj
 
 VOCAB = 256
-TINY = [
-    "model.hidden_size=64",
-    "model.ffn_hidden_size=128",
-    "model.num_attention_heads=4",
-    "model.num_query_groups=2",
-    "model.head_dim=16",
-    "model.num_layers=2",
-]
+TINY = [*TINY_MODEL]
 
 
 @pytest.fixture(scope="module")

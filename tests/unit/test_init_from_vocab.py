@@ -13,15 +13,9 @@ from nemo_orchestra.config import load_config
 from nemo_orchestra.megatron import dist_ckpt
 from nemo_orchestra.megatron.model import check_vocab
 from nemo_orchestra.train.policy import load_pretrained, same_tokenizer, source_tokenizer
+from tests.helpers import TINY_MODEL
 
-TINY = [
-    "model.hidden_size=64",
-    "model.ffn_hidden_size=128",
-    "model.num_attention_heads=4",
-    "model.num_query_groups=2",
-    "model.head_dim=16",
-    "model.num_layers=2",
-]
+TINY = [*TINY_MODEL]
 
 
 def _tokenizer(folder, tokens):

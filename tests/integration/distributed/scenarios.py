@@ -18,15 +18,12 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from tests.helpers import TINY_MODEL
+
 VOCAB = 256
 SEED = 0
 TINY = [
-    "model.hidden_size=64",
-    "model.ffn_hidden_size=128",
-    "model.num_attention_heads=4",
-    "model.num_query_groups=2",
-    "model.head_dim=16",
-    "model.num_layers=2",
+    *TINY_MODEL,
     "model.tie_embeddings=true",
     "optim.lr=1e-3",
     "optim.grad_clip=1.0",
