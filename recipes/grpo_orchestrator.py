@@ -110,7 +110,7 @@ def heldout(cfg, trainer, tasks: list) -> dict:
 
 def finish(cfg, info, trainer, evals: dict, eval_tasks: list) -> None:
     """The final held-out evaluation, report and Hugging Face export."""
-    from nemo_orchestra.export.hf import export_hf
+    from nemo_orchestra.export.hf_folder import export_hf
     from nemo_orchestra.export.qwen3 import full_state_dict
     from nemo_orchestra.train.run_report import plot_curves, write_report
 

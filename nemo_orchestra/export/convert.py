@@ -141,7 +141,7 @@ def export_checkpoint(
     (``fmt="trtllm"``) from a checkpoint saved under any layout. Collective; rank 0 writes."""
     from transformers import AutoTokenizer
 
-    from nemo_orchestra.export.hf import export_hf
+    from nemo_orchestra.export.hf_folder import export_hf
     from nemo_orchestra.megatron import dist_ckpt
     from nemo_orchestra.megatron.model import DTYPES as TORCH_DTYPES
     from nemo_orchestra.megatron.model import build_gpt_model

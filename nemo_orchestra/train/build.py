@@ -23,7 +23,7 @@ from nemo_orchestra.rollout.managed_engine import ManagedEngine
 from nemo_orchestra.train.flops import slow_half_precision_warning
 from nemo_orchestra.train.memory_plan import memory_check
 from nemo_orchestra.train.metric_logger import MetricLogger
-from nemo_orchestra.train.plan import RunPlan
+from nemo_orchestra.train.run_plan import RunPlan
 from nemo_orchestra.train.policy import build_policy
 from nemo_orchestra.train.trainer import Trainer, close_loop
 from tools_env.task import load_jsonl

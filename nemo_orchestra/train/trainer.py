@@ -47,7 +47,7 @@ from nemo_orchestra.train.checkpoint import (
 )
 from nemo_orchestra.train.flops import forward_flops, perf_metrics, sequence_layout
 from nemo_orchestra.train.metric_logger import MetricLogger
-from nemo_orchestra.train.plan import RunPlan
+from nemo_orchestra.train.run_plan import RunPlan
 from nemo_orchestra.train.policy import Policy, reset_optimizer_state, set_lr
 from nemo_orchestra.runtime.run_control import SaveSchedule, agree, param_versions
 from nemo_orchestra.train.step import (

@@ -167,7 +167,7 @@ def test_init_from_a_different_architecture_names_the_keys(dist_init, tmp_path):
 def test_export_shards_with_an_index_that_transformers_loads(dist_init, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from nemo_orchestra.export import hf as export
+    from nemo_orchestra.export import hf_folder as export
     from nemo_orchestra.export.convert import import_hf
 
     hf = _hf_folder(tmp_path / "hf", "qwen3", tied=True)

@@ -16,7 +16,7 @@ from nemo_orchestra.rollout.engines.vllm import (
     available_memory_bytes,
     default_kv_bytes,
 )
-from nemo_orchestra.train.plan import live_sequences
+from nemo_orchestra.train.run_plan import live_sequences
 
 CPU = torch.device("cpu")
 GiB = 1024**3

@@ -7,7 +7,7 @@ import torch
 
 from nemo_orchestra.config import ConfigError, load_config
 from nemo_orchestra.rollout.engines.vllm_memory import pinned_to
-from nemo_orchestra.train.plan import engine_cpus, live_sequences, overlap_reference
+from nemo_orchestra.train.run_plan import engine_cpus, live_sequences, overlap_reference
 
 CPU = torch.device("cpu")
 
@@ -71,7 +71,7 @@ def test_the_binding_reaches_the_engine_processes_and_is_undone(monkeypatch):
 def test_the_plan_decides_each_derived_setting_once(cores):
     """RunPlan: what the trainer and the engine's start read; no overlap without a reference pass,
     even when asked for."""
-    from nemo_orchestra.train.plan import RunPlan
+    from nemo_orchestra.train.run_plan import RunPlan
 
     cores(4)
     plan = RunPlan.make(load_config(["rollout.max_staleness=2", "loss.tis_cap=2.0"]), CPU)

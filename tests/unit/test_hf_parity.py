@@ -64,7 +64,7 @@ def test_import_of_export_is_identity(models):
 def test_export_folder_loads_offline(models, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from nemo_orchestra.export.hf import export_hf
+    from nemo_orchestra.export.hf_folder import export_hf
 
     cfg, gpt, hf = models
     export_hf(full_state_dict(gpt), cfg.model, VOCAB, None, str(tmp_path))
@@ -79,7 +79,7 @@ def test_export_generation_config_samples_as_the_run_did(models, tmp_path, sampl
     """A server that reads generation_config.json (vLLM's does) samples by default as training did."""
     from transformers import GenerationConfig
 
-    from nemo_orchestra.export.hf import export_hf
+    from nemo_orchestra.export.hf_folder import export_hf
 
     cfg, gpt, _ = models
     export_hf(full_state_dict(gpt), cfg.model, VOCAB, None, str(tmp_path), sampling=sampling)

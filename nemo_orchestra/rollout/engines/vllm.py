@@ -58,7 +58,7 @@ import psutil
 import torch
 
 from nemo_orchestra.config import ModelConfig
-from nemo_orchestra.export.hf import export_hf
+from nemo_orchestra.export.hf_folder import export_hf
 from nemo_orchestra.export.qwen3 import megatron_to_hf
 from nemo_orchestra.megatron.model import DTYPES
 from nemo_orchestra.rollout.engines.base import (
