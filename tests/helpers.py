@@ -90,3 +90,14 @@ TINY_MODEL = [
     "model.head_dim=16",
     "model.num_layers=2",
 ]
+
+# a recipe run of a few seconds a step: small groups, one turn, in-process generation, no evaluation
+SHORT_RUN = [
+    "data.num_train_tasks=32",
+    "data.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_turns=1",
+    "rollout.max_new_tokens_per_turn=16",
+    "evaluation.enabled=false",
+    "rollout.engine=hf",
+]

@@ -148,8 +148,10 @@ def _counterfactual(group: Sequence[Trajectory], reward_cfg: RewardConfig | None
 
 def turn_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     turned = [t for t in trajectories if t.turn_advantages]
+    # the share per-turn credit reached: a group with a rollout without per-turn records keeps the episode's
+    share = {"advantage/turn_credited_share": len(turned) / max(len(trajectories), 1)}
     if not turned:
-        return {}
+        return share
     flat = [a for t in turned for a in t.turn_advantages]
     spread = [statistics.pstdev(t.turn_advantages) for t in turned if len(t.turn_advantages) > 1]
     episode_sq = turn_sq = tokens = 0.0
@@ -157,6 +159,7 @@ def turn_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         for a, n in zip(t.turn_advantages, _turn_tokens(t)):
             episode_sq, turn_sq, tokens = episode_sq + n * t.advantage**2, turn_sq + n * a * a, tokens + n
     return {
+        **share,
         "advantage/turn_abs_mean": statistics.fmean(abs(a) for a in flat),
         "advantage/turn_spread_in_episode": statistics.fmean(spread) if spread else 0.0,
         "advantage/turn_second_moment": turn_sq / max(tokens, 1.0),

@@ -457,7 +457,8 @@ def _newest_intact(root: str) -> str | None:
     problems = []
     for folder in candidates:
         try:
-            verify_checkpoint(folder)
+            if os.path.realpath(folder) not in _VERIFIED:  # a resume checks first, then finds it again
+                verify_checkpoint(folder)
         except CheckpointError as e:
             log.warning("checkpoint %s is not usable: %s", os.path.basename(folder), e)
             problems.append(str(e))

@@ -149,9 +149,3 @@ def _plain(v):
     if hasattr(v, "item"):
         return v.item()
     return v
-
-
-def setup_logging(level: str, rank: int) -> None:  # kept for callers that import it from here
-    from nemo_orchestra.runtime.console import setup_logging as setup
-
-    setup(level, rank)

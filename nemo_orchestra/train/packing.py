@@ -119,10 +119,10 @@ def _pack_one(
         if trained:
             mask.extend(t.loss_mask[start + 1 : end + 1] + [0] * (end == len(t.token_ids)))
             gen.extend(t.gen_logprobs[start + 1 : end + 1] + [0.0] * (end == len(t.token_ids)))
-            if t.turn_advantages is None:
-                adv.extend([t.advantage] * n)
-            else:  # the advantage of each position's target: its turn's
-                adv.extend(t.token_advantages()[start + 1 : end + 1] + [0.0] * (end == len(t.token_ids)))
+            # the advantage of each position's target: its turn's (per-turn credit), else the episode's;
+            # the last position (no target) repeats the last token's
+            a = t.token_advantages()
+            adv.extend(a[start + 1 : end + 1] + a[-1:] * (end == len(t.token_ids)))
         else:
             mask.extend([0] * n)
             gen.extend([0.0] * n)

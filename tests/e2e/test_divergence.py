@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import SHORT_RUN
+
 ROOT = Path(__file__).resolve().parents[2]
 MAX_STEPS = 8
 ARGS = [
@@ -22,14 +24,8 @@ ARGS = [
     "checkpoint.keep=20",
     "sft.steps=1",
     "sft.num_episodes=8",
-    "data.num_train_tasks=32",
-    "data.prompts_per_step=2",
-    "rollout.group_size=2",
-    "rollout.max_turns=1",
-    "rollout.max_new_tokens_per_turn=16",
-    "evaluation.enabled=false",
+    *SHORT_RUN,
     "export.enabled=false",
-    "rollout.engine=hf",
     "optim.lr=1e30",
 ]
 

@@ -20,6 +20,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.helpers import SHORT_RUN
+
 ROOT = Path(__file__).resolve().parents[2]
 MAX_STEPS = 7
 ARGS = [
@@ -28,14 +30,8 @@ ARGS = [
     "checkpoint.keep=2",
     "sft.steps=1",
     "sft.num_episodes=8",
-    "data.num_train_tasks=32",
-    "data.prompts_per_step=2",
-    "rollout.group_size=2",
-    "rollout.max_turns=1",
-    "rollout.max_new_tokens_per_turn=16",
-    "evaluation.enabled=false",
+    *SHORT_RUN,
     "export.enabled=true",
-    "rollout.engine=hf",
     # the barely warm-started policy earns no reward: zero-variance groups are kept and weight decay
     # moves it off the reference, so every step updates the weights through the KL term's gradient
     "advantage.min_group_std=-1",

@@ -125,3 +125,16 @@ def test_the_trainer_stops_in_one_line_when_nothing_is_intact(tmp_path):
         Trainer.resume(SimpleNamespace(), str(tmp_path))
     assert str(e.value).startswith("error: cannot resume: no intact checkpoint") and "common.pt" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_a_checkpoint_is_hashed_once_per_process(tmp_path, monkeypatch):
+    """A resume finds the newest intact checkpoint twice (``check_resume``, then the resume itself):
+    its files are read and hashed the first time only."""
+    make(tmp_path, 1)
+    newest = make(tmp_path, 2)
+    hashed = []
+    digests = ckpt._digests
+    monkeypatch.setattr(ckpt, "_digests", lambda folder, names: hashed.append(folder) or digests(folder, names))
+    assert latest_checkpoint(str(tmp_path)) == str(newest)
+    assert latest_checkpoint(str(tmp_path)) == str(newest)
+    assert hashed == [str(newest)]

@@ -156,7 +156,12 @@ def test_a_single_turn_group_gets_the_episodes_advantages(mode):
     rewards = [0.9, 0.1, 0.5, 0.5, 0.0]
     keys = [["a"], ["b"], ["a"], ["c"], ["b"]]
     episode, _ = assign_advantages(_group(rewards, keys), cfg)
-    turned, _ = assign_advantages(_group(rewards, keys), replace(cfg, credit="turn"))
+    turned, metrics = assign_advantages(_group(rewards, keys), replace(cfg, credit="turn"))
+    assert metrics["advantage/turn_credited_share"] == 1.0
+    lesson = _group([0.5], [["a"]], group=0)[0]
+    lesson.turn_keys = []  # no per-turn records (a warm-start lesson): its group keeps the episode's credit
+    _, partial = assign_advantages([*_group(rewards, keys, group=1), lesson], replace(cfg, credit="turn"))
+    assert partial["advantage/turn_credited_share"] == 5 / 6
     assert [t.turn_advantages for t in episode] == [None] * 5
     assert [len(t.turn_advantages) for t in turned] == [1] * 5
     assert [t.turn_advantages[0] for t in turned] == pytest.approx([t.advantage for t in episode], abs=1e-6)
