@@ -222,9 +222,11 @@ class AdvantageConfig:
     min_group_std: float = MISSING
     drop_format_errors: bool = MISSING  # rollouts with a malformed call (unparsed or off-schema): out of the loss
     drop_unanswered: bool = MISSING  # rollouts that never called answer: out of the loss
+    grad_variance_every: int = MISSING  # N: every N steps, the policy-gradient estimate's variance under both credits
 
     def validate(self) -> None:
         _check(self.mode in ("std", "mean", "loo"), "advantage.mode", "must be std, mean or loo")
+        _check(self.grad_variance_every >= 0, "advantage.grad_variance_every", "must be >= 0 (0: never)")
         _check(self.credit in ("episode", "turn"), "advantage.credit", "must be episode or turn")
         _check(self.clip is None or self.clip > 0, "advantage.clip", "must be null or > 0")
 
@@ -430,6 +432,11 @@ class Config:
             "perf.share_prompts",
             "needs model.attention_backend torch, triton or auto (TransformerEngine's attention takes no "
             "shared prompt): set perf.share_prompts=false or null",
+        )
+        _check(
+            not (self.advantage.grad_variance_every and p.pp > 1),
+            "advantage.grad_variance_every",
+            "needs parallel.pp=1 (each group's gradient is taken outside the pipeline schedule): set it to 0",
         )
         r = self.rollout
         _check(

@@ -23,6 +23,7 @@ import torch
 
 from nemo_orchestra.config import Config
 from nemo_orchestra.grpo.advantages import assign_advantages, informative_groups
+from nemo_orchestra.train.grad_variance import policy_gradient_variance
 from nemo_orchestra.grpo.reward import assign_rewards
 from nemo_orchestra.export.qwen3 import full_state_dict
 from nemo_orchestra.megatron.forward import selects_last_layer_rows
@@ -295,6 +296,21 @@ class Trainer:
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         return perf_metrics(flops, seconds, world, self.cfg.perf.peak_tflops)
 
+    def gradient_variance(self, kept: list[Trajectory]) -> dict[str, float]:
+        """``grad/pg_*`` of this step's rollouts under both credits (``train/grad_variance.py``)."""
+        t0 = time.perf_counter()
+        out = policy_gradient_variance(
+            self.policy,
+            kept,
+            self.cfg.advantage,
+            self.cfg.reward,
+            self.cfg.parallel,
+            self.cfg.share_prompts,
+            self.cfg.rollout.temperature,
+        )
+        out["time/grad_variance_s"] = time.perf_counter() - t0
+        return out
+
     def sync_weights(self, version: int) -> float:
         """The policy's weights after ``version`` GRPO steps into the engine (``ManagedEngine.sync``)."""
         return self.generation.sync(lambda: full_state_dict(self.policy.module), version)
@@ -313,6 +329,9 @@ class Trainer:
         self.write_samples(trajs)  # rewards: assigned as the rollouts came back (step_rollouts)
         fresh, stale_metrics = self.drop_stale(trajs)
         kept, metrics = assign_advantages(fresh, self.cfg.advantage, self.policy.device, self.cfg.reward)
+        every = self.cfg.advantage.grad_variance_every
+        if every and self.step % every == 0:
+            metrics.update(self.gradient_variance(kept))
         lessons = self.step_lessons(self.step)
         kept = interleave(kept, lessons)  # lessons in every minibatch of the update
         metrics["train/lessons"] = float(len(lessons))

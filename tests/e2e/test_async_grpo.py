@@ -1,7 +1,8 @@
 """Asynchronous GRPO end to end, in process, with the hf engine (its own copy of the weights):
 
 - the rollouts-ahead machinery at K = 0 trains exactly as the synchronous loop (bitwise weights);
-- at K = 1 rollouts overlap training (some turns one version behind), never more than K behind;
+- at K = 1 rollouts overlap training (some turns one version behind), never more than K behind, here
+  with per-turn credit and the policy-gradient variance of both credits measured every other step;
 - a run stopped at a checkpoint and resumed keeps the data order of an uninterrupted run;
 - dynamic sampling draws extra prompts when groups carry no signal, within its cap.
 """
@@ -70,9 +71,12 @@ def run(tmp_path, name: str, overrides: list[str], steps: int, k0_async: bool = 
     return weights, metrics, versions
 
 
+# a format-only warm start (no copy lessons, the faster rate): enough for some rollouts to earn a reward
+WARM = ["sft.steps=40", "sft.num_episodes=64", "sft.lr=3e-3", "sft.copy_episodes=0"]
+
+
 def test_k0_through_the_async_machinery_equals_the_synchronous_loop(tmp_path):
-    # a format-only warm start (no copy lessons, the faster rate): enough for some rollouts to earn a reward
-    warm = ["sft.steps=40", "sft.num_episodes=64", "sft.lr=3e-3", "sft.copy_episodes=0"]
+    warm = WARM
     sync_w, sync_m, _ = run(tmp_path, "sync", warm, steps=3)
     async_w, async_m, versions = run(tmp_path, "k0", warm, steps=3, k0_async=True)
     assert [m["data/task_ids"] for m in sync_m] == [m["data/task_ids"] for m in async_m]
@@ -83,13 +87,19 @@ def test_k0_through_the_async_machinery_equals_the_synchronous_loop(tmp_path):
 
 
 def test_k1_overlaps_but_never_lags_more_than_one_version(tmp_path):
-    _, metrics, versions = run(tmp_path, "k1", ["rollout.max_staleness=1"], steps=4)
+    turn = [*WARM, "advantage.credit=turn", "advantage.grad_variance_every=2"]  # rewarded rollouts: a gradient
+    _, metrics, versions = run(tmp_path, "k1", ["rollout.max_staleness=1", *turn], steps=4)
     lags = [s - min(v) for s, trajs in versions.items() for v in trajs if v]
     assert max(lags) == 1, lags  # the next step's rollouts ran while this one trained
     assert min(lags) == 0 and all(0 <= lag <= 1 for lag in lags)
     assert all(v == sorted(v) for trajs in versions.values() for v in trajs)  # versions only move forward
     assert all(m["rollout/stale_dropped"] == 0 and m["rollout/staleness_max"] <= 1 for m in metrics)
     assert all(0 <= m["perf/rollout_wait_share"] <= 1 for m in metrics)
+    assert all(m["advantage/turn_credited_share"] == 1.0 for m in metrics)
+    measured = [m for m in metrics if "grad/pg_variance_turn" in m]
+    assert [m["step"] for m in measured] == [1, 3]  # steps 0 and 2 of the loop, logged as 1 and 3
+    values = [m[f"grad/pg_{k}_{c}"] for m in measured for k in ("variance", "sq_norm") for c in ("episode", "turn")]
+    assert all(v is not None and v >= 0 for v in values) and max(values) > 0
 
 
 def test_resume_mid_async_run_keeps_the_data_order(tmp_path):
@@ -117,7 +127,12 @@ def test_fill_informative_groups_draws_extra_prompts_within_its_cap(tmp_path, mo
     _, metrics, _ = run(
         tmp_path,
         "fill",
-        ["rollout.fill_informative_groups=true", "rollout.max_extra_prompts=3", "advantage.min_group_std=10.0"],
+        [
+            "rollout.fill_informative_groups=true",
+            "rollout.max_extra_prompts=3",
+            "advantage.min_group_std=10.0",
+            "advantage.credit=turn",
+        ],
         steps=2,
     )
     assert [m["rollout/prompts_drawn"] for m in metrics] == [5, 5]
