@@ -276,6 +276,7 @@ class SftConfig:
     copy_batch_size: int = MISSING  # copy lessons in each warm-start batch, besides batch_size scripted episodes
     min_lr_ratio: float = MISSING  # the learning rate decays from lr to lr * this along a cosine
     endpoint_experts: bool = MISSING  # scripted episodes may call experts served by endpoints (which cost money)
+    max_calls: int = MISSING  # scripted episodes make 1 to this many tool calls before the answer
 
     def validate(self) -> None:
         _check(self.steps >= 0, "sft.steps", "must be >= 0")
@@ -283,6 +284,7 @@ class SftConfig:
         _check(self.num_episodes >= 1, "sft.num_episodes", "must be >= 1")
         _check(self.copy_episodes is None or self.copy_episodes >= 0, "sft.copy_episodes", "must be >= 0 or null")
         _check(self.copy_batch_size >= 0, "sft.copy_batch_size", "must be >= 0")
+        _check(self.max_calls >= 1, "sft.max_calls", "must be >= 1")
 
     def copy_lessons(self, train_path: Optional[str]) -> int:
         """How many copy lessons the warm start makes: ``copy_episodes``, or for null
@@ -450,6 +452,12 @@ class Config:
             "rollout.max_staleness",
             "needs an engine that holds its own copy of the weights (vllm or hf): the megatron engine "
             "generates with the weights being trained",
+        )
+        _check(
+            self.sft.max_calls < r.max_turns,
+            "sft.max_calls",
+            f"must be below rollout.max_turns ({r.max_turns}): a scripted episode's calls and its answer "
+            "must fit the turns a rollout has",
         )
         _check(
             not self.sft.copy_episodes or not self.data.train_path,

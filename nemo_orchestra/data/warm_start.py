@@ -64,11 +64,17 @@ def _aliases(tools: list[dict], avoid: frozenset = frozenset()) -> list[str]:
 
 
 def _choose(
-    task: TaskRecord, tools: list[dict], rng: random.Random, copy: bool = False, avoid: frozenset = frozenset()
+    task: TaskRecord,
+    tools: list[dict],
+    rng: random.Random,
+    copy: bool = False,
+    avoid: frozenset = frozenset(),
+    calls_only: bool = False,
 ) -> tuple[str, dict]:
     """The first action: the calculator, an expert, or the final answer written by an expert. A copy
     lesson's: a tool whose result it can copy, the calculator when the problem has an expression.
-    Experts in ``avoid`` (endpoints that cost money) are never called."""
+    ``calls_only``: a tool call, never the answer. Experts in ``avoid`` (endpoints that cost money)
+    are never called."""
     names, aliases = [t["function"]["name"] for t in tools], _aliases(tools, avoid)
     m = _EXPR_RE.match(task.problem)
     kinds = (
@@ -78,6 +84,8 @@ def _choose(
     )
     if copy:
         kinds = [k for k in ("calculator", "expert") if k in kinds][:1]
+    elif calls_only:
+        kinds = [k for k in kinds if k != "answer"]
     if not kinds:
         paid = f"; experts it does not call (endpoints; sft.endpoint_experts=true allows them): {sorted(avoid)}"
         raise ValueError(
@@ -115,10 +123,12 @@ def paid_aliases(tools: list[dict]) -> frozenset:
 
 
 async def scripted_episodes(
-    tasks: list[TaskRecord], client, seed: int, copy: bool = False, paid_experts: bool = False
+    tasks: list[TaskRecord], client, seed: int, copy: bool = False, paid_experts: bool = False, max_calls: int = 1
 ) -> list[ScriptedEpisode]:
     """One scripted episode per task; ``copy``: copy lessons (a tool, then its result as the answer).
-    Without ``paid_experts`` no episode calls an expert a real endpoint serves (``paid_aliases``)."""
+    Without ``paid_experts`` no episode calls an expert a real endpoint serves (``paid_aliases``).
+    ``max_calls`` > 1: after its first call an episode makes up to ``max_calls - 1`` more (each a random
+    valid tool call, e.g. a second opinion), drawn uniformly, and answers from the last result."""
     rng = random.Random(seed)
     choices = [rng.random() for _ in tasks]
 
@@ -130,9 +140,16 @@ async def scripted_episodes(
             name, args = _choose(task, ep["tools"], rng, copy, avoid)
             first = await client.step(ep["episode_id"], name, args)
             turns = [(name, args, str(first["observation"]))]
+            extra = rng.randrange(max_calls) if max_calls > 1 and not copy and name != "answer" else 0
+            for _ in range(extra):
+                if first["done"]:
+                    break
+                name, args = _choose(task, ep["tools"], rng, avoid=avoid, calls_only=True)
+                first = await client.step(ep["episode_id"], name, args)
+                turns.append((name, args, str(first["observation"])))
             if not first["done"]:
                 final_args = (
-                    {"answer": answer_from(turns[0][2])} if copy else _final(turns[0][2], ep["tools"], rng, avoid)
+                    {"answer": answer_from(turns[-1][2])} if copy else _final(turns[-1][2], ep["tools"], rng, avoid)
                 )
                 last = await client.step(ep["episode_id"], "answer", final_args)
                 turns.append(("answer", final_args, str(last["observation"])))

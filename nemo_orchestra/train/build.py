@@ -158,7 +158,9 @@ def _build(
         sft_tasks = warm_start_tasks(cfg, tasks)
         log.info("scripted warm-start episodes: %d%s", len(sft_tasks), f" (tokenizer corpus; {sft})" if sft else "")
         scripted = loop.run_until_complete(
-            scripted_episodes(sft_tasks, client, cfg.run.seed, paid_experts=cfg.sft.endpoint_experts)
+            scripted_episodes(
+                sft_tasks, client, cfg.run.seed, paid_experts=cfg.sft.endpoint_experts, max_calls=cfg.sft.max_calls
+            )
         )
     else:
         log.info("scripted warm-start episodes: none (%s)", sft)
