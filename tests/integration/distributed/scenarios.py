@@ -11,6 +11,7 @@ largest differences, gathered back to full tensors. Rank 0 writes them to ``resu
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import traceback
@@ -94,6 +95,66 @@ def grouped_trajectories(seed=2):
             t.meta = {"old": -4 * torch.rand(20 + n, generator=g), "ref": -4 * torch.rand(20 + n, generator=g)}
             out.append(t)
     return out
+
+
+# Per-turn credit: each group's rollouts as their turns' actions (turn keys) and whether they ended correct.
+# A later turn is baselined on the rollouts that took the same first action (or, where none did, on the
+# others' futures spliced after its own first turn), the first on all the others: each rollout's turns get
+# advantages that differ from one another.
+TURN_GROUPS = (
+    ((("expert:s", "answer"), True), (("expert:s", "expert:l", "answer"), False), (("expert:l", "answer"), True)),
+    ((("search", "answer"), False), (("search", "expert:s", "answer"), True), (("expert:l", "answer"), True)),
+)
+CALL_COST = {"expert:s": 0.01, "expert:l": 0.05, "search": 0.002, "answer": 0.0}
+
+
+def turn_group(k: int, group: int, seed=4):
+    """Group ``k`` of ``TURN_GROUPS`` as the agent loop records it (``group``: its index on the rank that
+    made it): a 20-token prompt, then per turn generated tokens (in the loss) and, before the answer, the
+    call's observation (not); each turn's key, first generated token, cost and calls; old/reference
+    logprobs. Rewards and advantages are not set. The same ``k`` gives the same rollouts on every rank."""
+    from tests.helpers import traj
+
+    g = torch.Generator().manual_seed(seed + k)
+    prompt = torch.randint(1, VOCAB, (20,), generator=g).tolist()
+    out = []
+    for keys, correct in TURN_GROUPS[k]:
+        t = traj(correct=correct, group=group, ids=prompt, mask=[0] * 20)
+        for key in keys:
+            n = int(torch.randint(3, 7, (1,), generator=g))
+            t.turn_keys.append(key)
+            t.turn_starts.append(len(t.token_ids))
+            t.token_ids += torch.randint(1, VOCAB, (n,), generator=g).tolist()
+            t.loss_mask += [1] * n
+            calls = 0 if key == "answer" else 1
+            t.turn_costs.append(CALL_COST[key] + 1e-4 * n)  # the call's price and the turn's own tokens
+            t.turn_call_counts.append(calls)
+            if calls:
+                t.call_latencies_s.append(0.5 + float(torch.rand(1, generator=g)))
+                obs = int(torch.randint(2, 6, (1,), generator=g))
+                t.token_ids += torch.randint(1, VOCAB, (obs,), generator=g).tolist()
+                t.loss_mask += [0] * obs
+        t.gen_logprobs = [0.0] * len(t.token_ids)
+        t.turns, t.stop_reason = len(keys), "answer"
+        t.tool_cost, t.latency_s = sum(t.turn_costs), sum(t.call_latencies_s)
+        # old/reference logprobs near the tiny model's own (about log 1/256): ratios near 1, so no clip
+        # zeroes a token's term and every turn's advantage reaches the gradient
+        n = len(t.token_ids)
+        t.meta = {k: -math.log(VOCAB) + 0.1 * torch.randn(n, generator=g) for k in ("old", "ref")}
+        out.append(t)
+    return out
+
+
+def credit_turns(trajs):
+    """Rewards, then ``assign_advantages`` with ``advantage.credit=turn`` (spliced baselines under the
+    run's reward), as the trainer runs them on a rank's rollouts; the kept rollouts and the metrics."""
+    from nemo_orchestra.config import load_config
+    from nemo_orchestra.grpo.advantages import assign_advantages
+    from nemo_orchestra.grpo.reward import assign_rewards
+
+    cfg = load_config([*TINY, "advantage.credit=turn"])
+    assign_rewards(trajs, cfg.reward)
+    return assign_advantages(trajs, cfg.advantage, "cpu", cfg.reward)
 
 
 def sequences(b):
@@ -337,6 +398,59 @@ def scenario_shared(full, trajs, ref):
     return {"tp": tp, "pp": pp}
 
 
+def scenario_turn(full, trajs, ref):
+    """Per-turn credit (``advantage.credit=turn``) at TP=2 (shared prompts, the trainer's packing), PP=2 and
+    DP=2 against the per-turn single-rank reference. Under DP each rank computes the advantages of its
+    own groups, as the trainer does (a rank's rollouts are whole groups of the prompts it drew)."""
+    import copy
+
+    from nemo_orchestra.config import load_config
+
+    loss_cfg = load_config(TINY).loss
+    whole, metrics = credit_turns([t for k in range(len(TURN_GROUPS)) for t in turn_group(k, group=k)])
+    turned = reference(full, whole, loss_cfg)
+    episode = [copy.copy(t) for t in whole]
+    for t in episode:
+        t.turn_advantages = None
+    episode_ref = reference(full, episode, loss_cfg)
+    # the reference's advantage on each trained target, against the target's turn read off turn_starts
+    worst = 0.0
+    for t, b in zip(whole, turned["docs"]):
+        for p in torch.nonzero(b.loss_mask_T)[:, 0].tolist():
+            turn = max(k for k, s in enumerate(t.turn_starts) if s <= p + 1)
+            worst = max(worst, abs(float(b.advantages_T[p]) - t.turn_advantages[turn]))
+
+    rank = dist.get_rank()
+    share = [i for i, t in enumerate(whole) if t.group == rank]
+    local, _ = credit_turns(turn_group(rank, group=0))  # the rank numbers its own prompts from 0
+    mine = list(whole)
+    for i, t in zip(share, local, strict=True):
+        mine[i] = t
+    diff = torch.tensor(
+        [max(abs(a - b) for i, t in zip(share, local) for a, b in zip(t.turn_advantages, whole[i].turn_advantages))]
+        + [max(abs(t.advantage - whole[i].advantage) for i, t in zip(share, local))]
+    )
+    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+
+    tp, _, _ = run_parallel(2, 1, full, whole, turned, share_prompts=True)
+    pp, _, _ = run_parallel(1, 2, full, whole, turned)
+    dp, _, _ = run_parallel(1, 1, full, mine, turned, share=share, dist_opt=False)
+    return {
+        "tp": tp,
+        "pp": pp,
+        "dp": dp,
+        "kept": len(whole),
+        "turn_credited_share": metrics["advantage/turn_credited_share"],
+        # the smallest spread of one rollout's turn advantages: every rollout's differ
+        "min_spread": min(max(t.turn_advantages) - min(t.turn_advantages) for t in whole),
+        "reference_turn_advantages": worst,
+        "episode_vs_turn_grads": max_diff(turned["grads"], episode_ref["grads"]),
+        "dp_turn_advantages": float(diff[0]),
+        "dp_episode_advantages": float(diff[1]),
+        "dp_groups": [sorted({whole[i].group for i in share}), len(local)],
+    }
+
+
 def scenario_checkpoint(full, trajs, ref, folder):
     """Save at TP=2 after a step, resume at DP=2 (another layout): the next step matches."""
     from nemo_orchestra.train.checkpoint import load_checkpoint, save_checkpoint
@@ -412,7 +526,7 @@ def scenario_hf_tp2(folder):
     return {"logprobs_vs_transformers": worst, "export_equals_import": exact}
 
 
-SCENARIOS = ("tp", "pp", "dp", "packed", "shared", "checkpoint", "hf_tp2")
+SCENARIOS = ("tp", "pp", "dp", "packed", "shared", "turn", "checkpoint", "hf_tp2")
 
 
 def run_rank(rank: int, world: int, port: int, out_dir: str, names: list[str]) -> None:

@@ -26,13 +26,16 @@ def _ok(results, name):
     return r
 
 
-@pytest.mark.parametrize("name", ["tp", "pp", "dp"])
-def test_layout_matches_one_rank(results, name):
-    r = _ok(results, name)
+def _matches_one_rank(r, grad_tol):
     assert r["logprobs"] < LOGPROB_TOL, r
     assert r["reference_logprobs"] < LOGPROB_TOL, r
     assert r["metrics"] < 1e-5 and r["entropy"] < 1e-5, r
-    assert r["grads"] < GRAD_TOL, r
+    assert r["grads"] < grad_tol, r
+
+
+@pytest.mark.parametrize("name", ["tp", "pp", "dp"])
+def test_layout_matches_one_rank(results, name):
+    _matches_one_rank(_ok(results, name), GRAD_TOL)
 
 
 def test_tp_gathers_exact_weights_and_offloaded_reference(results):
@@ -69,6 +72,39 @@ def test_shared_prompts_match_whole_trajectories_on_one_rank(results, layout):
     # fp32 rounding: the prompt's attention runs in other query blocks than inside the whole trajectory
     # (kernels/cpu_attention.py), and its keys' gradients sum over the continuations in another order
     assert r["grads"] < SHARED_GRAD_REL_TOL * r["grad_scale"], r
+
+
+def test_per_turn_credit_reaches_the_reference_and_changes_its_gradients(results):
+    """``advantage.credit=turn`` on multi-turn groups: every rollout's turns get advantages of their own,
+    the single-rank reference trains each target on its turn's, and its gradients are far from those of
+    the same rollouts under the episode's advantage, so the layouts' checks below tell the two apart."""
+    r = _ok(results, "turn")
+    assert r["kept"] == 6 and r["turn_credited_share"] == 1.0, r
+    assert r["min_spread"] > 0.05, r  # no rollout's turns share one advantage
+    assert r["reference_turn_advantages"] < 1e-6, r  # each target's advantage is its turn's (turn_starts)
+    assert r["episode_vs_turn_grads"] > 1000 * GRAD_TOL, r
+
+
+@pytest.mark.parametrize("layout", ["tp", "pp", "dp"])
+def test_per_turn_credit_layout_matches_one_rank(results, layout):
+    """TP=2 (with shared prompts), PP=2 and DP=2 train on the per-turn advantages: logprobs, loss metrics
+    and gradients of the per-turn single-rank reference."""
+    r = _ok(results, "turn")[layout]
+    if layout == "tp":
+        assert r["shared_prompts"] >= 2, r  # the continuations after a shared prompt carry the turns' advantages
+    # with shared prompts, gradients differ by the fp32 rounding test_shared_prompts_match_whole_trajectories
+    # describes
+    tol = SHARED_GRAD_REL_TOL * r["grad_scale"] if r["shared_prompts"] else GRAD_TOL
+    _matches_one_rank(r, tol)
+
+
+def test_per_turn_credit_per_data_parallel_rank_equals_the_whole_batch(results):
+    """Each data-parallel rank draws its own prompts and computes the advantages of its own rollouts
+    (train/trainer.py: grpo_step), so a group never spans two ranks: the per-turn and episode advantages
+    a rank computes on its groups alone are those computed on every rank's groups together."""
+    r = _ok(results, "turn")
+    assert r["dp_groups"] == [[0], 3], r  # rank 0 trained on the whole of group 0, and only on it
+    assert r["dp_turn_advantages"] < 1e-6 and r["dp_episode_advantages"] < 1e-6, r
 
 
 def test_checkpoint_saved_at_tp2_resumes_at_dp2(results):
