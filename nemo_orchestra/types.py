@@ -57,6 +57,10 @@ class Trajectory:
     turn_starts: list[int] = field(default_factory=list)
     turn_costs: list[float] = field(default_factory=list)  # $ of each turn: its calls and its own tokens
     turn_call_counts: list[int] = field(default_factory=list)  # calls each turn made (slices of call_latencies_s)
+    # a task judged per user turn (BFCL): the turn index whose answer ended each user turn, and each user
+    # turn's verdict (the service's ``outcome.turn_passed``, unreached turns failed); empty: judged as a whole
+    user_turn_ends: list[int] = field(default_factory=list)
+    user_turn_passed: list[bool] = field(default_factory=list)
     reward: float = 0.0
     advantage: float = 0.0  # the episode's
     turn_advantages: list[float] | None = None  # each turn's (advantage.credit=turn); None: the episode's everywhere

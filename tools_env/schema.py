@@ -94,7 +94,13 @@ STEP_REQUEST = obj(
     }
 )
 OUTCOME = obj(
-    {"correct": {"type": "boolean"}, "score": {"type": "number"}, "reason": _S}, ["correct", "score", "reason"]
+    {
+        "correct": {"type": "boolean"},
+        "score": {"type": "number"},
+        "reason": _S,
+        "turn_passed": {"type": "array", "items": {"type": "boolean"}},  # per user turn, where judged so
+    },
+    ["correct", "score", "reason"],
 )
 STEP_RESPONSE = obj(
     {

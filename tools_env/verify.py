@@ -40,9 +40,15 @@ class Outcome:
     correct: bool
     score: float
     reason: str
+    # a task judged user turn by user turn (BFCL): whether each passed, in order, a turn never reached as
+    # failed; None: judged as a whole
+    turn_passed: list[bool] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.turn_passed is None:
+            del out["turn_passed"]
+        return out
 
 
 def _ok(reason: str) -> Outcome:

@@ -9,6 +9,10 @@ own reward or its actions from turn t on, so the estimator stays unbiased whatev
 of turns. s and lam are the episode credit's (s: the group's reward std for ``mode=std``, else 1; lam =
 (n-1)/n, 1 for ``mode=loo``), so a turn whose baseline is every other rollout gets exactly the episode
 credit's advantage: single-turn groups train identically under both.
+
+Where the task judges each user turn (BFCL: ``Trajectory.user_turn_passed``), a spliced rollout's outcome
+takes rollout i's verdicts on the user turns it ended before turn t and the peer's on the rest: after a
+failed user turn, nothing later can earn the reward, and the later turns' advantage is 0.
 """
 
 from __future__ import annotations
@@ -136,12 +140,22 @@ def _counterfactual(group: Sequence[Trajectory], reward_cfg: RewardConfig | None
     def latency(k: int, start: int, end: int) -> float:
         return latency_at_resolution(group[k].call_latencies_s[calls[k][start] : calls[k][end]], res)
 
+    per_user_turn = all(t.user_turn_passed for t in group)
+
+    def correct(i: int, j: int, t: int) -> bool:
+        """The spliced rollout's outcome: j's, or where the task judges each user turn, i's verdicts on the
+        user turns i ended before turn t and j's on the rest."""
+        if not per_user_turn:
+            return group[j].correct
+        done = sum(1 for end in group[i].user_turn_ends if end < t)
+        return all(group[i].user_turn_passed[:done]) and all(group[j].user_turn_passed[done:])
+
     def counterfactual(i: int, j: int, t: int) -> float:
         tj = len(group[j].turn_costs)
         t_j = min(t, tj)
         cost = costs[i][t] + costs[j][tj] - costs[j][t_j]
         lat = latency(i, 0, t) + latency(j, t_j, tj)
-        return value(group[j].correct, cost, lat)
+        return value(correct(i, j, t), cost, lat)
 
     return counterfactual
 

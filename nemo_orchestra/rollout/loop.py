@@ -530,6 +530,8 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
         t.call_latencies_s.append(float(result.get("latency_s", 0.0)))
         t.turn_costs[-1] += float(result.get("cost", 0.0))
         t.turn_call_counts[-1] += 1
+        if call.name == "answer" and not result.get("error"):  # ended a user turn (the last: the episode)
+            t.user_turn_ends.append(t.turns - 1)
         if result.get("error"):
             t.tool_errors += 1
         if result.get("done"):
@@ -590,4 +592,5 @@ async def _settle(ep: Episode, client, limits: LoopLimits) -> None:
     outcome = status.get("outcome") or {}
     if outcome:
         t.correct = bool(outcome.get("correct", False))
+        t.user_turn_passed = [bool(p) for p in outcome.get("turn_passed") or []]
     assert len(t.token_ids) == len(t.loss_mask) == len(t.gen_logprobs)

@@ -213,3 +213,28 @@ def test_a_turns_key_is_its_choice_not_its_wording():
     assert one == turn_key([Call("expert", {"model": "s", "query": "2 + 2 = ?"})], tools)
     assert one != turn_key([Call("expert", {"model": "l", "query": "What is 2+2?"})], tools)
     assert MALFORMED_TURN not in (one,)
+
+
+def test_per_user_turn_verdicts_zero_the_turns_after_a_failed_user_turn():
+    """BFCL-like: 2 user turns, each a call then an answer (agent turns 0-1 and 2-3). The outcome needs both."""
+    cfg = load_config(["advantage.min_group_std=-1", "reward=outcome_only", "advantage.mode=loo"])
+    keys = [["c", "answer", "d", "answer"], ["c", "answer", "e", "answer"], ["x", "answer", "d", "answer"]]
+    passed = [[True, True], [True, False], [False, False]]  # the third failed its first user turn
+
+    def group(with_verdicts: bool):
+        out = _group([1.0, 0.0, 0.0], keys)
+        for t, p in zip(out, passed):
+            t.correct = all(p)
+            t.user_turn_ends = [1, 3]
+            t.user_turn_passed = list(p) if with_verdicts else []
+        return out
+
+    judged, _ = assign_advantages(group(True), replace(cfg.advantage, credit="turn"), reward_cfg=cfg.reward)
+    whole, _ = assign_advantages(group(False), replace(cfg.advantage, credit="turn"), reward_cfg=cfg.reward)
+    # after its failed first user turn nothing the third rollout does can earn the reward
+    assert judged[2].turn_advantages[2:] == [0.0, 0.0]
+    assert whole[2].turn_advantages[2] != 0.0  # without the verdicts its peers' successes count against it
+    # turns before any user turn ended: both give the episode's baseline
+    assert [t.turn_advantages[0] for t in judged] == [t.turn_advantages[0] for t in whole]
+    # the first rollout's second user turn: baselined on its peer that made the same first-turn calls
+    assert judged[0].turn_advantages[2] == pytest.approx(1.0 - 0.0)

@@ -45,7 +45,7 @@ def _ours(record, turns):
         for a in calls:
             run_call(ctx, a["name"], a["arguments"])
         end_turn(ctx)
-    return final_outcome(ctx)
+    return final_outcome(ctx)[:2]
 
 
 def _bfcl(entry, gt, turns):
@@ -128,6 +128,22 @@ def test_wrong_call_sequence_fails_naming_the_differing_state(svc, base):
     assert f"of {n} turns failed" in reason
 
 
+def test_each_user_turns_verdict_is_reported_in_order_unreached_turns_failed(svc, base):
+    entry, gt, record = next((e, g, r) for e, g, r in base if len(g) >= 3 and all(g))  # every turn makes calls
+    turn0 = [call_as_action(c) for c in gt[0]]
+    ctx = EpisodeContext("x", record, "/nonexistent", random.Random(0))
+    for a in turn0:
+        run_call(ctx, a["name"], a["arguments"])
+    end_turn(ctx)  # turn 0 as the ground truth does it
+    end_turn(ctx)  # turn 1 without a call: failed
+    correct, _, passed = final_outcome(ctx)  # the episode stops there
+    assert not correct and passed == [True, False] + [False] * (len(gt) - 2)
+    # through the service: the answer that ends the last user turn reports each turn's verdict
+    steps = [(a["name"], a["arguments"]) for a in turn0] + [("answer", {"answer": "ok"})] * len(gt)
+    out = _episode_reason(svc, record.to_dict(), steps)
+    assert out["done"] and out["outcome"]["turn_passed"] == [True] + [False] * (len(gt) - 1)
+
+
 def test_answer_delivers_the_next_user_turn(svc, base):
     record = base[0][2].to_dict()
     turns = record["meta"]["bfcl"]["turns"]
@@ -180,6 +196,27 @@ def test_oracle_passes_entries_in_the_agent_loop_under_their_own_budgets(svc, ba
     assert [(r.task_id, r.correct) for r in results] == [(r.id, True) for r in records], [r.reason for r in results]
     assert all(r.ended_by == "answer" for r in results)
     assert [r.turns for r in results] == [len(r.gold_actions) + 1 for r in records]  # within each record's budget
+
+
+def test_the_agent_loop_records_where_each_user_turn_ended_and_its_verdict(svc, base):
+    from nemo_orchestra.rollout.loop import LoopLimits, run_episodes
+
+    records = [r for _, _, r in base[:3]]
+
+    async def go():
+        client = ToolsEnvClient(svc.urls)
+        try:
+            policy = Oracle([r.to_dict() for r in records])
+            limits = LoopLimits(max_turns=1, task_turns=True)
+            return await run_episodes(records, policy, client, limits=limits, default_preference={"accuracy": 1.0})
+        finally:
+            await client.aclose()
+
+    for t, (entry, gt, _) in zip(asyncio.run(go()), base):
+        assert t.correct and t.user_turn_passed == [True] * len(gt)
+        # the oracle makes each user turn's ground-truth calls, one a turn, then answers it
+        ends = [sum(len(calls) + 1 for calls in gt[: u + 1]) - 1 for u in range(len(gt))]
+        assert t.user_turn_ends == ends, (entry["id"], t.user_turn_ends)
 
 
 _NO_BFCL = "import sys; sys.modules['bfcl_eval'] = None  # the import fails as on a machine without the extra\n"

@@ -34,9 +34,10 @@ __all__ = ["BFCL_VERSION", "EXTRA_HINT", "BfclUnavailable", "available", "requir
 
 
 def bfcl_verifier(answer: str, task: Any, ctx: Any, judge: Any) -> Outcome:
-    """The ``bfcl`` verifier type: every user turn passed BFCL's checks (see ``checker``)."""
-    correct, reason = final_outcome(ctx)
-    return Outcome(correct, 1.0 if correct else 0.0, f"bfcl: {reason}")
+    """The ``bfcl`` verifier type: every user turn passed BFCL's checks (see ``checker``); each user turn's
+    verdict in ``turn_passed`` (per-turn credit's outcome terms)."""
+    correct, reason, passed = final_outcome(ctx)
+    return Outcome(correct, 1.0 if correct else 0.0, f"bfcl: {reason}", turn_passed=passed)
 
 
 def bfcl_turn_hook(answer: str, task: Any, ctx: Any) -> str | None:

@@ -40,6 +40,7 @@ class BfclEpisode:
     turn_results: list[str] = field(default_factory=list)
     all_results: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    passed: list[bool] = field(default_factory=list)  # each checked turn's verdict
     finished: bool = False
 
     @property
@@ -82,6 +83,7 @@ def end_turn(ctx: Any) -> str | None:
     reason = check_turn(state, calls, truth_results)
     if reason is not None:
         state.failures.append(f"turn {state.turn}: {reason}")
+    state.passed.append(reason is None)
     state.turn += 1
     state.turn_results = []
     if state.turn < state.num_turns:
@@ -138,14 +140,19 @@ def missing_results(policy_results: list[str], truth_results: list[str]) -> str 
     return f"execution results missing from the policy's calls: {', '.join(_short(m) for m in missing[:MAX_DIFFS])}"
 
 
-def final_outcome(ctx: Any) -> tuple[bool, str]:
+def final_outcome(ctx: Any) -> tuple[bool, str, list[bool]]:
+    """The entry's verdict, its reason, and each user turn's (a turn never reached: failed)."""
     state = ctx.state.get("bfcl")
+    num_turns = len((ctx.task.meta or {}).get("bfcl", {}).get("turns", [])) if state is None else state.num_turns
+    passed = ([] if state is None else list(state.passed)) + [False] * num_turns
+    passed = passed[:num_turns]
     if state is None or not state.finished:
         done = 0 if state is None else state.turn
-        return False, f"the episode ended after {done} of its user turns"
+        return False, f"the episode ended after {done} of its user turns", passed
     if state.failures:
-        return False, f"{len(state.failures)} of {state.num_turns} turns failed: " + " || ".join(state.failures)
-    return True, f"all {state.num_turns} turns match the ground truth's state and execution results"
+        reason = f"{len(state.failures)} of {state.num_turns} turns failed: " + " || ".join(state.failures)
+        return False, reason, passed
+    return True, f"all {state.num_turns} turns match the ground truth's state and execution results", passed
 
 
 def _diff(got: Any, want: Any, path: str, seen: frozenset = frozenset()) -> list[str]:
