@@ -25,6 +25,20 @@ steps, then ``--steps`` measured ones, and reports per step:
   measured in the same run (a 2048 x 2048 matmul in the run's precision), on a GPU the device's
   dense bf16 peak (``perf.peak_tflops`` overrides both).
 
+Steady state. With ``rollout.max_staleness=K`` the first step starts the rollouts of steps 0..K at
+once, and steps 1..K find theirs done or nearly: a head start no later step has. So the warm-up is
+at least K + 1 steps, for every K (1 when synchronous): ``--warmup auto``, the default, is K + 1, and
+a smaller ``--warmup`` is raised to K + 1 with a printed line. Once rollouts bound the step, the
+rollouts of K + 1 consecutive steps run in step with each other and the step times repeat every K + 1
+steps (one step waits, K do not), so ``--steps`` is rounded up to a multiple of K + 1, with a printed
+line: any window of whole periods then reads the same.
+
+The report's ``timeline`` has one entry per warm-up and measured step: its ``start_s`` and ``end_s``
+(seconds since the first step began), the trainer's ``rollout_wait_s``, and when the step's rollouts
+were started and finished (``rollouts_started_s``, ``rollouts_finished_s``, on the same clock; started
+before the step when they ran ahead). ``engine_idle_share``: the share of the measured window (the first
+measured step's start to the last one's end) in which no generate call of the engine was running.
+
 The warm start is off unless asked for (``sft.steps=N``): an untrained policy writes whole
 turns until ``rollout.max_new_tokens_per_turn``, the longest generation the config allows.
 Groups whose rewards are all equal are kept (``advantage.min_group_std=-1``; the recipe drops
@@ -38,6 +52,7 @@ running beside it.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -47,7 +62,7 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, Callable
 
 # on the trainer's critical path; generation and environment are the rollouts' own (they overlap
 # training when rollouts run ahead)
@@ -72,13 +87,95 @@ BENCH_DEFAULTS = (
 
 def add_args(parser: Any) -> None:
     parser.add_argument("--steps", type=int, default=3, help="measured GRPO steps")
-    parser.add_argument("--warmup", type=int, default=1, help="unmeasured GRPO steps first")
+    parser.add_argument(
+        "--warmup",
+        type=warmup_arg,
+        default="auto",
+        help="unmeasured GRPO steps first: auto is rollout.max_staleness + 1, the least taken",
+    )
     parser.add_argument(
         "--out",
         default=None,
         help="write the JSON report here (default: <run dir>/bench_grpo.json), and remove a temp run dir",
     )
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value, as for the recipe")
+
+
+def warmup_arg(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be auto or a whole number of steps, not {text!r}") from None
+
+
+def plan_steps(max_staleness: int, warmup: int | str, steps: int) -> tuple[int, int, list[str]]:
+    """(warm-up steps, measured steps, a line for each change made to the ones asked for): at least
+    K + 1 warm-up steps, and a multiple of K + 1 measured (see the module's docstring)."""
+    period, notes = max_staleness + 1, []
+    if warmup == "auto":
+        warmup = period
+    elif warmup < period:
+        why = (
+            f"the first step starts the rollouts of steps 0..{max_staleness} together, and "
+            + ("step 1 would find its" if max_staleness == 1 else f"steps 1..{max_staleness} would find theirs")
+            + " done early"
+            if max_staleness
+            else "the first step's one-time costs stay out of the measurement"
+        )
+        notes.append(f"--warmup {warmup} raised to {period} (rollout.max_staleness + 1, the least): {why}")
+        warmup = period
+    if steps % period:
+        rounded = -(-steps // period) * period
+        notes.append(
+            f"--steps {steps} rounded up to {rounded}: with rollout.max_staleness={max_staleness} the step times "
+            f"repeat every {period} steps, so the measured steps are whole periods"
+        )
+        steps = rounded
+    return warmup, steps, notes
+
+
+def run_steps(
+    trainer: Any, warmup: int, steps: int, log: Callable[[str], None] | None = None
+) -> tuple[list[dict], dict[str, Any]]:
+    """``warmup`` then ``steps`` GRPO steps of ``trainer`` (``grpo_step()``, then ``step += 1``); the measured
+    steps' metrics, and ``{"timeline": [...], "engine_idle_share": ...}`` (see the module's docstring).
+    ``trainer.generation.calls`` says when the engine's generate calls ran (``GenerateCalls``)."""
+    clock = time.perf_counter
+    measured: list[dict] = []
+    timeline: list[dict] = []
+    first = window_start = window_end = None
+    for i in range(warmup + steps):
+        start = clock()
+        first = start if first is None else first
+        m = trainer.grpo_step()
+        end = clock()
+        trainer.step += 1
+        tag = "warmup" if i < warmup else "measured"
+        timeline.append(
+            {
+                "step": i,
+                "phase": tag,
+                "start_s": start - first,
+                "end_s": end - first,
+                "rollout_wait_s": m.get("time/rollout_wait_s", 0.0),
+                "rollouts_started_s": start - first + m.get("time/rollouts_started_s", 0.0),
+                "rollouts_finished_s": start - first + m.get("time/rollouts_finished_s", 0.0),
+            }
+        )
+        if log is not None:
+            log(
+                f"step {i + 1}/{warmup + steps} ({tag}): {m['time/step_s']:.2f} s, "
+                f"{m['perf/tokens_per_s']:.0f} tokens/s"
+            )
+        if i >= warmup:
+            window_start = start if window_start is None else window_start
+            window_end = end
+            measured.append(m)
+    busy = trainer.generation.calls.busy_s(window_start, window_end)
+    idle = float("nan") if busy is None else 1.0 - busy / (window_end - window_start)
+    return measured, {"timeline": timeline, "engine_idle_share": idle}
 
 
 def summarize(steps: list[dict]) -> dict[str, float]:
@@ -135,6 +232,11 @@ def table(summary: dict[str, float]) -> str:
         f"({summary['generated_tokens_per_step']:.0f}/step in {summary['generate_calls_per_step']:.1f} "
         "engine calls)"
     )
+    if "engine_idle_share" in summary:
+        rows.append(
+            f"rollout wait {summary['rollout_wait_share']:.1%} of the measured steps' time; engine idle (no "
+            f"generate call running) {summary['engine_idle_share']:.1%} of the measured window"
+        )
     if "mfu" in summary:
         rows.append(
             f"MFU {summary['mfu']:.1%} in the logprob and training passes, {summary['step_mfu']:.1%} over "
@@ -147,7 +249,7 @@ def table(summary: dict[str, float]) -> str:
 def main(args: Any) -> int:
     from nemo_orchestra.config import ConfigError, load_config
 
-    if args.steps < 1 or args.warmup < 0:
+    if args.steps < 1 or (args.warmup != "auto" and args.warmup < 0):
         print(f"error: --steps must be >= 1 and --warmup >= 0 (got {args.steps} and {args.warmup})", file=sys.stderr)
         return 2
     overrides, scratch = list(args.overrides), None
@@ -155,12 +257,17 @@ def main(args: Any) -> int:
         scratch = tempfile.mkdtemp(prefix="bench_grpo-")
         overrides.append(f"run.output_dir={scratch}")
     try:
-        cfg = load_config([*BENCH_DEFAULTS, *overrides, f"trainer.max_steps={args.warmup + args.steps}"])
+        cfg = load_config([*BENCH_DEFAULTS, *overrides])
+        warmup, steps, notes = plan_steps(cfg.rollout.max_staleness, args.warmup, args.steps)
+        cfg = load_config([*BENCH_DEFAULTS, *overrides, f"trainer.max_steps={warmup + steps}"])
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         if scratch is not None:  # nothing was written there
             os.rmdir(scratch)
         return 2
+    for note in notes:
+        print(note, flush=True)
+    args.warmup, args.steps = warmup, steps
     try:
         return measure(args, cfg)
     finally:
@@ -186,29 +293,19 @@ def measure(args: Any, cfg) -> int:
     from nemo_orchestra.train.build import build_trainer
 
     info = init_distributed(cfg.parallel, cfg.run.seed)
-    measured: list[dict] = []
     with ExitStack() as stack:
         t0 = time.perf_counter()
         trainer = build_trainer(cfg, info, stack)
         stack.callback(trainer.close)
         trainer.warm_start()
         setup_s = time.perf_counter() - t0
-        for i in range(args.warmup + args.steps):
-            m = trainer.grpo_step()
-            trainer.step += 1
-            tag = "warmup" if i < args.warmup else "measured"
-            if info.is_main:
-                print(
-                    f"step {i + 1}/{args.warmup + args.steps} ({tag}): {m['time/step_s']:.2f} s, "
-                    f"{m['perf/tokens_per_s']:.0f} tokens/s",
-                    flush=True,
-                )
-            if i >= args.warmup:
-                measured.append(m)
+        log = (lambda line: print(line, flush=True)) if info.is_main else None
+        measured, run = run_steps(trainer, args.warmup, args.steps, log)
     destroy_distributed()
     if not info.is_main:
         return 0
     summary = summarize(measured)
+    summary["engine_idle_share"] = run["engine_idle_share"]
     from nemo_orchestra.train.flops import peak_tflops
 
     summary["peak_tflops"] = peak_tflops(cfg.perf.peak_tflops) or float("nan")
@@ -237,6 +334,7 @@ def measure(args: Any, cfg) -> int:
         "warmup_steps": args.warmup,
         "measured_steps": args.steps,
         "per_step": summary,
+        "timeline": run["timeline"],
         "steps": [{k: v for k, v in m.items() if not isinstance(v, list)} for m in measured],
     }
     out = args.out or os.path.join(cfg.run.output_dir, "bench_grpo.json")

@@ -11,13 +11,19 @@
   weight sync (vLLM's sleep mode on CUDA); not while rollouts run ahead, which generate meanwhile.
 - **close**: once, whatever happened before; a generate call still running ends within
   ``CALL_GRACE_S``.
+
+``calls`` records when the engine's generate calls ran (``GenerateCalls``), whoever made them.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 import time
-from typing import Callable
+from collections import deque
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from nemo_orchestra.rollout.engines.base import GenerationEngine
 from nemo_orchestra.rollout.loop import EngineWeights, stop_engine_calls
@@ -39,7 +45,8 @@ class ManagedEngine:
         """``factory(state)`` starts the engine from a full state dict (None: the policy's own
         parameters). With ``reads_policy_weights`` it is started now."""
         self.factory = factory
-        self.engine = engine
+        self.calls = GenerateCalls()
+        self.engine = self.calls.watch(engine) if engine is not None else None
         self.weights = EngineWeights()  # the version of the engine's weights
         if self.engine is None and reads_policy_weights:
             self.engine = self._start(None)
@@ -47,7 +54,7 @@ class ManagedEngine:
     def _start(self, state: dict | None) -> GenerationEngine:
         if self.factory is None:
             raise RuntimeError("the generation engine has no factory to start it from")
-        return self.factory(state)
+        return self.calls.watch(self.factory(state))
 
     @property
     def reads_policy_weights(self) -> bool:
@@ -90,3 +97,57 @@ class ManagedEngine:
         finally:
             if not stop_engine_calls(CALL_GRACE_S):
                 log.warning("a generation engine call was still running %.0f s after the engine closed", CALL_GRACE_S)
+
+
+class GenerateCalls:
+    """When generate calls ran: (start, end) ``clock()`` pairs of the latest ``keep`` calls that returned
+    (or raised), and the starts of those running now. Calls may overlap; any thread may make them."""
+
+    def __init__(self, keep: int = 1 << 16, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._done: deque[tuple[float, float]] = deque(maxlen=keep)
+        self._running: dict[int, float] = {}
+        self._ids = itertools.count()
+        self._dropped = False  # an older call fell out of ``_done``
+
+    @contextmanager
+    def call(self) -> Iterator[None]:
+        """Records the block as one call."""
+        key = next(self._ids)
+        with self._lock:
+            self._running[key] = self.clock()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._dropped |= len(self._done) == self._done.maxlen
+                self._done.append((self._running.pop(key), self.clock()))
+
+    def watch(self, engine):
+        """``engine`` with its ``generate`` recorded (the instance's attribute wraps the method)."""
+        generate = engine.generate
+
+        def recorded(*args, **kwargs):
+            with self.call():
+                return generate(*args, **kwargs)
+
+        engine.generate = recorded
+        return engine
+
+    def busy_s(self, start: float, end: float) -> float | None:
+        """Seconds of ``[start, end]`` in which at least one call ran (the union of the calls' intervals,
+        those still running up to ``end``); None when calls that may have run then are no longer kept."""
+        with self._lock:
+            done = list(self._done)
+            running = list(self._running.values())
+            if self._dropped and (not done or done[0][0] > start):
+                return None
+        clipped = ((max(a, start), min(b, end)) for a, b in done + [(a, end) for a in running])
+        spans = sorted((a, b) for a, b in clipped if b > a)
+        busy, reach = 0.0, start
+        for a, b in spans:
+            if b > reach:
+                busy += b - max(a, reach)
+                reach = b
+        return busy

@@ -12,6 +12,9 @@ policy with the generator's per-token logprobs (truncated importance sampling, `
 K = 0 starts step s's rollouts only when step s trains: the synchronous loop's order and results.
 A run that stops drops the rollouts in flight; a resumed run regenerates them, in the same data
 order (the tasks of step j depend on j only).
+
+``started[j]`` and ``finished[j]`` (``time.perf_counter``) say when step j's rollouts were submitted and
+when their coroutine ended (before ``take(j)`` returns); ``take(s)`` forgets those of the steps before s.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class AsyncRollouts:
         (exclusive)."""
         self.loop, self.rollout, self.max_staleness, self.last_step = loop, rollout, max_staleness, last_step
         self.pending: dict[int, concurrent.futures.Future] = {}
+        self.started: dict[int, float] = {}
+        self.finished: dict[int, float] = {}
         self.thread = threading.Thread(target=loop.run_forever, name="rollouts", daemon=True)
         self.thread.start()
 
@@ -47,12 +52,22 @@ class AsyncRollouts:
         first starts those of the steps up to ``step + max_staleness``."""
         for j in range(step, min(step + self.max_staleness, self.last_step - 1) + 1):
             if j not in self.pending:
-                self.pending[j] = asyncio.run_coroutine_threadsafe(self.rollout(j), self.loop)
+                self.started[j] = time.perf_counter()
+                self.pending[j] = asyncio.run_coroutine_threadsafe(self._timed(j), self.loop)
         for j in [j for j in self.pending if j < step]:  # left by a failed step: never trained on
             self.pending.pop(j).cancel()
+        for times in (self.started, self.finished):
+            for j in [j for j in times if j < step]:
+                del times[j]
         t0 = time.perf_counter()
         future = self.pending.pop(step)
         return future.result(), time.perf_counter() - t0
+
+    async def _timed(self, step: int) -> Any:
+        try:
+            return await self.rollout(step)
+        finally:  # before the future completes: take() reads it once the result is there
+            self.finished[step] = time.perf_counter()
 
     def close(self) -> None:
         """Cancel the rollouts in flight, stop the loop and its thread; the loop is the caller's again."""
@@ -69,5 +84,7 @@ class AsyncRollouts:
             asyncio.run_coroutine_threadsafe(drain(), self.loop).result(timeout=60)
         finally:
             self.pending.clear()
+            self.started.clear()
+            self.finished.clear()
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=60)

@@ -225,8 +225,10 @@ class Trainer:
             trajs, stats = with_tool_service(
                 lambda: self.loop.run_until_complete(self.step_rollouts(self.step)), self.client, **context
             )
-            return trajs, stats, time.perf_counter() - t0
+            stats["started_at"], stats["finished_at"] = t0, time.perf_counter()
+            return trajs, stats, stats["finished_at"] - t0
         (trajs, stats), waited = with_tool_service(lambda: self.rollouts.take(self.step), self.client, **context)
+        stats["started_at"], stats["finished_at"] = self.rollouts.started[self.step], self.rollouts.finished[self.step]
         return trajs, stats, waited
 
     def stop_rollouts_ahead(self) -> None:
@@ -378,6 +380,10 @@ class Trainer:
                 "time/rollouts_wall_s": stats["wall_s"],
                 "time/rollout_wait_s": waited,
                 "perf/rollout_wait_share": waited / step_s,
+                # when the step's rollouts were started and done, in seconds since the step began (negative:
+                # before it; started before it when they ran ahead)
+                "time/rollouts_started_s": stats["started_at"] - t0,
+                "time/rollouts_finished_s": stats["finished_at"] - t0,
             }
         )
         metrics.update({"time/engine_sleep_s": t_sleep, "time/engine_wake_s": t_wake})
