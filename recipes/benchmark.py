@@ -2,7 +2,7 @@
 
     python recipes/benchmark.py tools_env [--out FILE] [--workers N] [--seconds S]
     python recipes/benchmark.py chat [--entries N] [--out FILE]
-    python recipes/benchmark.py grpo [--steps N] [--warmup N] [--out FILE] [key=value ...]
+    python recipes/benchmark.py grpo [--steps N] [--warmup N|auto] [--out FILE] [key=value ...]
     python recipes/benchmark.py NAME --help                 # its flags with their defaults (grpo: and keys)
 
 Subcommands live in ``BENCHMARKS`` (name -> (module path, one-line description)); each module
