@@ -86,7 +86,12 @@ BENCH_DEFAULTS = (
 
 
 def add_args(parser: Any) -> None:
-    parser.add_argument("--steps", type=int, default=3, help="measured GRPO steps")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        help="measured GRPO steps, rounded up to a multiple of rollout.max_staleness + 1",
+    )
     parser.add_argument(
         "--warmup",
         type=warmup_arg,
