@@ -12,8 +12,8 @@ credits are measured on the step's rollouts before its update, at the policy tha
 depend on the credit and is left out).
 
 Reported per measured step (``grad/`` in the metrics): for each credit ``pg_variance_<credit>``
-(tr Var(g)), ``pg_sq_norm_<credit>`` (|g|^2) and ``pg_noise_<credit>`` = tr Var(g) / |g|^2, the
-relative noise an optimizer step sees. It costs a forward and a backward pass of every trained token
+(tr Var(g)), ``pg_sq_norm_<credit>`` (|g|^2) and ``pg_signal_<credit>`` = |g|^2 - tr Var(g), the unbiased
+estimate of |E g|^2 (|g|^2 alone is mostly noise when the variance dominates). It costs a forward and a backward pass of every trained token
 per credit, on a second copy of the gradient: for a diagnostic every few steps, not every step.
 
 Needs ``parallel.pp=1`` (the per-group gradients come from ``torch.autograd.grad`` on this rank's
@@ -66,7 +66,7 @@ def policy_gradient_variance(
     share_prompts: bool = False,
     temperature: float = 1.0,
 ) -> dict[str, float]:
-    """``grad/pg_variance_<credit>``, ``grad/pg_sq_norm_<credit>`` and ``grad/pg_noise_<credit>`` for both
+    """``grad/pg_variance_<credit>``, ``grad/pg_sq_norm_<credit>`` and ``grad/pg_signal_<credit>`` for both
     credits on this step's trained rollouts (module docstring). Collective over the model- and
     data-parallel groups; leaves the model's gradient buffers as they were."""
     params = [p for p in policy.module.parameters() if p.requires_grad]
@@ -114,12 +114,12 @@ def group_gradient_stats(
     tokens, m = counts[1].item(), counts[2].item()
     mean_sq = _sum_model_parallel(_local_sq_norm(params, total))  # |sum_k u_k|^2
     if m < 2 or tokens <= 0:
-        return {"pg_variance": math.nan, "pg_sq_norm": math.nan, "pg_noise": math.nan}
+        return {"pg_variance": math.nan, "pg_sq_norm": math.nan, "pg_signal": math.nan}
     nbar = tokens / m
     g_sq = mean_sq / tokens**2  # |g|^2, g = sum_k u_k / N
     spread = max(sq_sum / nbar**2 - m * g_sq, 0.0)  # sum_k |c_k - g|^2 = sum_k |c_k|^2 - m |g|^2
     variance = spread / (m * (m - 1))
-    return {"pg_variance": variance, "pg_sq_norm": g_sq, "pg_noise": variance / g_sq if g_sq > 0 else math.nan}
+    return {"pg_variance": variance, "pg_sq_norm": g_sq, "pg_signal": g_sq - variance}
 
 
 def _local_sq_norm(params: list[torch.Tensor], grads: Sequence[torch.Tensor | None]) -> float:

@@ -91,7 +91,7 @@ def test_variance_is_the_spread_of_the_per_group_update_gradients(setup):
     for credit, view in (("episode", episode), ("turn", trajs)):
         want = _direct(policy, view)
         assert got[f"grad/pg_variance_{credit}"] == pytest.approx(want["pg_variance"], rel=1e-3)
-        assert got[f"grad/pg_noise_{credit}"] == pytest.approx(want["pg_variance"] / want["pg_sq_norm"], rel=1e-3)
+        assert got[f"grad/pg_signal_{credit}"] == pytest.approx(want["pg_sq_norm"] - want["pg_variance"], rel=1e-3)
     # the credits' advantages differ on the second turns, and so do their variances
     assert abs(got["grad/pg_variance_turn"] / got["grad/pg_variance_episode"] - 1) > 1e-3
 
