@@ -6,16 +6,17 @@
 #
 # Stages, in the order of STAGES (default "sync async kbench tests"):
 #   sync, async  recipes/benchmark.py grpo at the Qwen3-8B shape with LAYERS layers (default 8), bf16,
-#                16 prompts x 8 rollouts, 1 warm-up and 3 measured steps: tokens/s/GPU and MFU against the
-#                device's dense bf16 peak; async is rollout.max_staleness=1 with loss.tis_cap=2.0.
+#                16 prompts x 8 rollouts: tokens/s/GPU and MFU against the device's dense bf16 peak. sync: 1
+#                warm-up and 3 measured steps; async: rollout.max_staleness=ASYNC_K (default 4) with
+#                loss.tis_cap=2.0, in steady state (the benchmark's K+1 warm-up steps, one period of K+1 measured).
 #                ENGINE (default hf) picks rollout.engine: vllm needs the vllm package and the hf engine
 #                (transformers) runs anywhere torch does.
 #   kbench       kernels/bench.py: the Triton varlen attention (TFLOP/s, against flash-attn when
 #                installed and PyTorch SDPA per sequence) and the grouped advantage (GB/s against a copy).
 #   tests        the kernel tests on the device (compiled Triton, not the interpreter), the `gpu`-marked
 #                tests, and the model-level tests that take the Triton attention backend on CUDA.
-# Time limits per stage, in seconds: GRPO_S (default 150), KBENCH_S (120), TESTS_S (300): the four fit in
-# a 15-minute lease with the machine's start.
+# Time limits per stage, in seconds: GRPO_S (default 150, sync), ASYNC_S (300), KBENCH_S (80), TESTS_S (200):
+# the four fit in a 15-minute lease with the machine's start.
 # Prologue: on a machine without the project's packages and without network, WHEELS (default .whl, made here by
 # scripts/gpu_prepare.sh and carried with the call) is installed into SITE (default /tmp/nemo_orchestra_site),
 # which goes on PYTHONPATH with the repository; then each optional package (TransformerEngine, vLLM,
@@ -56,17 +57,19 @@ if [ "$ENGINE" = vllm ] && ! "$PY" -c "import vllm" 2>/dev/null; then
   echo "ENGINE=vllm without vLLM here: the sync and async stages cannot run"; STAGES=${STAGES//async/}; STAGES=${STAGES//sync/}
 fi
 
-GRPO=(recipes/benchmark.py grpo --steps 3 --warmup 1 "model=qwen3_8b" "model.num_layers=$LAYERS" "model.params_dtype=bf16"
+ASYNC_K=${ASYNC_K:-4}
+GRPO=(recipes/benchmark.py grpo "model=qwen3_8b" "model.num_layers=$LAYERS" "model.params_dtype=bf16"
     "rollout.engine=$ENGINE" "data.prompts_per_step=16" "rollout.group_size=8")
 failed=0
 for stage in $STAGES; do
     stamp "$stage"
     case $stage in
-        sync) timeout "${GRPO_S:-150}" "$PY" "${GRPO[@]}" --out "$OUT/grpo_sync.json" "run.output_dir=$OUT/run_sync" ;;
-        async) timeout "${GRPO_S:-150}" "$PY" "${GRPO[@]}" --out "$OUT/grpo_async.json" "run.output_dir=$OUT/run_async" \
-            rollout.max_staleness=1 loss.tis_cap=2.0 ;;
-        kbench) timeout "${KBENCH_S:-120}" "$PY" kernels/bench.py --out "$OUT/kernel_bench.json" ;;
-        tests) timeout "${TESTS_S:-300}" "$PY" -m pytest -o addopts="" -q -p no:cacheprovider -rfEs \
+        sync) timeout "${GRPO_S:-150}" "$PY" "${GRPO[@]}" --steps 3 --warmup 1 --out "$OUT/grpo_sync.json" \
+            "run.output_dir=$OUT/run_sync" ;;
+        async) timeout "${ASYNC_S:-300}" "$PY" "${GRPO[@]}" --steps "$((ASYNC_K + 1))" --out "$OUT/grpo_async.json" \
+            "run.output_dir=$OUT/run_async" "rollout.max_staleness=$ASYNC_K" loss.tis_cap=2.0 ;;
+        kbench) timeout "${KBENCH_S:-80}" "$PY" kernels/bench.py --out "$OUT/kernel_bench.json" ;;
+        tests) timeout "${TESTS_S:-200}" "$PY" -m pytest -o addopts="" -q -p no:cacheprovider -rfEs \
             tests/integration/kernels tests/unit/test_attention_backends.py tests/unit/test_rope.py \
             tests/unit/test_grpo_update.py tests/unit/test_shared_prompts.py tests/integration/test_megatron_engine.py \
             tests/integration/test_vllm_gpu.py tests/integration/distributed/test_fp8.py --timeout=120 ;;
