@@ -42,19 +42,25 @@ CREDITS = ("episode", "turn")
 
 
 def credit_views(
-    trajectories: Sequence[Trajectory], adv_cfg: AdvantageConfig, reward_cfg: RewardConfig | None
+    trajectories: Sequence[Trajectory],
+    adv_cfg: AdvantageConfig,
+    reward_cfg: RewardConfig | None,
+    peers: Sequence[Trajectory] | None = None,
 ) -> dict[str, list[Trajectory]]:
-    """The step's rollouts under each credit: shallow copies whose ``token_advantages`` are the episode's
-    and the per-turn ones (computed here when the run trains on the episode's)."""
+    """The trained rollouts under each credit: shallow copies whose ``token_advantages`` are the episode's
+    and the per-turn ones. When the run trains on the episode's, the per-turn ones are computed here on
+    ``peers`` (the step's rollouts, filtered ones included, as training would baseline them; default: the
+    trained ones)."""
     episode = [copy.copy(t) for t in trajectories]
     for t in episode:
         t.turn_advantages = None
-    turn = [copy.copy(t) for t in trajectories]
-    if adv_cfg.credit != "turn":
-        for t in turn:
-            t.turn_advantages = None
-        assign_turn_advantages(turn, adv_cfg, reward_cfg)
-    return {"episode": episode, "turn": turn}
+    if adv_cfg.credit == "turn":
+        return {"episode": episode, "turn": [copy.copy(t) for t in trajectories]}
+    everyone = {id(t): copy.copy(t) for t in (peers if peers is not None else trajectories)}
+    for t in everyone.values():
+        t.turn_advantages = None
+    assign_turn_advantages(list(everyone.values()), adv_cfg, reward_cfg)
+    return {"episode": episode, "turn": [everyone[id(t)] for t in trajectories]}
 
 
 def policy_gradient_variance(
@@ -65,13 +71,14 @@ def policy_gradient_variance(
     parallel: ParallelConfig,
     share_prompts: bool = False,
     temperature: float = 1.0,
+    peers: Sequence[Trajectory] | None = None,
 ) -> dict[str, float]:
     """``grad/pg_variance_<credit>``, ``grad/pg_sq_norm_<credit>`` and ``grad/pg_signal_<credit>`` for both
-    credits on this step's trained rollouts (module docstring). Collective over the model- and
+    credits on this step's trained rollouts (module docstring); ``peers``: see ``credit_views``. Collective over the model- and
     data-parallel groups; leaves the model's gradient buffers as they were."""
     params = [p for p in policy.module.parameters() if p.requires_grad]
     out: dict[str, float] = {}
-    for credit, trajs in credit_views(trajectories, adv_cfg, reward_cfg).items():
+    for credit, trajs in credit_views(trajectories, adv_cfg, reward_cfg, peers).items():
         stats = group_gradient_stats(policy, params, trajs, parallel, share_prompts, temperature)
         out.update({f"grad/{k}_{credit}": v for k, v in stats.items()})
     return out

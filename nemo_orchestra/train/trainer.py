@@ -298,8 +298,9 @@ class Trainer:
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         return perf_metrics(flops, seconds, world, self.cfg.perf.peak_tflops)
 
-    def gradient_variance(self, kept: list[Trajectory]) -> dict[str, float]:
-        """``grad/pg_*`` of this step's rollouts under both credits (``train/grad_variance.py``)."""
+    def gradient_variance(self, kept: list[Trajectory], rollouts: list[Trajectory]) -> dict[str, float]:
+        """``grad/pg_*`` of this step's trained rollouts under both credits (``train/grad_variance.py``); the
+        per-turn baselines from all its ``rollouts``, as training computes them."""
         t0 = time.perf_counter()
         out = policy_gradient_variance(
             self.policy,
@@ -309,6 +310,7 @@ class Trainer:
             self.cfg.parallel,
             self.cfg.share_prompts,
             self.cfg.rollout.temperature,
+            peers=rollouts,
         )
         out["time/grad_variance_s"] = time.perf_counter() - t0
         return out
@@ -333,7 +335,7 @@ class Trainer:
         kept, metrics = assign_advantages(fresh, self.cfg.advantage, self.policy.device, self.cfg.reward)
         every = self.cfg.advantage.grad_variance_every
         if every and self.step % every == 0:
-            metrics.update(self.gradient_variance(kept))
+            metrics.update(self.gradient_variance(kept, fresh))
         lessons = self.step_lessons(self.step)
         kept = interleave(kept, lessons)  # lessons in every minibatch of the update
         metrics["train/lessons"] = float(len(lessons))

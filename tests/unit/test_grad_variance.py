@@ -124,3 +124,22 @@ def test_one_group_has_no_variance_to_report(setup):
 def test_needs_a_single_pipeline_stage():
     with pytest.raises(ConfigError, match="advantage.grad_variance_every"):
         load_config([*TINY_MODEL, "parallel=pp2", "advantage.grad_variance_every=5"])
+
+
+def test_an_episode_runs_turn_view_baselines_on_every_rollout_as_per_turn_training_would():
+    from nemo_orchestra.grpo.advantages import assign_advantages
+    from nemo_orchestra.train.grad_variance import credit_views
+    from tests.unit.test_turn_credit import _group
+
+    cfg = load_config(["advantage.min_group_std=-1"]).advantage
+    rewards, keys = [1.0, 0.0, 0.6, 0.2], [["x", "a"], ["x", "b"], ["y", "a", "a"], ["x", "c"]]
+    rollouts = _group(rewards, keys)
+    trained = rollouts[:3]  # the fourth filtered out of the loss (a malformed call), still a peer
+    assign_advantages(rollouts, cfg)  # the episode credit, as the run trains
+    views = credit_views(trained, cfg, None, peers=rollouts)
+    per_turn = _group(rewards, keys)
+    assign_advantages(per_turn, dataclasses.replace(cfg, credit="turn"))
+    assert [t.turn_advantages for t in views["turn"]] == [t.turn_advantages for t in per_turn[:3]]
+    assert [t.turn_advantages for t in views["episode"]] == [None] * 3
+    alone = credit_views(trained, cfg, None)  # without the fourth, rollout 0's second turn has another baseline
+    assert alone["turn"][0].turn_advantages != views["turn"][0].turn_advantages
