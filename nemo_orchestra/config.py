@@ -454,10 +454,10 @@ class Config:
             "generates with the weights being trained",
         )
         _check(
-            self.sft.max_calls < r.max_turns,
+            self.sft.max_calls == 1 or self.sft.max_calls < r.max_turns,
             "sft.max_calls",
             f"must be below rollout.max_turns ({r.max_turns}): a scripted episode's calls and its answer "
-            "must fit the turns a rollout has",
+            "must fit the turns a rollout has (1, the default, is taken with any rollout.max_turns)",
         )
         _check(
             not self.sft.copy_episodes or not self.data.train_path,

@@ -76,3 +76,4 @@ def test_the_calls_and_the_answer_must_fit_the_rollouts_turns():
     with pytest.raises(ConfigError, match="sft.max_calls"):
         load_config(["sft.max_calls=3", "rollout.max_turns=3"])
     assert load_config(["sft.max_calls=3", "rollout.max_turns=4"]).sft.max_calls == 3
+    assert load_config(["rollout.max_turns=1"]).sft.max_calls == 1  # the default: one-turn rollouts as before
