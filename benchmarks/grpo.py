@@ -264,7 +264,7 @@ def main(args: Any) -> int:
     try:
         cfg = load_config([*BENCH_DEFAULTS, *overrides])
         warmup, steps, notes = plan_steps(cfg.rollout.max_staleness, args.warmup, args.steps)
-        cfg = load_config([*BENCH_DEFAULTS, *overrides, f"trainer.max_steps={warmup + steps}"])
+        cfg.trainer.max_steps = warmup + steps
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         if scratch is not None:  # nothing was written there

@@ -138,16 +138,16 @@ async def scripted_episodes(
         try:
             avoid = frozenset() if paid_experts else paid_aliases(ep["tools"])
             name, args = _choose(task, ep["tools"], rng, copy, avoid)
-            first = await client.step(ep["episode_id"], name, args)
-            turns = [(name, args, str(first["observation"]))]
+            result = await client.step(ep["episode_id"], name, args)
+            turns = [(name, args, str(result["observation"]))]
             extra = rng.randrange(max_calls) if max_calls > 1 and not copy and name != "answer" else 0
             for _ in range(extra):
-                if first["done"]:
+                if result["done"]:
                     break
                 name, args = _choose(task, ep["tools"], rng, avoid=avoid, calls_only=True)
-                first = await client.step(ep["episode_id"], name, args)
-                turns.append((name, args, str(first["observation"])))
-            if not first["done"]:
+                result = await client.step(ep["episode_id"], name, args)
+                turns.append((name, args, str(result["observation"])))
+            if not result["done"]:
                 final_args = (
                     {"answer": answer_from(turns[-1][2])} if copy else _final(turns[-1][2], ep["tools"], rng, avoid)
                 )

@@ -17,6 +17,7 @@ failed user turn, nothing later can earn the reward, and the later turns' advant
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import statistics
 from collections.abc import Callable, Sequence
@@ -147,7 +148,7 @@ def _counterfactual(group: Sequence[Trajectory], reward_cfg: RewardConfig | None
         user turns i ended before turn t and j's on the rest."""
         if not per_user_turn:
             return group[j].correct
-        done = sum(1 for end in group[i].user_turn_ends if end < t)
+        done = bisect.bisect_left(group[i].user_turn_ends, t)  # user turns i ended before turn t (ends ascend)
         return all(group[i].user_turn_passed[:done]) and all(group[j].user_turn_passed[done:])
 
     def counterfactual(i: int, j: int, t: int) -> float:

@@ -212,6 +212,18 @@ def scatter_rows(values_N: torch.Tensor, rows_N: torch.Tensor | None, length: in
     return values_N.new_zeros(length).index_copy(0, rows_N, values_N)
 
 
+def pack_logprobs(
+    logits_1NV: torch.Tensor, batch: PackedBatch, rows_N: torch.Tensor | None, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the pack's target logprobs [T], 0 off ``rows_N``; the entropy at each row [N], zeros without
+    ``with_entropy``) from the logits of ``packed_forward(..., rows_N)``; differentiable."""
+    targets = batch.target_ids_T.to(logits_1NV.device)
+    lp, ent = logprobs_and_entropy(
+        logits_1NV[0], targets if rows_N is None else targets[rows_N], temperature, with_entropy=with_entropy
+    )
+    return scatter_rows(lp, rows_N, batch.num_tokens), ent
+
+
 def token_logprobs(logits_1TV: torch.Tensor, target_T: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log p(target) from (vocab-parallel) logits without gathering the vocabulary."""
     return logprobs_and_entropy(logits_1TV[0], target_T, temperature, with_entropy=False)[0]
@@ -259,9 +271,7 @@ def forward_logprobs(
         out = packed_forward(m, batch, device, rows)
 
         def collect(output, non_loss_data=True):
-            targets = batch.target_ids_T.to(output.device)
-            lp = token_logprobs(output, targets if rows is None else targets[rows], temperature)
-            return scatter_rows(lp, rows, batch.num_tokens).cpu()
+            return pack_logprobs(output, batch, rows, temperature, with_entropy=False)[0].cpu()
 
         return out, collect
 

@@ -12,9 +12,10 @@ credits are measured on the step's rollouts before its update, at the policy tha
 depend on the credit and is left out).
 
 Reported per measured step (``grad/`` in the metrics): for each credit ``pg_variance_<credit>``
-(tr Var(g)), ``pg_sq_norm_<credit>`` (|g|^2) and ``pg_signal_<credit>`` = |g|^2 - tr Var(g), the unbiased
-estimate of |E g|^2 (|g|^2 alone is mostly noise when the variance dominates). It costs a forward and a backward pass of every trained token
-per credit, on a second copy of the gradient: for a diagnostic every few steps, not every step.
+(tr Var(g)), ``pg_sq_norm_<credit>`` (|g|^2) and ``pg_signal_<credit>`` = |g|^2 - tr Var(g), the
+unbiased estimate of |E g|^2 (|g|^2 alone is mostly noise when the variance dominates). It costs a
+forward and a backward pass of every trained token per credit, on a second copy of the gradient: a
+diagnostic for every few steps, not every step.
 
 Needs ``parallel.pp=1`` (the per-group gradients come from ``torch.autograd.grad`` on this rank's
 whole model, outside the pipeline schedule; config checks it). Tensor-parallel shards sum their
@@ -33,12 +34,9 @@ import torch.distributed as dist
 
 from nemo_orchestra.config import AdvantageConfig, ParallelConfig, RewardConfig
 from nemo_orchestra.grpo.advantages import assign_turn_advantages
-from nemo_orchestra.megatron.forward import loss_rows, packed_forward, scatter_rows
-from nemo_orchestra.megatron.vocab_parallel import logprobs_and_entropy
+from nemo_orchestra.megatron.forward import loss_rows, pack_logprobs, packed_forward
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.types import Trajectory
-
-CREDITS = ("episode", "turn")
 
 
 def credit_views(
@@ -74,8 +72,8 @@ def policy_gradient_variance(
     peers: Sequence[Trajectory] | None = None,
 ) -> dict[str, float]:
     """``grad/pg_variance_<credit>``, ``grad/pg_sq_norm_<credit>`` and ``grad/pg_signal_<credit>`` for both
-    credits on this step's trained rollouts (module docstring); ``peers``: see ``credit_views``. Collective over the model- and
-    data-parallel groups; leaves the model's gradient buffers as they were."""
+    credits on this step's trained rollouts (module docstring); ``peers``: see ``credit_views``.
+    Collective over the model- and data-parallel groups; leaves the model's gradient buffers as they were."""
     params = [p for p in policy.module.parameters() if p.requires_grad]
     out: dict[str, float] = {}
     for credit, trajs in credit_views(trajectories, adv_cfg, reward_cfg, peers).items():
@@ -87,6 +85,7 @@ def policy_gradient_variance(
 def group_gradient_stats(
     policy, params: list[torch.Tensor], trajs: Sequence[Trajectory], parallel, share_prompts: bool, temperature: float
 ) -> dict[str, float]:
+    """tr Var(g), |g|^2 and their difference for ``trajs`` as they are (their ``token_advantages``)."""
     groups: dict[int, list[Trajectory]] = {}
     for t in trajs:
         groups.setdefault(t.group, []).append(t)
@@ -99,10 +98,7 @@ def group_gradient_stats(
             if not rows.numel():
                 continue
             logits = packed_forward(policy.model, batch, policy.device, rows)
-            lp, _ = logprobs_and_entropy(
-                logits[0], batch.target_ids_T.to(policy.device)[rows], temperature, with_entropy=False
-            )
-            lp_T = scatter_rows(lp, rows, batch.num_tokens)
+            lp_T, _ = pack_logprobs(logits, batch, rows, temperature, with_entropy=False)
             mask = batch.loss_mask_T.to(lp_T.device)
             term = (batch.advantages_T.to(lp_T.device) * mask * lp_T).sum()
             surrogate = term if surrogate is None else surrogate + term

@@ -19,12 +19,11 @@ from nemo_orchestra.grpo.loss import policy_loss, tis_weights
 from nemo_orchestra.megatron.forward import (
     forward_logprobs,
     loss_rows,
+    pack_logprobs,
     packed_forward,
     pp_size,
     run_schedule,
-    scatter_rows,
 )
-from nemo_orchestra.megatron.vocab_parallel import logprobs_and_entropy
 from nemo_orchestra.train.divergence import (
     all_finite,
     any_rank,
@@ -268,9 +267,8 @@ def sft_loss_fn(lp_T: torch.Tensor, batch: PackedBatch):
 def _loss_func(batch: PackedBatch, loss_fn, temperature: float, rows, logits):
     """The loss of a pack from its loss rows' logits (``packed_forward`` with ``loss_rows``): logprobs
     scattered back to the pack's length (0 off the loss), entropy over the rows."""
-    targets = batch.target_ids_T.to(logits.device)
-    lp, ent = logprobs_and_entropy(logits[0], targets[rows], temperature)
-    loss_sum, n, metrics = loss_fn(scatter_rows(lp, rows, batch.num_tokens), batch)
+    lp_T, ent = pack_logprobs(logits, batch, rows, temperature, with_entropy=True)
+    loss_sum, n, metrics = loss_fn(lp_T, batch)
     metrics["train/entropy"] = ent.sum() / max(ent.numel(), 1)
     return loss_sum, n.to(torch.int), metrics
 

@@ -23,7 +23,6 @@ import torch
 
 from nemo_orchestra.config import Config
 from nemo_orchestra.grpo.advantages import assign_advantages, informative_groups
-from nemo_orchestra.train.grad_variance import policy_gradient_variance
 from nemo_orchestra.grpo.reward import assign_rewards
 from nemo_orchestra.export.qwen3 import full_state_dict
 from nemo_orchestra.megatron.forward import selects_last_layer_rows
@@ -47,6 +46,7 @@ from nemo_orchestra.train.checkpoint import (
     set_rng_state,
 )
 from nemo_orchestra.train.flops import forward_flops, perf_metrics, sequence_layout
+from nemo_orchestra.train.grad_variance import policy_gradient_variance
 from nemo_orchestra.train.metric_logger import MetricLogger
 from nemo_orchestra.train.run_plan import RunPlan
 from nemo_orchestra.train.policy import Policy, reset_optimizer_state, set_lr

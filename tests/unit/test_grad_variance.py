@@ -73,23 +73,24 @@ def _measure(cfg, policy, trajs, credit="turn"):
     return policy_gradient_variance(policy, trajs, adv, None, cfg.parallel)
 
 
-def test_mean_gradient_is_the_updates_policy_gradient(setup):
-    cfg, policy = setup
+def _measured_and_views(cfg, policy):
+    """The metrics of a per-turn run on ``_rollouts()``, and those rollouts under each credit."""
     trajs = _rollouts()
-    got = _measure(cfg, policy, trajs)
     episode = [dataclasses.replace(t, turn_advantages=None) for t in trajs]
-    for credit, view in (("episode", episode), ("turn", trajs)):
-        grad, _ = _update_grad(policy, view)
+    return _measure(cfg, policy, trajs), (("episode", episode), ("turn", trajs))
+
+
+def test_mean_gradient_is_the_updates_policy_gradient(setup):
+    got, views = _measured_and_views(*setup)
+    for credit, view in views:
+        grad, _ = _update_grad(setup[1], view)
         assert got[f"grad/pg_sq_norm_{credit}"] == pytest.approx(float(grad.pow(2).sum()), rel=1e-4)
 
 
 def test_variance_is_the_spread_of_the_per_group_update_gradients(setup):
-    cfg, policy = setup
-    trajs = _rollouts()
-    got = _measure(cfg, policy, trajs)
-    episode = [dataclasses.replace(t, turn_advantages=None) for t in trajs]
-    for credit, view in (("episode", episode), ("turn", trajs)):
-        want = _direct(policy, view)
+    got, views = _measured_and_views(*setup)
+    for credit, view in views:
+        want = _direct(setup[1], view)
         assert got[f"grad/pg_variance_{credit}"] == pytest.approx(want["pg_variance"], rel=1e-3)
         assert got[f"grad/pg_signal_{credit}"] == pytest.approx(want["pg_sq_norm"] - want["pg_variance"], rel=1e-3)
     # the credits' advantages differ on the second turns, and so do their variances
