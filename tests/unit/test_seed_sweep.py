@@ -3,7 +3,9 @@
 import json
 import math
 
-from scripts.seed_sweep import main, meets, summary
+from scripts.seed_sweep import gap_closed, main, meets, missed_targets, summary
+
+EXPERT = {"price_in": 1.0, "price_out": 1.0, "latency_s": {"default": [1, 2]}, "output_tokens": {"default": 10}}
 
 
 def _slice(acc, cpc, large=None, cost=0.0):
@@ -13,27 +15,55 @@ def _slice(acc, cpc, large=None, cost=0.0):
     return s
 
 
-def _run(tmp_path, name, large_acc_first, calc_acc, seconds):
+def _run(tmp_path, name, large_acc_first, calc_acc, seconds, acc_after=0.75, cheap_cpc_after=0.0005, tasks=True):
+    """A finished run: warm start at 0.3, a held-out set whose preference ceiling is 0.8 (a cost-sensitive
+    lookup on expert-small at 0.8, an accuracy-first one on expert-large at 0.8), cost per correct answer
+    on cost-sensitive tasks 0.0012 at the warm start."""
     d = tmp_path / name
     d.mkdir()
     after = {
-        "all": _slice(0.75, 0.0007),
+        "all": _slice(acc_after, 0.0007),
         "preference/accuracy_first": _slice(0.8, 0.001, large=large_acc_first),
-        "preference/cost_sensitive": _slice(0.7, 0.0005, large=0.1),
+        "preference/cost_sensitive": _slice(0.7, cheap_cpc_after, large=0.1),
         "category/arithmetic/cost_sensitive": _slice(calc_acc, 0.0001, cost=0.00008),
     }
-    (d / "eval.json").write_text(json.dumps({"step 0": {"all": _slice(0.3, 0.0015)}, "step 80": after}))
+    before = {"all": _slice(0.3, 0.0015), "preference/cost_sensitive": _slice(0.3, 0.0012)}
+    (d / "eval.json").write_text(json.dumps({"step 0": before, "step 80": after}))
     (d / "wall_time_s").write_text(f"{seconds}\n")
+    if not tasks:
+        return str(d)
+    tasks = [
+        {"category": "lookup", "meta": {"preference_name": "cost_sensitive"}},
+        {"category": "lookup", "meta": {"preference_name": "accuracy_first"}},
+    ]
+    tasks = [{"problem": "q", "answer": "a", "tools": ["expert", "answer"], **t} for t in tasks]
+    (d / "heldout.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    simulated = {
+        "expert-small": {**EXPERT, "accuracy": {"lookup": 0.8, "default": 0.5}},
+        "expert-large": {**EXPERT, "accuracy": {"lookup": 0.8, "default": 0.5}},
+    }
+    (d / "config.yaml").write_text(json.dumps({"tools": {"service": {"experts": {"simulated": simulated}}}}))
     return str(d)
 
 
 def test_summary_and_targets(tmp_path):
     s = summary(_run(tmp_path, "a", large_acc_first=0.9, calc_acc=0.86, seconds=512.0))
     assert s["acc"] == (0.3, 0.75) and s["cpc"] == (0.0015, 0.0007) and abs(s["separation"] - 0.8) < 1e-9
+    assert s["cpc_cost_sensitive"] == (0.0012, 0.0005) and abs(s["ceiling"] - 0.8) < 1e-9
+    assert abs(gap_closed(s) - 0.9) < 1e-9  # (0.75 - 0.3) / (0.8 - 0.3)
     assert s["calc"] == (0.86, 0.00008) and s["time_s"] == 512.0 and meets(s)
     assert not meets(summary(_run(tmp_path, "b", large_acc_first=0.5, calc_acc=0.86, seconds=512.0)))  # 0.4 apart
     assert not meets(summary(_run(tmp_path, "c", large_acc_first=0.9, calc_acc=0.71, seconds=512.0)))
-    assert not meets(summary(_run(tmp_path, "d", large_acc_first=0.9, calc_acc=0.86, seconds=601.0)))
+    slow = summary(_run(tmp_path, "d", large_acc_first=0.9, calc_acc=0.86, seconds=601.0))
+    assert missed_targets(slow) == ["within 10 minutes"] and meets(slow, minutes=15)
+    short = summary(_run(tmp_path, "e", 0.9, 0.86, 500.0, acc_after=0.69))  # 0.78 of the gap
+    assert missed_targets(short) == ["80% of the gap to the preference ceiling closed"]
+    assert meets(summary(_run(tmp_path, "f", 0.9, 0.86, 500.0, acc_after=0.71)))  # 0.82 of it
+    dear = summary(_run(tmp_path, "g", 0.9, 0.86, 500.0, cheap_cpc_after=0.00061))  # more than half of 0.0012
+    assert missed_targets(dear) == ["cost per correct answer on cost-sensitive tasks at most half the warm start's"]
+    expert_arith = summary(_run(tmp_path, "h", 0.9, 0.86, 500.0))
+    expert_arith["calc"] = (0.9, 0.00021)  # accurate, but an expert's price
+    assert missed_targets(expert_arith) == ["cost-sensitive arithmetic at 0.8 or better for $0.0002 or less"]
 
 
 def test_table_of_runs_and_a_clear_error_for_an_unfinished_one(tmp_path, capsys):
@@ -66,7 +96,7 @@ def test_best_expected_accuracy_from_the_heldout_tasks_and_the_run_experts(tmp_p
     }
     (tmp_path / "seed-9" / "config.yaml").write_text(json.dumps({"tools": {"service": service}}))
     assert abs(summary(d)["best"] - (1.0 + 0.8 + 0.6) / 3) < 1e-9
-    assert math.isnan(summary(_run(tmp_path, "no-tasks", 0.9, 0.86, 500.0))["best"])
+    assert math.isnan(summary(_run(tmp_path, "no-tasks", 0.9, 0.86, 500.0, tasks=False))["best"])
     endpoints = {
         "experts": {
             "simulated": {},
@@ -120,7 +150,8 @@ def test_the_claims_check_exits_nonzero_naming_the_run_and_the_claim_it_misses(t
     good = _run(tmp_path, "seed-1", large_acc_first=0.9, calc_acc=0.5, seconds=400.0)  # misses targets, not claims
     assert main(["--table", good, "--check", "claims"]) == 0
     assert main(["--table", good, "--check", "targets"]) == 1
-    capsys.readouterr()
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"seed seed-1 ({good}): misses cost-sensitive arithmetic at 0.8 or better for $0.0002 or less"]
     backwards = _run(tmp_path, "seed-2", large_acc_first=0.05, calc_acc=0.9, seconds=400.0)  # 0.05 - 0.1 < 0
     slow = _run(tmp_path, "seed-3", large_acc_first=0.9, calc_acc=0.9, seconds=700.0)
     assert main(["--table", good, backwards, slow, "--check", "claims"]) == 1
