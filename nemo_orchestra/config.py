@@ -321,6 +321,10 @@ class EvaluationConfig:
 @dataclass
 class ReferenceConfig:
     offload: bool = MISSING  # true: the frozen reference lives in CPU memory, swapped in for its forward
+    reset_every: int = MISSING  # N >= 1: every N GRPO steps the reference becomes a copy of the policy; 0: never
+
+    def validate(self) -> None:
+        _check(self.reset_every >= 0, "reference.reset_every", "must be >= 0 (0: the warm start stays the reference)")
 
 
 @dataclass

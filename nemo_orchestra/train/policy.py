@@ -42,7 +42,7 @@ class Policy:
 
     @torch.no_grad()
     def reset_reference(self) -> None:
-        """The reference becomes a copy of the current weights (after the warm start)."""
+        """The reference becomes a copy of the current weights (after the warm start; at ``reference.reset_every``)."""
         for p, r in zip(self.module.parameters(), self.reference.parameters(), strict=True):
             r.copy_(p)
 

@@ -388,6 +388,7 @@ class Trainer:
                 "time/rollouts_finished_s": stats["finished_at"] - t0,
             }
         )
+        metrics["train/reference_reset"] = float(self.reset_reference_due(self.step + 1))
         metrics.update({"time/engine_sleep_s": t_sleep, "time/engine_wake_s": t_wake})
         metrics["tools_env/restarts"] = float(tool_service_restarts(self.client))
         metrics.update(
@@ -401,6 +402,17 @@ class Trainer:
             }
         )
         return metrics
+
+    def reset_reference_due(self, step: int) -> bool:
+        """After GRPO step ``step`` (counted from 1): every ``reference.reset_every`` steps the KL reference
+        becomes a copy of the updated policy (ProRL's reference reset, Liu et al. 2025), so the KL holds
+        each stretch of steps near where it began rather than the whole run near the warm start. Returns
+        whether it was reset. The checkpoint saved after the step holds the new reference."""
+        every = self.cfg.reference.reset_every
+        if not every or step % every:
+            return False
+        self.policy.reset_reference()
+        return True
 
     def step_lessons(self, step: int) -> list[Trajectory]:
         """``loss.lesson_batch_size`` of the warm start's copy lessons for this step and data-parallel

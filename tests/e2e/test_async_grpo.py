@@ -4,7 +4,8 @@
 - at K = 1 rollouts overlap training (some turns one version behind), never more than K behind, here
   with per-turn credit and the policy-gradient variance of both credits measured every other step;
 - a run stopped at a checkpoint and resumed keeps the data order of an uninterrupted run;
-- dynamic sampling draws extra prompts when groups carry no signal, within its cap.
+- dynamic sampling draws extra prompts when groups carry no signal, within its cap;
+- a reference reset makes the KL reference the policy of its step, and a resumed run keeps it.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ SHORT = [
 ]
 
 
-def run(tmp_path, name: str, overrides: list[str], steps: int, k0_async: bool = False):
-    """A short run in process; (final weights, metrics per step, trajectories' turn versions per step)."""
+def run(tmp_path, name: str, overrides: list[str], steps: int, k0_async: bool = False, reference: dict | None = None):
+    """A short run in process; (final weights, metrics per step, trajectories' turn versions per step).
+    ``reference``: filled with the KL reference's final weights."""
     out = os.path.join(tmp_path, name)
     cfg = load_config([*SHORT, f"run.output_dir={out}", f"trainer.max_steps={steps}", *overrides])
     info = init_distributed(cfg.parallel, cfg.run.seed)
@@ -66,6 +68,8 @@ def run(tmp_path, name: str, overrides: list[str], steps: int, k0_async: bool = 
             trainer.rollouts = AsyncRollouts(trainer.loop, recording, 0, cfg.trainer.max_steps)
         trainer.fit(ckpt)
         weights = {k: v.clone() for k, v in model_state(trainer.policy.module).items()}
+        if reference is not None:
+            reference.update({k: v.clone() for k, v in model_state(trainer.policy.reference).items()})
     with open(os.path.join(out, "metrics.jsonl")) as f:
         metrics = [json.loads(line) for line in f]
     return weights, metrics, versions
@@ -139,3 +143,18 @@ def test_fill_informative_groups_draws_extra_prompts_within_its_cap(tmp_path, mo
     assert len(rewarded) == len({id(t) for t in rewarded}) == 2 * 5 * 2  # steps x prompts x group, each once
     _, plain, _ = run(tmp_path, "plain", ["advantage.min_group_std=10.0"], steps=1)
     assert plain[0]["rollout/prompts_drawn"] == 2
+
+
+def test_reference_reset_every_n_steps_and_across_a_resume(tmp_path):
+    resets = [*WARM, "reference.reset_every=3", "checkpoint.save_every=1"]
+    ref: dict = {}
+    full_w, full, _ = run(tmp_path, "full", resets, steps=4, reference=ref)
+    assert [m["train/reference_reset"] for m in full] == [0.0, 0.0, 1.0, 0.0]
+    assert full[2]["loss/kl"] > 0 and full[3]["loss/kl"] == 0.0  # step 4 starts from its own reference
+    assert any(not torch.equal(ref[k], full_w[k]) for k in ref)  # and moves the policy off it
+    three_w, _, _ = run(tmp_path, "resumed", resets, steps=3)  # the policy after step 3: the reference of step 4
+    assert all(torch.equal(ref[k], three_w[k]) for k in ref)
+    resumed_ref: dict = {}
+    _, resumed, _ = run(tmp_path, "resumed", resets, steps=4, reference=resumed_ref)
+    assert all(torch.equal(resumed_ref[k], ref[k]) for k in ref)  # the checkpoint held the reset reference
+    assert resumed[-1]["step"] == 4 and resumed[-1]["loss/kl"] == 0.0

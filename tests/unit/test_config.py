@@ -38,6 +38,7 @@ def test_overrides_are_typed():
         (["trainer.nope=1"], "trainer.nope"),
         (["trainer.max_steps=abc"], "trainer.max_steps"),
         (["rollout.group_size=1"], "rollout.group_size"),
+        (["reference.reset_every=-1"], "reference.reset_every"),
         (["model.attention_backend=cuda"], "model.attention_backend"),
         (["model=giant"], "model=giant"),
         (["trainer.max_steps"], "trainer.max_steps"),
