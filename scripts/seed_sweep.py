@@ -194,8 +194,10 @@ def row(seed: str, s: dict, minutes: float = 10.0) -> str:
     (a0, a1), (c0, c1), (ca, cc) = s["acc"], s["cpc_cost_sensitive"], s["calc"]
     t = s["time_s"]
     wall = "?" if math.isnan(t) else f"{int(t // 60)} min {int(t % 60):02d} s"
+    gap = gap_closed(s)
+    gap_text = "none to close" if math.isnan(gap) and s["ceiling"] <= a0 else f"{gap:.2f}"
     return (
-        f"| {seed} | {wall} | {a0:.3f} -> {a1:.3f} | {s['ceiling']:.3f} | {gap_closed(s):.2f} | {c0:.6f} -> {c1:.6f} "
+        f"| {seed} | {wall} | {a0:.3f} -> {a1:.3f} | {s['ceiling']:.3f} | {gap_text} | {c0:.6f} -> {c1:.6f} "
         f"| {s['separation']:+.2f} "
         f"| {ca:.2f}, {cc:.6f} | {'yes' if meets(s, minutes) else 'no'} |"
     )
