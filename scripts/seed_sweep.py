@@ -54,12 +54,11 @@ def _large_share(s: dict) -> float:
 PREFERRED = {"lookup": "expert-small", "reasoning": "expert-medium"}
 
 
-def best_expected_accuracy(run_dir: str, follow_preferences: bool = False) -> float:
-    """The held-out set's expected accuracy when every task takes its most accurate route: the
-    calculator (exact) on arithmetic that offers it, else the most accurate of the run's simulated
-    experts for the task's category. ``follow_preferences``: cost-sensitive tasks take the expert of
-    ``PREFERRED`` instead (the most accurate where it names none or the run lacks it). NaN without the
-    run's heldout.jsonl and config.yaml."""
+def preference_ceiling(run_dir: str) -> float:
+    """The held-out set's expected accuracy when every task takes the route its own reward prefers: the
+    calculator (exact) on arithmetic that offers it, the expert ``PREFERRED`` names on cost-sensitive
+    tasks, else (or where the run lacks that expert) the most accurate of the run's simulated experts
+    for the task's category. NaN without the run's heldout.jsonl and config.yaml, or with endpoint experts."""
     tasks_path, config_path = os.path.join(run_dir, "heldout.jsonl"), os.path.join(run_dir, "config.yaml")
     if not (os.path.exists(tasks_path) and os.path.exists(config_path)):
         return math.nan
@@ -80,12 +79,12 @@ def best_expected_accuracy(run_dir: str, follow_preferences: bool = False) -> fl
         if calculator:
             return 1.0
         alias = PREFERRED.get(t.category) if t.meta.get("preference_name") == "cost_sensitive" else None
-        if follow_preferences and alias in experts:
+        if alias in experts:
             return for_category(experts[alias].accuracy, t.category)
         return max(for_category(e.accuracy, t.category) for e in experts.values())
 
-    best = [expected(t, x) for t, x in zip(tasks, exact)]
-    return sum(best) / len(best) if best else math.nan
+    ceiling = [expected(t, x) for t, x in zip(tasks, exact)]
+    return sum(ceiling) / len(ceiling) if ceiling else math.nan
 
 
 def pick_stages(evals: dict, stages: str = "sampled") -> tuple[dict, dict]:
@@ -120,8 +119,7 @@ def summary(run_dir: str, stages: str = "sampled") -> dict:
         "separation": _large_share(after.get("preference/accuracy_first", {}))
         - _large_share(after.get("preference/cost_sensitive", {})),
         "calc": (arith.get("accuracy", math.nan), arith.get("cost_mean", math.nan)),
-        "best": best_expected_accuracy(run_dir),
-        "ceiling": best_expected_accuracy(run_dir, follow_preferences=True),
+        "ceiling": preference_ceiling(run_dir),
     }
     timing = os.path.join(run_dir, "wall_time_s")
     if os.path.exists(timing):
@@ -195,7 +193,7 @@ def row(seed: str, s: dict, minutes: float = 10.0) -> str:
     t = s["time_s"]
     wall = "?" if math.isnan(t) else f"{int(t // 60)} min {int(t % 60):02d} s"
     gap = gap_closed(s)
-    gap_text = "none to close" if math.isnan(gap) and s["ceiling"] <= a0 else f"{gap:.2f}"
+    gap_text = "?" if math.isnan(s["ceiling"]) else "none to close" if math.isnan(gap) else f"{gap:.2f}"
     return (
         f"| {seed} | {wall} | {a0:.3f} -> {a1:.3f} | {s['ceiling']:.3f} | {gap_text} | {c0:.6f} -> {c1:.6f} "
         f"| {s['separation']:+.2f} "

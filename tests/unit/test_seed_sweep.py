@@ -76,7 +76,7 @@ def test_table_of_runs_and_a_clear_error_for_an_unfinished_one(tmp_path, capsys)
     assert "no eval.json" in capsys.readouterr().err
 
 
-def test_best_expected_accuracy_from_the_heldout_tasks_and_the_run_experts(tmp_path):
+def test_the_ceiling_takes_the_calculator_or_the_most_accurate_expert_without_a_preference(tmp_path, capsys):
     d = _run(tmp_path, "seed-9", large_acc_first=0.9, calc_acc=0.86, seconds=500.0)
     tasks = [
         {"category": "arithmetic", "tools": ["calculator", "expert", "answer"]},  # exact: 1.0
@@ -95,8 +95,10 @@ def test_best_expected_accuracy_from_the_heldout_tasks_and_the_run_experts(tmp_p
         }
     }
     (tmp_path / "seed-9" / "config.yaml").write_text(json.dumps({"tools": {"service": service}}))
-    assert abs(summary(d)["best"] - (1.0 + 0.8 + 0.6) / 3) < 1e-9
-    assert math.isnan(summary(_run(tmp_path, "no-tasks", 0.9, 0.86, 500.0, tasks=False))["best"])
+    assert abs(summary(d)["ceiling"] - (1.0 + 0.8 + 0.6) / 3) < 1e-9
+    no_tasks = _run(tmp_path, "no-tasks", 0.9, 0.86, 500.0, tasks=False)
+    assert math.isnan(summary(no_tasks)["ceiling"])
+    assert main(["--table", no_tasks]) == 0 and "| ? |" in capsys.readouterr().out  # the gap: unknown, not "nan"
     endpoints = {
         "experts": {
             "simulated": {},
@@ -104,7 +106,7 @@ def test_best_expected_accuracy_from_the_heldout_tasks_and_the_run_experts(tmp_p
         }
     }
     (tmp_path / "seed-9" / "config.yaml").write_text(json.dumps({"tools": {"service": endpoints}}))
-    assert math.isnan(summary(d)["best"])  # real experts: no accuracy known in advance
+    assert math.isnan(summary(d)["ceiling"])  # real experts: no accuracy known in advance
 
 
 def test_the_sampled_evaluation_is_judged_where_the_run_has_one(tmp_path):
@@ -143,7 +145,7 @@ def test_the_preference_ceiling_puts_cost_sensitive_tasks_on_the_route_their_rew
         json.dumps({"tools": {"service": {"experts": {"simulated": simulated}}}})
     )
     s = summary(d)
-    assert abs(s["ceiling"] - (0.8 + 0.98 + 1.0) / 3) < 1e-9 and abs(s["best"] - (0.98 + 0.98 + 1.0) / 3) < 1e-9
+    assert abs(s["ceiling"] - (0.8 + 0.98 + 1.0) / 3) < 1e-9
 
 
 def test_the_claims_check_exits_nonzero_naming_the_run_and_the_claim_it_misses(tmp_path, capsys):
