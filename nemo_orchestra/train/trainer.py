@@ -388,7 +388,7 @@ class Trainer:
                 "time/rollouts_finished_s": stats["finished_at"] - t0,
             }
         )
-        metrics["train/reference_reset"] = float(self.reset_reference_due(self.step + 1))
+        metrics["train/reference_reset"] = float(self.reset_reference_if_due(self.step + 1))
         metrics.update({"time/engine_sleep_s": t_sleep, "time/engine_wake_s": t_wake})
         metrics["tools_env/restarts"] = float(tool_service_restarts(self.client))
         metrics.update(
@@ -403,7 +403,7 @@ class Trainer:
         )
         return metrics
 
-    def reset_reference_due(self, step: int) -> bool:
+    def reset_reference_if_due(self, step: int) -> bool:
         """After GRPO step ``step`` (counted from 1): every ``reference.reset_every`` steps the KL reference
         becomes a copy of the updated policy (ProRL's reference reset, Liu et al. 2025), so the KL holds
         each stretch of steps near where it began rather than the whole run near the warm start. Returns
