@@ -45,7 +45,8 @@ Groups whose rewards are all equal are kept (``advantage.min_group_std=-1``; the
 them) and so are rollouts with malformed calls (``advantage.drop_format_errors=false``; the recipe
 masks them out of the loss, and an untrained policy writes nothing else), so every step trains on
 its whole batch and the timings do not depend on luck. Rollouts sample at temperature 1, the
-workload docs/performance.md compares with TRL's. With ``rollout.max_staleness=K`` the run is K
+workload docs/performance.md compares with TRL's, with 8 copy lessons a step (``loss.lesson_batch_size=8``,
+the workload every results file measured; the default run takes 32). With ``rollout.max_staleness=K`` the run is K
 steps longer than the steps it runs, so that every measured step has the next steps' rollouts
 running beside it.
 """
@@ -82,6 +83,7 @@ BENCH_DEFAULTS = (
     "advantage.drop_format_errors=false",
     "advantage.drop_unanswered=false",
     "rollout.temperature=1.0",
+    "loss.lesson_batch_size=8",
 )
 
 

@@ -101,20 +101,40 @@ def _wide_arithmetic(rng: random.Random) -> tuple[str, str, dict]:
     return f"What is {a} {op} {b}?", str(value), {"type": "numeric", "abs_tol": 1e-6}
 
 
+def _repeated_digit_arithmetic(rng: random.Random) -> tuple[str, str, dict]:
+    """The default set's operands (10 to 99 and 2 to 99), one or both a repdigit (11 to 99). A copy
+    that finds its next token by what followed the current one in the source has two candidates after
+    a repeated digit (in "61 - 33" a "3" is followed by "3" and by "?"), so these are the copies a
+    small model gets wrong: it drops a digit ("61 - 3"), doubles one ("66") or stops early."""
+    a, b = rng.randint(10, 99), rng.randint(2, 99)
+    which = rng.choice(("a", "b", "ab"))
+    if "a" in which:
+        a = 11 * rng.randint(1, 9)
+    if "b" in which:
+        b = 11 * rng.randint(1, 9)
+    op = rng.choice(["+", "-", "*"])
+    value = {"+": a + b, "-": a - b, "*": a * b}[op]
+    return f"What is {a} {op} {b}?", str(value), {"type": "numeric", "abs_tol": 1e-6}
+
+
 def copy_tasks(n: int, seed: int) -> list[TaskRecord]:
     """Tasks for the warm start's copy lessons (``data.warm_start``), categories in rotation: the
     default lookups and puzzles, whose answers an expert states inside a sentence, and arithmetic of
-    two shapes in turn. Half has operands of 1 to 4 digits, so calculator results of 1 to 8
-    characters; half has the default set's operands (10 to 99 and 2 to 99), so results of 1 to 4
+    three shapes in turn. A third has operands of 1 to 4 digits, so calculator results of 1 to 8
+    characters; a third has the default set's operands (10 to 99 and 2 to 99), so results of 1 to 4
     digits, negatives down to -89, and 4-digit products as often as the tasks the run is judged on
-    have them: lessons of the wide shape alone leave the copy of those unlearned (docs/algorithm.md)."""
+    have them: lessons of the wide shape alone leave the copy of those unlearned (docs/algorithm.md);
+    a third has those operands with a repeated digit (``_repeated_digit_arithmetic``), the copies
+    GRPO loses first when lessons of the other two shapes hold the rest."""
     rng = random.Random(seed)
     tasks = []
     for i in range(n):
         category = CATEGORIES[i % len(CATEGORIES)]
         task = make_task(rng, category)
-        if category == "arithmetic" and (i // len(CATEGORIES)) % 2 == 0:
-            task.problem, task.answer, task.verifier = _wide_arithmetic(rng)
+        shape = (i // len(CATEGORIES)) % 3
+        if category == "arithmetic" and shape != 1:
+            make = _wide_arithmetic if shape == 0 else _repeated_digit_arithmetic
+            task.problem, task.answer, task.verifier = make(rng)
         task.id = f"copy-{seed}-{i:05d}"
         tasks.append(task)
     return tasks

@@ -117,13 +117,17 @@ def test_copy_tasks_vary_the_length_of_what_is_copied():
     lengths = {len(t.answer) for t in arithmetic}
     assert min(lengths) == 1 and max(lengths) >= 7 and any(t.answer.startswith("-") for t in tasks)
     assert all("calculator" in t.tools for t in arithmetic)
-    # half keep the default set's operands, so its negatives and 4-digit products are copied as often
-    # as the held-out tasks have them
+    # two thirds keep the default set's operands, so its negatives and 4-digit products are copied as
+    # often as the held-out tasks have them; half of those have a repdigit operand (11 to 99), where a
+    # copy by "what followed this token" has two candidates
     operands = [tuple(map(int, re.match(r"What is (\d+) [-+*] (\d+)\?", t.problem).groups())) for t in arithmetic]
-    default_shaped = [t for t, (a, b) in zip(arithmetic, operands) if 10 <= a <= 99 and 2 <= b <= 99]
-    assert len(default_shaped) >= len(arithmetic) // 2
-    assert sum(t.answer.startswith("-") for t in default_shaped) >= 10
-    assert sum(len(t.answer) == 4 and t.answer[0] != "-" for t in default_shaped) >= 10
+    default_shaped = [(t, a, b) for t, (a, b) in zip(arithmetic, operands) if 10 <= a <= 99 and 2 <= b <= 99]
+    assert len(default_shaped) >= 2 * len(arithmetic) // 3
+    assert sum(t.answer.startswith("-") for t, _, _ in default_shaped) >= 10
+    assert sum(len(t.answer) == 4 and t.answer[0] != "-" for t, _, _ in default_shaped) >= 10
+    repdigit = [t for t, a, b in default_shaped if any(x > 9 and x % 11 == 0 for x in (a, b))]
+    assert len(repdigit) >= len(arithmetic) // 3
+    assert {t.problem.split()[3] for t in repdigit} == {"+", "-", "*"}
 
 
 def test_copy_lessons_with_a_task_file_are_refused_naming_the_key():
