@@ -18,7 +18,8 @@ lesson calls the calculator (or an expert) on the problem and then answers with 
 its calls are trained but not its plans, so the choice of actions keeps the even odds of the
 scripted episodes while the copies get many more examples. The copied spans vary in length (1 to 4
 digit operands and 1 to 8 character results in ``copy_tasks``' arithmetic, names inside an expert's
-sentence) and in position, so the model learns to find and copy them rather than a fixed offset.
+sentence) and in position, so the model learns to find and copy them rather than a fixed offset; a third
+of the arithmetic has a repeated digit, where copying by what followed the current token is ambiguous.
 """
 
 from __future__ import annotations
