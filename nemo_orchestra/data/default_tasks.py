@@ -44,11 +44,15 @@ def _name(rng: random.Random, parts: int) -> str:
     return "".join(rng.choice(_SYL) for _ in range(parts)).capitalize()
 
 
-def _arithmetic(rng: random.Random) -> tuple[str, str, dict]:
-    a, b = rng.randint(10, 99), rng.randint(2, 99)
+def _posed(a: int, b: int, rng: random.Random) -> tuple[str, str, dict]:
+    """The question "What is a OP b?" with an operator drawn from ``rng``, its value and the numeric verifier."""
     op = rng.choice(["+", "-", "*"])
     value = {"+": a + b, "-": a - b, "*": a * b}[op]
     return f"What is {a} {op} {b}?", str(value), {"type": "numeric", "abs_tol": 1e-6}
+
+
+def _arithmetic(rng: random.Random) -> tuple[str, str, dict]:
+    return _posed(rng.randint(10, 99), rng.randint(2, 99), rng)
 
 
 def _lookup(rng: random.Random) -> tuple[str, str, dict]:
@@ -96,9 +100,7 @@ def make_task(rng: random.Random, category: str) -> TaskRecord:
 def _wide_arithmetic(rng: random.Random) -> tuple[str, str, dict]:
     """Operands of 1 to 4 digits: results of 1 to 8 characters, some negative."""
     a, b = (rng.randint(0, 10 ** rng.randint(1, 4) - 1) for _ in range(2))
-    op = rng.choice(["+", "-", "*"])
-    value = {"+": a + b, "-": a - b, "*": a * b}[op]
-    return f"What is {a} {op} {b}?", str(value), {"type": "numeric", "abs_tol": 1e-6}
+    return _posed(a, b, rng)
 
 
 def _repeated_digit_arithmetic(rng: random.Random) -> tuple[str, str, dict]:
@@ -112,9 +114,7 @@ def _repeated_digit_arithmetic(rng: random.Random) -> tuple[str, str, dict]:
         a = 11 * rng.randint(1, 9)
     if "b" in which:
         b = 11 * rng.randint(1, 9)
-    op = rng.choice(["+", "-", "*"])
-    value = {"+": a + b, "-": a - b, "*": a * b}[op]
-    return f"What is {a} {op} {b}?", str(value), {"type": "numeric", "abs_tol": 1e-6}
+    return _posed(a, b, rng)
 
 
 def copy_tasks(n: int, seed: int) -> list[TaskRecord]:
