@@ -124,8 +124,8 @@ def copy_tasks(n: int, seed: int) -> list[TaskRecord]:
     characters; a third has the default set's operands (10 to 99 and 2 to 99), so results of 1 to 4
     digits, negatives down to -89, and 4-digit products as often as the tasks the run is judged on
     have them: lessons of the wide shape alone leave the copy of those unlearned (docs/algorithm.md);
-    a third has those operands with a repeated digit (``_repeated_digit_arithmetic``), the copies
-    GRPO loses first when lessons of the other two shapes hold the rest."""
+    a third has those operands with a repdigit (``_repeated_digit_arithmetic``), where the trained
+    policy's copies went wrong most."""
     rng = random.Random(seed)
     tasks = []
     for i in range(n):
