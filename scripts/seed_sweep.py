@@ -137,14 +137,15 @@ def gap_closed(s: dict) -> float:
     return (a1 - a0) / (ceiling - a0) if ceiling - a0 > 1e-9 else math.nan
 
 
+GAP_TARGET = "80% of the gap to the preference ceiling closed"
+
+
 def targets(minutes: float = 10.0) -> dict:
     """The default run's targets (docs/data_and_evaluation.md), each judged on a run against its own warm
     start; a NaN figure (a slice the evaluation lacks) misses."""
     return {
         f"within {minutes:g} minutes": lambda s: not s["time_s"] > 60.0 * minutes,  # unknown (nan): not judged
-        "80% of the gap to the preference ceiling closed": lambda s: (
-            gap_closed(s) >= 0.8 or s["acc"][1] >= s["ceiling"]
-        ),
+        GAP_TARGET: lambda s: gap_closed(s) >= 0.8 or s["acc"][1] >= s["ceiling"],
         "cost per correct answer on cost-sensitive tasks at most half the warm start's": lambda s: (
             s["cpc_cost_sensitive"][1] <= 0.5 * s["cpc_cost_sensitive"][0]
         ),
@@ -156,7 +157,10 @@ def targets(minutes: float = 10.0) -> dict:
 
 
 def missed_targets(s: dict, minutes: float = 10.0) -> list[str]:
-    return [name for name, holds in targets(minutes).items() if not holds(s)]
+    """The targets ``s`` misses, by name; the gap's says so when no ceiling is known."""
+    missed = [name for name, holds in targets(minutes).items() if not holds(s)]
+    unknown = f"{GAP_TARGET} (no preference ceiling: the run lacks heldout.jsonl or config.yaml, or its experts are endpoints)"
+    return [unknown if name == GAP_TARGET and math.isnan(s["ceiling"]) else name for name in missed]
 
 
 def meets(s: dict, minutes: float = 10.0) -> bool:
@@ -192,10 +196,11 @@ def row(seed: str, s: dict, minutes: float = 10.0) -> str:
     (a0, a1), (c0, c1), (ca, cc) = s["acc"], s["cpc_cost_sensitive"], s["calc"]
     t = s["time_s"]
     wall = "?" if math.isnan(t) else f"{int(t // 60)} min {int(t % 60):02d} s"
-    gap = gap_closed(s)
-    gap_text = "?" if math.isnan(s["ceiling"]) else "none to close" if math.isnan(gap) else f"{gap:.2f}"
+    gap, ceiling = gap_closed(s), s["ceiling"]
+    ceiling_text = "?" if math.isnan(ceiling) else f"{ceiling:.3f}"
+    gap_text = "?" if math.isnan(ceiling) else "none to close" if math.isnan(gap) else f"{gap:.2f}"
     return (
-        f"| {seed} | {wall} | {a0:.3f} -> {a1:.3f} | {s['ceiling']:.3f} | {gap_text} | {c0:.6f} -> {c1:.6f} "
+        f"| {seed} | {wall} | {a0:.3f} -> {a1:.3f} | {ceiling_text} | {gap_text} | {c0:.6f} -> {c1:.6f} "
         f"| {s['separation']:+.2f} "
         f"| {ca:.2f}, {cc:.6f} | {'yes' if meets(s, minutes) else 'no'} |"
     )

@@ -388,7 +388,8 @@ class Trainer:
                 "time/rollouts_finished_s": stats["finished_at"] - t0,
             }
         )
-        metrics["train/reference_reset"] = float(self.reset_reference_if_due(self.step + 1))
+        reset = self.reset_reference_if_due(self.step + 1)  # after the weight sync: the reference thread has joined
+        metrics["train/reference_reset"] = float(reset)
         metrics.update({"time/engine_sleep_s": t_sleep, "time/engine_wake_s": t_wake})
         metrics["tools_env/restarts"] = float(tool_service_restarts(self.client))
         metrics.update(

@@ -98,7 +98,9 @@ def test_the_ceiling_takes_the_calculator_or_the_most_accurate_expert_without_a_
     assert abs(summary(d)["ceiling"] - (1.0 + 0.8 + 0.6) / 3) < 1e-9
     no_tasks = _run(tmp_path, "no-tasks", 0.9, 0.86, 500.0, tasks=False)
     assert math.isnan(summary(no_tasks)["ceiling"])
-    assert main(["--table", no_tasks]) == 0 and "| ? |" in capsys.readouterr().out  # the gap: unknown, not "nan"
+    assert main(["--table", no_tasks]) == 0 and "| ? | ? |" in capsys.readouterr().out  # ceiling, gap: unknown
+    assert main(["--table", no_tasks, "--check", "targets"]) == 1
+    assert "closed (no preference ceiling: the run lacks heldout.jsonl" in capsys.readouterr().err
     endpoints = {
         "experts": {
             "simulated": {},
