@@ -37,7 +37,9 @@ The report's ``timeline`` has one entry per warm-up and measured step: its ``sta
 (seconds since the first step began), the trainer's ``rollout_wait_s``, and when the step's rollouts
 were started and finished (``rollouts_started_s``, ``rollouts_finished_s``, on the same clock; started
 before the step when they ran ahead). ``engine_idle_share``: the share of the measured window (the first
-measured step's start to the last one's end) in which no generate call of the engine was running.
+measured step's start to the last one's end) in which no generate call of the engine was running;
+``engine_calls_per_step`` and ``sequences_per_engine_call``: the engine's generate calls that started in
+the window, per measured step, and their mean batch (whichever steps' rollouts made them).
 
 The warm start is off unless asked for (``sft.steps=N``): an untrained policy writes whole
 turns until ``rollout.max_new_tokens_per_turn``, the longest generation the config allows.
@@ -182,7 +184,13 @@ def run_steps(
             measured.append(m)
     busy = trainer.generation.calls.busy_s(window_start, window_end)
     idle = float("nan") if busy is None else 1.0 - busy / (window_end - window_start)
-    return measured, {"timeline": timeline, "engine_idle_share": idle}
+    calls, sequences = trainer.generation.calls.started_in(window_start, window_end) or (0, 0)
+    return measured, {
+        "timeline": timeline,
+        "engine_idle_share": idle,
+        "engine_calls_per_step": calls / steps if calls else float("nan"),
+        "sequences_per_engine_call": sequences / calls if calls else float("nan"),
+    }
 
 
 def summarize(steps: list[dict]) -> dict[str, float]:
@@ -237,12 +245,17 @@ def table(summary: dict[str, float]) -> str:
         f"tokens/s {summary['tokens_per_s']:.0f} ({summary['tokens_per_step']:.0f} tokens/step); "
         f"generated tokens/s {summary['generated_tokens_per_s']:.0f} "
         f"({summary['generated_tokens_per_step']:.0f}/step in {summary['generate_calls_per_step']:.1f} "
-        "engine calls)"
+        "engine calls of its own)"
     )
     if "engine_idle_share" in summary:
         rows.append(
             f"rollout wait {summary['rollout_wait_share']:.1%} of the measured steps' time; engine idle (no "
             f"generate call running) {summary['engine_idle_share']:.1%} of the measured window"
+        )
+    if summary.get("engine_calls_per_step", 0) > 0:
+        rows.append(
+            f"the engine ran {summary['engine_calls_per_step']:.1f} generate calls a step, "
+            f"{summary['sequences_per_engine_call']:.1f} sequences each"
         )
     if "mfu" in summary:
         rows.append(
@@ -312,7 +325,8 @@ def measure(args: Any, cfg) -> int:
     if not info.is_main:
         return 0
     summary = summarize(measured)
-    summary["engine_idle_share"] = run["engine_idle_share"]
+    for key in ("engine_idle_share", "engine_calls_per_step", "sequences_per_engine_call"):
+        summary[key] = run[key]
     from nemo_orchestra.train.flops import peak_tflops
 
     summary["peak_tflops"] = peak_tflops(cfg.perf.peak_tflops) or float("nan")

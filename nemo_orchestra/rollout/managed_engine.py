@@ -100,20 +100,21 @@ class ManagedEngine:
 
 
 class GenerateCalls:
-    """When generate calls ran: (start, end) ``clock()`` pairs of the latest ``keep`` calls that returned
-    (or raised), and the starts of those running now. Calls may overlap; any thread may make them."""
+    """When generate calls ran: (start, end, sequences) of the latest ``keep`` calls that returned (or
+    raised), ``clock()`` times, and the starts of those running now. Calls may overlap; any thread may
+    make them."""
 
     def __init__(self, keep: int = 1 << 16, clock: Callable[[], float] = time.perf_counter):
         self.clock = clock
         self._lock = threading.Lock()
-        self._done: deque[tuple[float, float]] = deque(maxlen=keep)
+        self._done: deque[tuple[float, float, int]] = deque(maxlen=keep)
         self._running: dict[int, float] = {}
         self._ids = itertools.count()
         self._dropped = False  # an older call fell out of ``_done``
 
     @contextmanager
-    def call(self) -> Iterator[None]:
-        """Records the block as one call."""
+    def call(self, sequences: int = 0) -> Iterator[None]:
+        """Records the block as one call of ``sequences`` prompts."""
         key = next(self._ids)
         with self._lock:
             self._running[key] = self.clock()
@@ -122,15 +123,15 @@ class GenerateCalls:
         finally:
             with self._lock:
                 self._dropped |= len(self._done) == self._done.maxlen
-                self._done.append((self._running.pop(key), self.clock()))
+                self._done.append((self._running.pop(key), self.clock(), sequences))
 
     def watch(self, engine):
         """``engine`` with its ``generate`` recorded (the instance's attribute wraps the method)."""
         generate = engine.generate
 
-        def recorded(*args, **kwargs):
-            with self.call():
-                return generate(*args, **kwargs)
+        def recorded(prompts, *args, **kwargs):
+            with self.call(len(prompts)):
+                return generate(prompts, *args, **kwargs)
 
         engine.generate = recorded
         return engine
@@ -143,7 +144,7 @@ class GenerateCalls:
             running = list(self._running.values())
             if self._dropped and (not done or done[0][0] > start):
                 return None
-        clipped = ((max(a, start), min(b, end)) for a, b in done + [(a, end) for a in running])
+        clipped = ((max(a, start), min(b, end)) for a, b, _ in done + [(a, end, 0) for a in running])
         spans = sorted((a, b) for a, b in clipped if b > a)
         busy, reach = 0.0, start
         for a, b in spans:
@@ -151,3 +152,13 @@ class GenerateCalls:
                 busy += b - max(a, reach)
                 reach = b
         return busy
+
+    def started_in(self, start: float, end: float) -> tuple[int, int] | None:
+        """The calls that returned and started within ``[start, end]``, and their sequences; None when
+        calls that may have started then are no longer kept."""
+        with self._lock:
+            done = list(self._done)
+            if self._dropped and (not done or done[0][0] > start):
+                return None
+        inside = [n for a, _, n in done if start <= a <= end]
+        return len(inside), sum(inside)

@@ -163,7 +163,8 @@ def grpo_loss_fn(loss_cfg: LossConfig):
     (``loss.minibatches=1``) the policy that sampled them (as the trainer computes it) is the policy
     being updated, so a separate forward pass would give the same numbers (the ratio is 1 either
     way; TRL's GRPO trainer does the same when it takes one step per generation). Also reports
-    ``rollout/logprob_mismatch``, mean |trainer - generator| logprob over generated tokens.
+    ``rollout/logprob_mismatch``, mean |trainer - generator| logprob over generated tokens, and with
+    ``loss.tis_cap`` ``loss/tis_capped_share``, the share of them whose importance weight the cap bounds.
 
     Copy lessons in the pack (``lesson_T``, ``loss.lesson_coef``) carry their coefficient as the
     advantage, so their term is that multiple of their log-likelihood's gradient; nothing sampled
@@ -189,6 +190,9 @@ def grpo_loss_fn(loss_cfg: LossConfig):
         if batch.gen_logprobs_T is not None:
             gap = (old - batch.gen_logprobs_T.to(dev)).abs()
             metrics["rollout/logprob_mismatch"] = (gap * sampled).sum() / sampled.sum().clamp_min(1.0)
+        if weights is not None:  # the sampled tokens whose weight the cap bounds
+            capped = (weights >= loss_cfg.tis_cap).float() * sampled
+            metrics["loss/tis_capped_share"] = capped.sum() / sampled.sum().clamp_min(1.0)
         return loss_sum, n, metrics
 
     return fn

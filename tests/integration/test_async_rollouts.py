@@ -114,6 +114,8 @@ def test_weights_load_between_calls_and_each_turn_keeps_its_version_and_logprobs
     # version 0's tokens: exp(-0.15 + 0.1) = 0.951; version 1's: exp(-0.15 + 0.2) = 1.051, capped at 1.02
     assert sorted(set(expected.tolist())) == pytest.approx([0.951229, 1.02], abs=1e-6)
     assert float(metrics["loss/tis_weight_mean"]) == pytest.approx(float(expected.mean()), rel=1e-6)
+    # version 1's tokens are the capped ones
+    assert float(metrics["loss/tis_capped_share"]) == pytest.approx(len(generated[first:]) / len(generated))
 
 
 def test_engine_thread_runs_waiting_work_by_priority_then_submission_and_skips_cancelled():

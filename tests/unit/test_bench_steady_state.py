@@ -130,14 +130,17 @@ def test_engine_busy_time_is_the_union_of_its_calls_within_the_window():
     now = [0.0]
     calls = GenerateCalls(clock=lambda: now[0])
 
-    def call(start, end):
+    def call(start, end, sequences):
         now[0] = start
-        with calls.call():
+        with calls.call(sequences):
             now[0] = end
 
-    for start, end in [(1, 2), (1.5, 3), (5, 6)]:
-        call(start, end)
+    for start, end, sequences in [(1, 2, 4), (1.5, 3, 8), (5, 6, 16)]:
+        call(start, end, sequences)
     assert calls.busy_s(0, 10) == 3.0 and calls.busy_s(2.5, 5.5) == 1.0 and calls.busy_s(7, 9) == 0.0
+    assert (
+        calls.started_in(0, 10) == (3, 28) and calls.started_in(1.2, 5) == (2, 24) and calls.started_in(7, 9) == (0, 0)
+    )
     now[0] = 8
     with calls.call():  # running: busy up to the window's end
         assert calls.busy_s(7, 9) == 1.0
@@ -147,3 +150,4 @@ def test_engine_busy_time_is_the_union_of_its_calls_within_the_window():
         with kept.call():
             now[0] = end
     assert kept.busy_s(0, 10) is None and kept.busy_s(3, 10) == 2.0  # the first call is no longer kept
+    assert kept.started_in(0, 10) is None and kept.started_in(3, 10) == (2, 0)
