@@ -245,7 +245,7 @@ def table(summary: dict[str, float]) -> str:
         f"tokens/s {summary['tokens_per_s']:.0f} ({summary['tokens_per_step']:.0f} tokens/step); "
         f"generated tokens/s {summary['generated_tokens_per_s']:.0f} "
         f"({summary['generated_tokens_per_step']:.0f}/step in {summary['generate_calls_per_step']:.1f} "
-        "engine calls of its own)"
+        "calls of the step's rollouts)"
     )
     if "engine_idle_share" in summary:
         rows.append(
