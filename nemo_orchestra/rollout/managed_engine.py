@@ -136,14 +136,22 @@ class GenerateCalls:
         engine.generate = recorded
         return engine
 
+    def _since(self, start: float) -> tuple[list[tuple[float, float, int]], list[float]] | None:
+        """The calls kept (returned, running) if every call that may have run from ``start`` on is among
+        them; else None."""
+        with self._lock:
+            done = list(self._done)
+            if self._dropped and (not done or done[0][0] > start):
+                return None
+            return done, list(self._running.values())
+
     def busy_s(self, start: float, end: float) -> float | None:
         """Seconds of ``[start, end]`` in which at least one call ran (the union of the calls' intervals,
         those still running up to ``end``); None when calls that may have run then are no longer kept."""
-        with self._lock:
-            done = list(self._done)
-            running = list(self._running.values())
-            if self._dropped and (not done or done[0][0] > start):
-                return None
+        kept = self._since(start)
+        if kept is None:
+            return None
+        done, running = kept
         clipped = ((max(a, start), min(b, end)) for a, b, _ in done + [(a, end, 0) for a in running])
         spans = sorted((a, b) for a, b in clipped if b > a)
         busy, reach = 0.0, start
@@ -156,9 +164,8 @@ class GenerateCalls:
     def started_in(self, start: float, end: float) -> tuple[int, int] | None:
         """The calls that returned and started within ``[start, end]``, and their sequences; None when
         calls that may have started then are no longer kept."""
-        with self._lock:
-            done = list(self._done)
-            if self._dropped and (not done or done[0][0] > start):
-                return None
-        inside = [n for a, _, n in done if start <= a <= end]
+        kept = self._since(start)
+        if kept is None:
+            return None
+        inside = [n for a, _, n in kept[0] if start <= a <= end]
         return len(inside), sum(inside)
