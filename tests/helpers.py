@@ -66,14 +66,13 @@ def loss_cfg(**kw) -> LossConfig:
 def generated_logprobs(gpt, prompts, gens, temperature: float = 1.0):
     """The trainer's logprob of each generated token of ``gens`` (engine outputs for ``prompts``),
     computed on the packed trajectories as in the GRPO step."""
-    import torch
 
     from nemo_orchestra.megatron.forward import forward_logprobs
     from nemo_orchestra.train.packing import pack
 
     trajs = [traj(ids=p + g.token_ids, mask=[0] * len(p) + [1] * len(g.token_ids)) for p, g in zip(prompts, gens)]
     (batch,) = pack(trajs, capacity=4096)
-    lp = forward_logprobs(gpt, batch, torch.device("cpu"), temperature)
+    lp = forward_logprobs(gpt, batch, next(gpt.parameters()).device, temperature)
     out = [None] * len(trajs)
     for j, (s, e) in enumerate(zip(batch.cu_seqlens_B1[:-1].tolist(), batch.cu_seqlens_B1[1:].tolist())):
         i = batch.traj_index_B[j]

@@ -43,14 +43,19 @@ def test_triton_backend_equals_torch_backend_in_the_model():
         lp = forward_logprobs(gpt, batch, info.device)
         gpt.train()
         logits = gpt(
-            batch.input_ids_T[None],
-            batch.position_ids_T[None],
+            batch.input_ids_T[None].to(info.device),
+            batch.position_ids_T[None].to(info.device),
             None,
             packed_seq_params=packed_params(batch, info.device),
         )
-        (-(token_logprobs(logits, batch.target_ids_T) * batch.loss_mask_T).sum()).backward()
+        target, mask = batch.target_ids_T.to(info.device), batch.loss_mask_T.to(info.device)
+        (-(token_logprobs(logits, target) * mask).sum()).backward()
         grads = {n: p.grad.clone() for n, p in gpt.named_parameters() if "linear_qkv" in n}
         results[backend] = (lp, grads)
-    torch.testing.assert_close(results["triton"][0], results["torch"][0], atol=1e-5, rtol=1e-5)
+    # On CUDA the kernel's fp32 dots are tf32 (10-bit mantissa); the interpreter's are fp32.
+    cuda = info.device.type == "cuda"
+    lp_tol = dict(atol=2e-3, rtol=2e-2) if cuda else dict(atol=1e-5, rtol=1e-5)
+    grad_tol = dict(atol=2e-3, rtol=2e-2) if cuda else dict(atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(results["triton"][0], results["torch"][0], **lp_tol)
     for name, g in results["torch"][1].items():
-        torch.testing.assert_close(results["triton"][1][name], g, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(results["triton"][1][name], g, **grad_tol)

@@ -37,8 +37,8 @@ TINY = [*TINY_MODEL]
 @pytest.fixture(scope="module")
 def policy():
     cfg = load_config(TINY)
-    init_distributed(cfg.parallel, seed=7)
-    p = build_policy(cfg, VOCAB, torch.device("cpu"))
+    info = init_distributed(cfg.parallel, seed=7)
+    p = build_policy(cfg, VOCAB, info.device)  # the GPU where there is one
     with torch.no_grad():  # a reference that differs from the policy, so the KL term has a gradient
         for w in p.reference.parameters():
             w.add_(0.01 * torch.randn_like(w))

@@ -14,7 +14,7 @@ from nemo_orchestra.train.packing import PADDING, SHARED_PROMPT, pack
 from tests.helpers import traj
 
 VOCAB = 256
-CPU = torch.device("cpu")
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where init_distributed puts the model
 
 
 def group_of(prompt: list[int], n: int, seed: int, advantage=None, turns: int = 2) -> list:
@@ -192,8 +192,8 @@ def test_logprobs_with_shared_prompts_equal_whole_trajectories(model):
     (shared,) = pack(trajs, capacity=4096, share_prompts=True)
     (whole,) = pack(trajs, capacity=4096)
     for only in (False, True):
-        a = per_trajectory(shared, forward_logprobs(model, shared, CPU, 0.7, only_loss_tokens=only), trajs)
-        b = per_trajectory(whole, forward_logprobs(model, whole, CPU, 0.7, only_loss_tokens=only), trajs)
+        a = per_trajectory(shared, forward_logprobs(model, shared, DEVICE, 0.7, only_loss_tokens=only), trajs)
+        b = per_trajectory(whole, forward_logprobs(model, whole, DEVICE, 0.7, only_loss_tokens=only), trajs)
         for t, x, y in zip(trajs, a, b):
             trained = torch.tensor(t.loss_mask[1:] + [0]) > 0  # positions whose target was generated
             torch.testing.assert_close(x[trained], y[trained], atol=1e-5, rtol=1e-5)
@@ -202,11 +202,10 @@ def test_logprobs_with_shared_prompts_equal_whole_trajectories(model):
 
 def _grads(model, batch) -> dict[str, torch.Tensor]:
     model.zero_grad(set_to_none=True)
-    rows = loss_rows(batch, CPU)
-    lp = scatter_rows(
-        token_logprobs(packed_forward(model, batch, CPU, rows), batch.target_ids_T[rows], 0.7), rows, batch.num_tokens
-    )
-    (-(lp * batch.loss_mask_T * batch.advantages_T).sum()).backward()
+    rows = loss_rows(batch, DEVICE)
+    target = batch.target_ids_T.to(DEVICE)[rows]
+    lp = scatter_rows(token_logprobs(packed_forward(model, batch, DEVICE, rows), target, 0.7), rows, batch.num_tokens)
+    (-(lp * batch.loss_mask_T.to(DEVICE) * batch.advantages_T.to(DEVICE)).sum()).backward()
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -224,7 +223,8 @@ def test_gradients_with_shared_prompts_equal_whole_trajectories(model):
 
 
 def test_share_prompts_config():
-    assert load_config([]).share_prompts  # null: on with the torch attention (auto on a CPU)
+    # null: on with the torch attention (auto without CUDA), off with triton (auto on CUDA)
+    assert load_config([]).share_prompts is not torch.cuda.is_available()
     assert load_config(["model.attention_backend=torch"]).share_prompts
     assert not load_config(["perf.share_prompts=false"]).share_prompts
     assert not load_config(["model.attention_backend=triton"]).share_prompts  # null: off, not measured there

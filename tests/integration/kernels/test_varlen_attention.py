@@ -246,9 +246,9 @@ def test_validation_errors(op, case):
 
 
 def test_head_dim_limit():
-    q, k, v = _qkv(D=512)
+    q, k, v = (x.to(DEVICE) for x in _qkv(D=512))  # where the kernel runs: CUDA, or the interpreter on CPU
     with pytest.raises(ValueError, match="head dim must be <= 256"):
-        kernels.varlen_attention(q, k, v, torch.tensor([0, 6], dtype=torch.int32), 6)
+        kernels.varlen_attention(q, k, v, torch.tensor([0, 6], dtype=torch.int32, device=DEVICE), 6)
 
 
 def test_cpu_without_interpreter_runs_reference_and_never_imports_triton():
