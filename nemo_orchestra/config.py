@@ -272,7 +272,8 @@ class SftConfig:
     batch_size: int = MISSING
     num_episodes: int = MISSING  # scripted episodes run against the service to make the warm-start data
     copy_episodes: Optional[int] = MISSING  # copy lessons: a tool, then its result copied into the answer
-    #   (data.warm_start); null: sft.num_episodes with the embedded default task set, none with data.train_path
+    #   (data.warm_start); null: as many as the warm start draws (steps x copy_batch_size, each seen about
+    #   once) with the embedded default task set, none with data.train_path
     copy_batch_size: int = MISSING  # copy lessons in each warm-start batch, besides batch_size scripted episodes
     min_lr_ratio: float = MISSING  # the learning rate decays from lr to lr * this along a cosine
     endpoint_experts: bool = MISSING  # scripted episodes may call experts served by endpoints (which cost money)
@@ -287,11 +288,14 @@ class SftConfig:
         _check(self.max_calls >= 1, "sft.max_calls", "must be >= 1")
 
     def copy_lessons(self, train_path: Optional[str]) -> int:
-        """How many copy lessons the warm start makes: ``copy_episodes``, or for null
-        ``num_episodes`` with the embedded default task set and none with a task file; none when
-        the warm start draws none (no steps or ``copy_batch_size`` 0), and no more than it draws."""
-        n = self.copy_episodes if self.copy_episodes is not None else (0 if train_path else self.num_episodes)
-        return min(n, self.steps * self.copy_batch_size)
+        """How many copy lessons the warm start makes: ``copy_episodes``, or for null as many as it
+        draws (``steps x copy_batch_size``, each lesson seen about once) with the embedded default task
+        set, and none with a task file; none when the warm start draws none (no steps or
+        ``copy_batch_size`` 0), and never more than it draws."""
+        draws = self.steps * self.copy_batch_size
+        if self.copy_episodes is None:
+            return 0 if train_path else draws
+        return min(self.copy_episodes, draws)
 
 
 @dataclass

@@ -142,7 +142,10 @@ def test_copy_lessons_by_default_only_with_the_embedded_task_set():
     from nemo_orchestra.config import load_config
 
     cfg = load_config(["sft.copy_episodes=null"])
-    assert cfg.sft.copy_lessons(None) == cfg.sft.num_episodes
+    assert cfg.sft.copy_lessons(None) == cfg.sft.steps * cfg.sft.copy_batch_size  # each drawn once
+    assert (
+        load_config(["sft.copy_episodes=null", "sft.steps=10"]).sft.copy_lessons(None) == 10 * cfg.sft.copy_batch_size
+    )
     with_file = load_config(["sft.copy_episodes=null", "data.train_path=tasks.jsonl"])
     assert with_file.sft.copy_lessons(with_file.data.train_path) == 0
     assert (
