@@ -142,7 +142,7 @@ def test_copy_lessons_by_default_only_with_the_embedded_task_set():
     from nemo_orchestra.config import load_config
 
     cfg = load_config(["sft.copy_episodes=null"])
-    assert cfg.sft.copy_lessons(None) == cfg.sft.steps * cfg.sft.copy_batch_size  # each drawn once
+    assert cfg.sft.copy_lessons(None) == cfg.sft.steps * cfg.sft.copy_batch_size  # as many as it draws
     assert (
         load_config(["sft.copy_episodes=null", "sft.steps=10"]).sft.copy_lessons(None) == 10 * cfg.sft.copy_batch_size
     )
