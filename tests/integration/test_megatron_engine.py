@@ -22,9 +22,9 @@ from tests.helpers import generated_logprobs, traj
 
 VOCAB = 256
 CPU = torch.device("cpu")
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where init_distributed puts the policy
-# engine against trainer logprobs: on CUDA the Triton attention's fp32 dots are tf32 (10-bit mantissa)
-LP_TOL = 2e-3 if DEVICE.type == "cuda" else 1e-5
+# engine against trainer logprobs: on CUDA (where init_distributed puts the policy) the Triton attention's fp32
+# dots are tf32 (10-bit mantissa)
+LP_TOL = 2e-3 if torch.cuda.is_available() else 1e-5
 PROMPT_LENGTHS = (5, 17, 30, 1)
 
 
@@ -58,7 +58,8 @@ def new_policy():
 def setup():
     cfg, policy = new_policy()
     engine = start_engine(
-        "megatron", EngineContext(cfg.model, VOCAB, None, DEVICE, rollout=cfg.rollout, seed=3, model=policy.module)
+        "megatron",
+        EngineContext(cfg.model, VOCAB, None, policy.device, rollout=cfg.rollout, seed=3, model=policy.module),
     )
     return SimpleNamespace(cfg=cfg, policy=policy, gpt=policy.module, engine=engine, prompts=make_prompts())
 
@@ -67,9 +68,9 @@ def setup():
 def uncached_greedy(gpt, prompt: list[int], n: int) -> list[int]:
     """argmax of a full forward over the growing sequence, n times."""
     gpt.eval()
-    seq = list(prompt)
+    seq, dev = list(prompt), next(gpt.parameters()).device
     for _ in range(n):
-        logits = gpt(torch.tensor([seq], device=DEVICE), torch.arange(len(seq), device=DEVICE)[None], None)
+        logits = gpt(torch.tensor([seq], device=dev), torch.arange(len(seq), device=dev)[None], None)
         seq.append(int(logits[0, -1].argmax()))
     return seq[len(prompt) :]
 
@@ -103,7 +104,7 @@ def test_batch_equals_each_prompt_alone(setup):
 def test_greedy_equals_hf_engine(setup):
     s = setup
     tok = SimpleNamespace(get_vocab=dict, eos_token_id=1, pad_token_id=0)
-    hf = start_engine("hf", EngineContext(s.cfg.model, VOCAB, tok, DEVICE), full_state_dict(s.gpt))
+    hf = start_engine("hf", EngineContext(s.cfg.model, VOCAB, tok, s.policy.device), full_state_dict(s.gpt))
     ours = s.engine.generate(s.prompts, 12, 0.0, 1.0, [])
     theirs = hf.generate(s.prompts, 12, 0.0, 1.0, [])
     for a, b in zip(ours, theirs):
@@ -134,8 +135,11 @@ def test_stop_ids_and_max_new_tokens(setup):
 def test_sampling_is_seeded_nucleus_with_logprobs_at_the_temperature(setup):
     s = setup
     temperature, top_p = 0.7, 0.8
-    runs = [MegatronEngine(s.gpt, DEVICE, seed=11).generate(s.prompts, 10, temperature, top_p, []) for _ in range(2)]
-    other = MegatronEngine(s.gpt, DEVICE, seed=12).generate(s.prompts, 10, temperature, top_p, [])
+    runs = [
+        MegatronEngine(s.gpt, s.policy.device, seed=11).generate(s.prompts, 10, temperature, top_p, [])
+        for _ in range(2)
+    ]
+    other = MegatronEngine(s.gpt, s.policy.device, seed=12).generate(s.prompts, 10, temperature, top_p, [])
     assert [g.token_ids for g in runs[0]] == [g.token_ids for g in runs[1]]
     assert [g.token_ids for g in runs[0]] != [g.token_ids for g in other]
     gens = runs[0]
@@ -143,7 +147,8 @@ def test_sampling_is_seeded_nucleus_with_logprobs_at_the_temperature(setup):
     with torch.no_grad():  # every sampled token is inside its step's nucleus
         for p, g in zip(s.prompts, gens):
             seq = p + g.token_ids
-            ids, pos = torch.tensor([seq], device=DEVICE), torch.arange(len(seq), device=DEVICE)[None]
+            dev = s.policy.device
+            ids, pos = torch.tensor([seq], device=dev), torch.arange(len(seq), device=dev)[None]
             logits = s.gpt(ids, pos, None)[0, len(p) - 1 : -1]
             probs = torch.softmax(logits / temperature, -1)
             for probs_V, t in zip(probs, g.token_ids):
@@ -166,7 +171,7 @@ def test_generation_restores_the_model(setup):
 def test_outputs_follow_the_weights_after_an_optimizer_step():
     cfg, policy = new_policy()
     gpt, prompts = policy.module, make_prompts(seed=5)
-    engine = MegatronEngine(gpt, DEVICE)
+    engine = MegatronEngine(gpt, policy.device)
     old = engine.generate(prompts, 8, 0.0, 1.0, [])
     # one SFT step towards other continuations, at a learning rate that moves the greedy choices
     targets = [[(t + 1) % VOCAB for t in g.token_ids] for g in old]
@@ -186,7 +191,7 @@ def test_engine_is_registered_and_needs_the_model(setup):
     assert capabilities("megatron").reads_policy_weights and isinstance(s.engine, MegatronEngine)
     assert isinstance(s.engine, GenerationEngine) and s.engine.capabilities.spans_tensor_parallel_group
     with pytest.raises(ValueError, match="pass model"):
-        start_engine("megatron", EngineContext(s.cfg.model, VOCAB, None, DEVICE))
+        start_engine("megatron", EngineContext(s.cfg.model, VOCAB, None, s.policy.device))
 
 
 def test_trainer_pushes_no_weights_into_it(setup, monkeypatch):

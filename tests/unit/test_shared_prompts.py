@@ -14,7 +14,6 @@ from nemo_orchestra.train.packing import PADDING, SHARED_PROMPT, pack
 from tests.helpers import traj
 
 VOCAB = 256
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where init_distributed puts the model
 
 
 def group_of(prompt: list[int], n: int, seed: int, advantage=None, turns: int = 2) -> list:
@@ -194,8 +193,9 @@ def test_logprobs_with_shared_prompts_equal_whole_trajectories(model):
     (shared,) = pack(trajs, capacity=4096, share_prompts=True)
     (whole,) = pack(trajs, capacity=4096)
     for only in (False, True):
-        a = per_trajectory(shared, forward_logprobs(model, shared, DEVICE, 0.7, only_loss_tokens=only), trajs)
-        b = per_trajectory(whole, forward_logprobs(model, whole, DEVICE, 0.7, only_loss_tokens=only), trajs)
+        dev = next(model.parameters()).device  # where init_distributed put it: the GPU where there is one
+        a = per_trajectory(shared, forward_logprobs(model, shared, dev, 0.7, only_loss_tokens=only), trajs)
+        b = per_trajectory(whole, forward_logprobs(model, whole, dev, 0.7, only_loss_tokens=only), trajs)
         for t, x, y in zip(trajs, a, b):
             trained = torch.tensor(t.loss_mask[1:] + [0]) > 0  # positions whose target was generated
             torch.testing.assert_close(x[trained], y[trained], atol=1e-5, rtol=1e-5)
@@ -204,10 +204,11 @@ def test_logprobs_with_shared_prompts_equal_whole_trajectories(model):
 
 def _grads(model, batch) -> dict[str, torch.Tensor]:
     model.zero_grad(set_to_none=True)
-    rows = loss_rows(batch, DEVICE)
-    target = batch.target_ids_T.to(DEVICE)[rows]
-    lp = scatter_rows(token_logprobs(packed_forward(model, batch, DEVICE, rows), target, 0.7), rows, batch.num_tokens)
-    (-(lp * batch.loss_mask_T.to(DEVICE) * batch.advantages_T.to(DEVICE)).sum()).backward()
+    dev = next(model.parameters()).device
+    rows = loss_rows(batch, dev)
+    target = batch.target_ids_T.to(dev)[rows]
+    lp = scatter_rows(token_logprobs(packed_forward(model, batch, dev, rows), target, 0.7), rows, batch.num_tokens)
+    (-(lp * batch.loss_mask_T.to(dev) * batch.advantages_T.to(dev)).sum()).backward()
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
