@@ -15,7 +15,8 @@
 #                installed and PyTorch SDPA per sequence) and the grouped advantage (GB/s against a copy).
 #   tests        the kernel tests on the device (compiled Triton, not the interpreter), the `gpu`-marked
 #                tests, and the model-level tests that take the Triton attention backend on CUDA, in
-#                TEST_WORKERS (default 4) pytest-xdist processes: Triton's compiles are CPU work.
+#                TEST_WORKERS (default 4) pytest-xdist processes: Triton's compiles are CPU work. TESTS (paths or
+#                node ids) replaces that selection.
 # Time limits per stage, in seconds: TESTS_S (default 150), KBENCH_S (60), GRPO_S (130, sync), ASYNC_S (230).
 # With the prologue they add up to under 600 s, one call's limit on the lent machine, so the whole script is one
 # call (timeout_s=600); docs/results/*_nvidia-h200_gpu-checks.md give each stage's time there.
@@ -60,6 +61,10 @@ if [ "$ENGINE" = vllm ] && ! "$PY" -c "import vllm" 2>/dev/null; then
 fi
 
 ASYNC_K=${ASYNC_K:-4}
+TESTS=${TESTS:-"tests/integration/kernels tests/unit/test_attention_backends.py tests/unit/test_rope.py
+    tests/unit/test_grpo_update.py tests/unit/test_shared_prompts.py tests/unit/test_tiers.py
+    tests/integration/test_megatron_engine.py tests/integration/test_vllm_gpu.py
+    tests/integration/distributed/test_fp8.py"}
 GRPO=(recipes/benchmark.py grpo "model=qwen3_8b" "model.num_layers=$LAYERS" "model.params_dtype=bf16"
     "rollout.engine=$ENGINE" "data.prompts_per_step=16" "rollout.group_size=8")
 failed=0
@@ -73,9 +78,7 @@ for stage in $STAGES; do
         kbench) timeout "${KBENCH_S:-60}" "$PY" kernels/bench.py --out "$OUT/kernel_bench.json" ;;
         tests) timeout "${TESTS_S:-150}" "$PY" -m pytest -o addopts="" -q -p no:cacheprovider -rfEs \
             -n "${TEST_WORKERS:-4}" --durations=10 \
-            tests/integration/kernels tests/unit/test_attention_backends.py tests/unit/test_rope.py \
-            tests/unit/test_grpo_update.py tests/unit/test_shared_prompts.py tests/integration/test_megatron_engine.py \
-            tests/integration/test_vllm_gpu.py tests/integration/distributed/test_fp8.py --timeout=120 ;;
+            $TESTS --timeout=120 ;;
         *) echo "unknown stage '$stage' (sync, async, kbench, tests)"; false ;;
     esac > >(tee "$OUT/$stage.log") 2>&1
     rc=$?

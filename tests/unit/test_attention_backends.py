@@ -1,6 +1,7 @@
 """The Megatron layer spec's core attention: the Triton kernel (interpreted on CPU) equals the
 PyTorch reference inside the whole model, forward and backward."""
 
+import copy
 import os
 
 import pytest
@@ -35,11 +36,14 @@ def test_triton_backend_equals_torch_backend_in_the_model():
     (batch,) = pack(
         [traj(ids=list(range(5, 18)), mask=[1] * 13), traj(ids=list(range(30, 37)), mask=[1] * 7)], capacity=64
     )
-    results = {}
+    results, weights = {}, None
     for backend in ("torch", "triton"):
         cfg = load_config(base + [f"model.attention_backend={backend}"])
-        torch.manual_seed(0)
         gpt = build_gpt_model(cfg.model, cfg.parallel, 128, info.device)
+        if weights is None:  # one set of weights for both (on CUDA Megatron's RNG tracker moves on between builds)
+            weights = copy.deepcopy(gpt.state_dict())
+        else:
+            gpt.load_state_dict(weights)
         lp = forward_logprobs(gpt, batch, info.device)
         gpt.train()
         logits = gpt(

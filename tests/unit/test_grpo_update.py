@@ -105,7 +105,10 @@ def test_a_copy_lesson_in_the_pack_adds_its_log_likelihood_gradient_at_the_coeff
     g_nll = [p.main_grad.clone() for p in policy.model.parameters()]
     n_roll, n_les = float(rollouts.loss_mask_T.sum()), float(alone.loss_mask_T.sum())
     expected = [(n_roll * a + coef * n_les * b) / (n_roll + n_les) for a, b in zip(g_roll, g_nll)]
-    assert max(float((a - b).abs().max()) for a, b in zip(g_mix, expected)) < 1e-6
+    # the mixed pack and the two alone are other attention tiles: on CUDA the Triton kernel's tf32 dots round
+    # them differently
+    tol = 1e-6 if policy.device.type == "cpu" else 1e-5
+    assert max(float((a - b).abs().max()) for a, b in zip(g_mix, expected)) < tol
     assert max(float((a - b).abs().max()) for a, b in zip(g_mix, g_roll)) > 1e-4  # the lesson counts
     assert float(m_mix["rollout/logprob_mismatch"]) == pytest.approx(float(m_roll["rollout/logprob_mismatch"]))
 
