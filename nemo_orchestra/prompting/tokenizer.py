@@ -30,6 +30,7 @@ def build_embedded_tokenizer(
     of ``default_tasks.plan_phrases``."""
     from tokenizers import (
         AddedToken,
+        Regex,
         Tokenizer,
         decoders,
         models,
@@ -41,9 +42,13 @@ def build_embedded_tokenizer(
     tok = Tokenizer(models.BPE())
     # no split at spaces or punctuation (as SentencePiece without whitespace splitting), digits one
     # by one (as Qwen's and Llama's tokenizers): merges may span the JSON and prose the corpus
-    # repeats, up to max_token_length characters
+    # repeats, up to max_token_length characters. A minus sign before a digit is a token of its own, so
+    # a negative number is the same tokens wherever it stands: a tool result's "-48" and an answer's
+    # '"-48"' share "-", "4", "8" (merged into the text before it, the answer's sign would be part of
+    # '"answer": "-' and the copy of a negative result a different task from a positive one's)
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
+            pre_tokenizers.Split(Regex(r"-(?=\d)"), behavior="isolated"),
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]

@@ -120,3 +120,34 @@ def test_plan_phrases_are_single_tokens_and_round_trip(tmp_path):
     again = AutoTokenizer.from_pretrained(str(tmp_path))
     assert all(again.encode(t, add_special_tokens=False) == tok.encode(t, add_special_tokens=False) for t in turns)
     assert set(EXPERT_PRICES) <= set(plan_phrases())
+
+
+def test_a_negative_number_is_the_same_tokens_in_a_tool_result_and_in_an_answer(tmp_path):
+    """The answer copies a tool result: "-48" must be the same tokens after "<tool_response>" as inside
+    the answer's JSON string, however BPE merged the text before it (the sign is never merged into it);
+    the expression's " - " operator stays a token apart from the sign. Saved and loaded, the same."""
+    from transformers import AutoTokenizer
+
+    corpus = [  # enough negative answers for BPE to merge a sign into the text before it, were it allowed
+        render_chat(
+            QWEN3_CHAT_TEMPLATE,
+            [
+                {"role": "user", "content": f"What is {a} - {a + 17}?"},
+                tool_call_message("calculator", {"expression": f"{a} - {a + 17}"}),
+                {"role": "tool", "content": "-17"},
+                tool_call_message("answer", {"answer": "-17"}),
+            ],
+            TOOLS,
+        )
+        for a in range(10, 40)
+    ]
+    tok = build_embedded_tokenizer(corpus, vocab_size=600)
+    tok.save_pretrained(str(tmp_path))
+    for t in (tok, AutoTokenizer.from_pretrained(str(tmp_path))):
+        number = t.encode("-48", add_special_tokens=False)
+        assert [t.decode([i]) for i in number] == ["-", "4", "8"]
+        for text in ("<tool_response>\n-48\n</tool_response>", format_tool_call("answer", {"answer": "-48"})):
+            ids = t.encode(text, add_special_tokens=False)
+            assert any(ids[i : i + 3] == number for i in range(len(ids))), [t.decode([i]) for i in ids]
+        pieces = [p for p, _ in t.backend_tokenizer.pre_tokenizer.pre_tokenize_str("What is 36 - 84?")]
+        assert pieces == ["WhatĠisĠ", "3", "6", "Ġ-Ġ", "8", "4", "?"]  # the operator: " - ", free to merge
