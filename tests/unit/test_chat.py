@@ -57,15 +57,20 @@ def test_special_tokens_are_single_ids(tokenizer):
         assert len(tokenizer.encode(tok, add_special_tokens=False)) == 1
 
 
-def test_incremental_ids_equal_tokenizing_the_whole_conversation(tokenizer):
-    """prompt + turn + observation suffix + turn, encoded piecewise, decodes to the full render."""
+@pytest.mark.parametrize("result", ["5", "-48"])
+def test_incremental_ids_equal_tokenizing_the_whole_conversation(result):
+    """prompt + turn + observation suffix + turn, encoded piecewise as a rollout builds them, are the ids
+    of the full render encoded at once (what a server tokenizes), a negative result included."""
+    convo = CONVO[:3] + [{"role": "tool", "content": result}, tool_call_message("answer", {"answer": result})]
+    tokenizer = build_embedded_tokenizer([render_chat(QWEN3_CHAT_TEMPLATE, convo, TOOLS)] * 20, vocab_size=500)
     chat = ChatFormat(tokenizer)
-    ids = chat.prompt_ids(CONVO[:2], TOOLS)
+    ids = chat.prompt_ids(convo[:2], TOOLS)
     ids += chat.encode(format_tool_call("calculator", {"expression": "2 + 3"})) + [chat.end_of_turn_id]
-    ids += chat.encode(chat.observation_suffix("5"))
-    ids += chat.encode(format_tool_call("answer", {"answer": "5"})) + [chat.end_of_turn_id]
-    full = chat.render(CONVO, TOOLS)
+    ids += chat.encode(chat.observation_suffix(result))
+    ids += chat.encode(format_tool_call("answer", {"answer": result})) + [chat.end_of_turn_id]
+    full = chat.render(convo, TOOLS)
     assert chat.decode(ids) + "\n" == full
+    assert ids + tokenizer.encode("\n", add_special_tokens=False) == tokenizer.encode(full, add_special_tokens=False)
 
 
 def test_parse_tool_call():
