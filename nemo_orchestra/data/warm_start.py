@@ -203,7 +203,7 @@ def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfi
         messages.append(parsed.message)
         turn = chat.encode(text) + [chat.end_of_turn_id]
         # a copy lesson trains the call, not what comes before it
-        untrained = _shared_prefix(turn, chat.encode(text[: text.find("<tool_call>")])) if ep.copy else 0
+        untrained = chat.plan_length(text, turn) if ep.copy else 0
         traj.token_ids += turn
         traj.loss_mask += [0] * untrained + [1] * (len(turn) - untrained)
         if i + 1 < len(ep.turns):
@@ -214,10 +214,3 @@ def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfi
     traj.gen_logprobs = [0.0] * len(traj.token_ids)
     traj.turns = len(ep.turns)
     return traj
-
-
-def _shared_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n

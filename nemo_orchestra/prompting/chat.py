@@ -405,6 +405,22 @@ class ChatFormat:
                 "template (the export ships it, so a server renders with it), or give a template file that passes."
             )
 
+    def plan_length(self, text: str, ids: list[int]) -> int:
+        """How many of a turn's ids (``ids``, written as ``text``) write its plan: the text before its first
+        ``<tool_call>``, else through its ``</think>``, else none (a turn with neither has no plan). The ids the
+        plan's own encoding shares with the turn's: a token that straddles the boundary counts as the call's."""
+        if "<tool_call>" in text:
+            head = text[: text.index("<tool_call>")]
+        elif "</think>" in text:
+            head = text[: text.index("</think>") + len("</think>")]
+        else:
+            return 0
+        plan = self.encode(head)
+        n = 0
+        while n < min(len(plan), len(ids)) and plan[n] == ids[n]:
+            n += 1
+        return n
+
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 

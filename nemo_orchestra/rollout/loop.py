@@ -523,8 +523,11 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
         t.format_errors += 1
         t.tool_errors += 1
         ep.messages.append(tool_message(malformed_call_observation(parsed.error)))
-    if any(call_schema_error(call, ep.tools) is not None for call in parsed.calls):
-        t.schema_errors += 1
+    off_schema = any(call_schema_error(call, ep.tools) is not None for call in parsed.calls)
+    t.schema_errors += off_schema
+    if chat is not None and (parsed.error is not None or off_schema):
+        start = t.turn_starts[-1]
+        t.malformed_calls.append((start + chat.plan_length(turn.text, turn.token_ids), start + len(turn.token_ids)))
     for call, spec in zip(parsed.calls, parsed.message.get("tool_calls") or []):
         result = await client.step(ep.episode_id, call.name, call.arguments)
         t.call_latencies_s.append(float(result.get("latency_s", 0.0)))

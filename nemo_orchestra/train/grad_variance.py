@@ -58,7 +58,8 @@ def credit_views(
     for t in everyone.values():
         t.turn_advantages = None
     assign_turn_advantages(list(everyone.values()), adv_cfg, reward_cfg)
-    return {"episode": episode, "turn": [everyone[id(t)] for t in trajectories]}
+    # a malformed rollout's calls (``malformed_call_rollouts``, not among the peers) train the same under both
+    return {"episode": episode, "turn": [everyone.get(id(t), t) for t in trajectories]}
 
 
 def policy_gradient_variance(

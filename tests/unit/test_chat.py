@@ -156,3 +156,27 @@ def test_a_negative_number_is_the_same_tokens_in_a_tool_result_and_in_an_answer(
             assert any(ids[i : i + 3] == number for i in range(len(ids))), [t.decode([i]) for i in ids]
         pieces = [p for p, _ in t.backend_tokenizer.pre_tokenizer.pre_tokenize_str("What is 36 - 84?")]
         assert pieces == ["WhatĠisĠ", "3", "6", "Ġ-Ġ", "8", "4", "?"]  # the operator: " - ", free to merge
+
+
+@pytest.mark.parametrize(
+    "text, plan",
+    [
+        (
+            "<think>add them</think>\n" + format_tool_call("calculator", {"expression": "2 + 3"}),
+            "<think>add them</think>\n",
+        ),
+        (
+            '<think>add them</think>\n{"name": "calculator"}',
+            "<think>add them</think>",
+        ),  # no <tool_call>: through the plan
+        ('{"name": "answer", "arguments": {"answer": "5"}}', ""),  # neither: no plan
+        ("I add them.\n<tool_call>\n<tool_call>", "I add them.\n"),  # the first <tool_call> ends it
+    ],
+)
+def test_plan_length_counts_the_ids_before_the_call(tokenizer, text, plan):
+    """``ChatFormat.plan_length``: the ids of a turn's plan are the plan's own encoding, whatever follows."""
+    chat = ChatFormat(tokenizer)
+    ids = chat.encode(text)
+    n = chat.plan_length(text, ids)
+    assert ids[:n] == chat.encode(plan) and chat.decode(ids[:n]) == plan
+    assert chat.plan_length(text, ids[: max(n - 1, 0)]) == max(n - 1, 0)  # never past the ids it is given

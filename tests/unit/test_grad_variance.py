@@ -144,3 +144,8 @@ def test_an_episode_runs_turn_view_baselines_on_every_rollout_as_per_turn_traini
     assert [t.turn_advantages for t in views["episode"]] == [None] * 3
     alone = credit_views(trained, cfg, None)  # without the fourth, rollout 0's second turn has another baseline
     assert alone["turn"][0].turn_advantages != views["turn"][0].turn_advantages
+    # the fourth's malformed calls trained as a failure (``malformed_call_rollouts``): a copy, not a peer, that
+    # trains the same under both credits
+    calls = dataclasses.replace(rollouts[3], advantage=-1.0, turn_advantages=None)
+    views = credit_views([*trained, calls], cfg, None, peers=rollouts)
+    assert views["turn"][3] is calls and views["episode"][3].token_advantages() == calls.token_advantages()

@@ -194,7 +194,13 @@ def test_training_path_runs_the_advantage_kernel(monkeypatch):
     import kernels.grouped_advantage as kmod
 
     cfg = AdvantageConfig(
-        mode="std", eps=1e-6, clip=3.0, min_group_std=0.0, drop_format_errors=False, drop_unanswered=False
+        mode="std",
+        eps=1e-6,
+        clip=3.0,
+        min_group_std=0.0,
+        drop_format_errors=False,
+        train_malformed_calls=False,
+        drop_unanswered=False,
     )
     rewards = [0.3, 1.0, 0.0, 0.7, 0.7, 0.7, 0.2, 0.9, 0.4]
     groups = [2, 0, 2, 1, 1, 1, 0, 0, 2]  # unsorted, one all-equal group
