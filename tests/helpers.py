@@ -1,6 +1,6 @@
 """Tiny builders for hand-checkable tests."""
 
-from nemo_orchestra.config import LossConfig, RewardConfig
+from nemo_orchestra.config import AdvantageConfig, LossConfig, RewardConfig
 from nemo_orchestra.types import Trajectory
 from tools_env.task import TaskRecord
 
@@ -46,6 +46,21 @@ def reward_cfg(
         latency_resolution_s=latency_resolution_s,
         default_preference=weights or {"accuracy": 1.0, "cost": 1.0, "latency": 1.0},
     )
+
+
+def adv_cfg(**kw) -> AdvantageConfig:
+    """Episode credit, std mode, every group kept, no rollout filtered; ``kw`` overrides."""
+    base = dict(
+        mode="std",
+        eps=1e-6,
+        clip=3.0,
+        min_group_std=0.0,
+        drop_format_errors=False,
+        train_malformed_calls=False,
+        drop_unanswered=False,
+    )
+    base.update(kw)
+    return AdvantageConfig(**base)
 
 
 def loss_cfg(**kw) -> LossConfig:

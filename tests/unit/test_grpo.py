@@ -3,33 +3,18 @@ import math
 import pytest
 import torch
 
-from nemo_orchestra.config import AdvantageConfig
 from nemo_orchestra.grpo.advantages import assign_advantages, failure_advantage
 import kernels
 from nemo_orchestra.grpo.loss import policy_loss
 from nemo_orchestra.train.packing import first_fit_decreasing, pack
-from tests.helpers import loss_cfg, task, traj
-
-
-def _adv_cfg(**kw):
-    base = dict(
-        mode="std",
-        eps=1e-6,
-        clip=3.0,
-        min_group_std=0.0,
-        drop_format_errors=False,
-        train_malformed_calls=False,
-        drop_unanswered=False,
-    )
-    base.update(kw)
-    return AdvantageConfig(**base)
+from tests.helpers import adv_cfg, loss_cfg, task, traj
 
 
 def test_advantages_hand_computed_and_zero_variance_groups_dropped():
     trajs = [traj(group=0), traj(group=0), traj(group=1), traj(group=1)]
     for t, r in zip(trajs, [1.0, 0.0, 0.5, 0.5]):
         t.reward = r
-    kept, m = assign_advantages(trajs, _adv_cfg())
+    kept, m = assign_advantages(trajs, adv_cfg())
     std = math.sqrt(0.5)  # sample std of {1, 0}
     assert trajs[0].advantage == pytest.approx(0.5 / (std + 1e-6))
     assert trajs[1].advantage == pytest.approx(-0.5 / (std + 1e-6))
@@ -41,7 +26,7 @@ def test_advantages_hand_computed_and_zero_variance_groups_dropped():
 def test_min_group_std_filters_low_variance_groups():
     trajs = [traj(group=0), traj(group=0)]
     trajs[0].reward, trajs[1].reward = 0.55, 0.5  # sample std 0.035
-    kept, _ = assign_advantages(trajs, _adv_cfg(min_group_std=0.1))
+    kept, _ = assign_advantages(trajs, adv_cfg(min_group_std=0.1))
     assert kept == []
 
 
@@ -65,7 +50,7 @@ def test_malformed_calls_are_trained_as_failures_and_nothing_else_of_their_rollo
         t.reward, t.stop_reason = r, "answer"
     trajs[1].format_errors, trajs[1].malformed_calls = 1, [(4, 7)]  # a broken call, recovered: reward 0.8
     trajs[2].schema_errors, trajs[2].malformed_calls = 1, [(3, 5), (9, 12)]
-    kept, m = assign_advantages(trajs, _adv_cfg(drop_format_errors=True, train_malformed_calls=True))
+    kept, m = assign_advantages(trajs, adv_cfg(drop_format_errors=True, train_malformed_calls=True))
     fail = failure_advantage([1.0, 0.8, 0.0, 1.0], "std", 1e-6, 3.0)
     assert fail < 0 and fail == pytest.approx(trajs[2].advantage) and trajs[1].advantage > 0
     assert kept[0] is trajs[0] and kept[3] is trajs[3] and m["advantage/malformed_calls_trained"] == 2
@@ -73,21 +58,21 @@ def test_malformed_calls_are_trained_as_failures_and_nothing_else_of_their_rollo
     assert kept[2].loss_mask == [0] * 3 + [1] * 2 + [0] * 4 + [1] * 3 and kept[2].advantage == fail
     assert trajs[1].loss_mask == [0, 0] + [1] * 10 and trajs[1].advantage > 0  # the rollouts as they came back
     trajs[2].turn_advantages = [0.5, -0.5]  # per-turn credit: the copy's calls still train as a failure
-    kept, _ = assign_advantages(trajs, _adv_cfg(drop_format_errors=True, train_malformed_calls=True, credit="turn"))
+    kept, _ = assign_advantages(trajs, adv_cfg(drop_format_errors=True, train_malformed_calls=True, credit="turn"))
     assert set(kept[2].token_advantages()) == {fail}
     # off: both dropped, as the paper's filter does
-    kept, m = assign_advantages(trajs, _adv_cfg(drop_format_errors=True))
+    kept, m = assign_advantages(trajs, adv_cfg(drop_format_errors=True))
     assert kept == [trajs[0], trajs[3]] and m["advantage/malformed_calls_trained"] == 0
     # a malformed rollout without spans (a message-based policy's) is dropped as before
     for t, r in zip(trajs, [0.0, 0.0, 0.0, 1.0]):
         t.reward = r
     trajs[1].malformed_calls = []
-    kept, m = assign_advantages(trajs, _adv_cfg(drop_format_errors=True, train_malformed_calls=True))
+    kept, m = assign_advantages(trajs, adv_cfg(drop_format_errors=True, train_malformed_calls=True))
     assert [k.loss_mask for k in kept[1:2]] == [[0] * 3 + [1] * 2 + [0] * 4 + [1] * 3]
     assert len(kept) == 3 and kept[0] is trajs[0] and kept[2] is trajs[3]
     for t, r in zip(trajs, [0.0, 1.0, 0.0, 1.0]):
         t.reward = r
-    kept, _ = assign_advantages(trajs, _adv_cfg(drop_format_errors=True, train_malformed_calls=True, mode="std"))
+    kept, _ = assign_advantages(trajs, adv_cfg(drop_format_errors=True, train_malformed_calls=True, mode="std"))
     assert len(kept) == 3
 
 
@@ -177,15 +162,15 @@ def test_rollout_filters_mask_malformed_and_unanswered_rollouts_but_keep_them_in
         t.reward, t.stop_reason = r, "answer"
     trajs[1].format_errors = 2  # a malformed call, then an answer
     trajs[2].stop_reason = "max_turns"  # never answered
-    kept, m = assign_advantages(trajs, _adv_cfg())
+    kept, m = assign_advantages(trajs, adv_cfg())
     assert kept == trajs and m["advantage/dropped_format_errors"] == m["advantage/dropped_unanswered"] == 0
     baseline = [t.advantage for t in trajs]
-    kept, m = assign_advantages(trajs, _adv_cfg(drop_format_errors=True, drop_unanswered=True))
+    kept, m = assign_advantages(trajs, adv_cfg(drop_format_errors=True, drop_unanswered=True))
     assert kept == [trajs[0], trajs[3]]
     assert m["advantage/dropped_format_errors"] == 1 and m["advantage/dropped_unanswered"] == 1
     assert [t.advantage for t in trajs] == baseline  # the group's mean and std still include them
-    kept, _ = assign_advantages(trajs, _adv_cfg(drop_unanswered=True))
+    kept, _ = assign_advantages(trajs, adv_cfg(drop_unanswered=True))
     assert kept == [trajs[0], trajs[1], trajs[3]]
     trajs[1].format_errors, trajs[3].schema_errors = 0, 1  # a call that parsed but did not fit its tool
-    kept, m = assign_advantages(trajs, _adv_cfg(drop_format_errors=True))
+    kept, m = assign_advantages(trajs, adv_cfg(drop_format_errors=True))
     assert kept == trajs[:3] and m["advantage/dropped_format_errors"] == 1

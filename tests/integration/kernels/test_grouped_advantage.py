@@ -6,9 +6,8 @@ import math
 import pytest
 import torch
 
-from nemo_orchestra.config import AdvantageConfig
 from nemo_orchestra.grpo.advantages import assign_advantages
-from tests.helpers import traj
+from tests.helpers import adv_cfg, traj
 
 import kernels
 from kernels.reference import grouped_advantage_ref
@@ -193,15 +192,7 @@ def test_training_path_runs_the_advantage_kernel(monkeypatch):
     where the kernel runs (CUDA, or the interpreter on CPU), and equal the reference's."""
     import kernels.grouped_advantage as kmod
 
-    cfg = AdvantageConfig(
-        mode="std",
-        eps=1e-6,
-        clip=3.0,
-        min_group_std=0.0,
-        drop_format_errors=False,
-        train_malformed_calls=False,
-        drop_unanswered=False,
-    )
+    cfg = adv_cfg()
     rewards = [0.3, 1.0, 0.0, 0.7, 0.7, 0.7, 0.2, 0.9, 0.4]
     groups = [2, 0, 2, 1, 1, 1, 0, 0, 2]  # unsorted, one all-equal group
     ref = [traj(group=g) for g in groups]
