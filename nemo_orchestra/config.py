@@ -230,6 +230,11 @@ class AdvantageConfig:
         _check(self.grad_variance_every >= 0, "advantage.grad_variance_every", "must be >= 0 (0: never)")
         _check(self.credit in ("episode", "turn"), "advantage.credit", "must be episode or turn")
         _check(self.clip is None or self.clip > 0, "advantage.clip", "must be null or > 0")
+        _check(
+            self.drop_format_errors or not self.train_malformed_calls,
+            "advantage.train_malformed_calls",
+            "needs advantage.drop_format_errors=true (without the filter, malformed rollouts are trained whole)",
+        )
 
 
 @dataclass

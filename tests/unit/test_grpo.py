@@ -72,8 +72,16 @@ def test_malformed_calls_are_trained_as_failures_and_nothing_else_of_their_rollo
     assert len(kept) == 3 and kept[0] is trajs[0] and kept[2] is trajs[3]
     for t, r in zip(trajs, [0.0, 1.0, 0.0, 1.0]):
         t.reward = r
-    kept, _ = assign_advantages(trajs, adv_cfg(drop_format_errors=True, train_malformed_calls=True, mode="std"))
+    kept, _ = assign_advantages(trajs, adv_cfg(drop_format_errors=True, train_malformed_calls=True))
     assert len(kept) == 3
+
+
+def test_training_malformed_calls_needs_the_format_filter():
+    from nemo_orchestra.config import ConfigError, load_config
+
+    assert load_config(["advantage.train_malformed_calls=true"]).advantage.train_malformed_calls
+    with pytest.raises(ConfigError, match="advantage.train_malformed_calls: needs advantage.drop_format_errors"):
+        load_config(["advantage.train_malformed_calls=true", "advantage.drop_format_errors=false"])
 
 
 def test_loss_positive_advantage_at_ratio_one():
