@@ -24,11 +24,11 @@ GiB = 1024**3
 
 @pytest.fixture
 def model():
-    return load_config([]).model  # 2 layers, 2 KV groups of 64: 512 values per token for K and V
+    return load_config([]).model  # the tiny default
 
 
 def test_it_holds_the_live_sequences_at_full_context(model):
-    per_sequence = 2 * 2 * 2 * 64 * 2 * 1024  # K and V, layers, groups, head_dim, bf16 bytes, tokens
+    per_sequence = 2 * model.num_layers * model.num_query_groups * model.head_dim * 2 * 1024  # K and V, bf16, tokens
     assert default_kv_bytes(model, torch.bfloat16, 1024, 128, CPU, available=64 * GiB) == 128 * per_sequence
     assert default_kv_bytes(model, torch.float32, 1024, 128, CPU, available=64 * GiB) == 2 * 128 * per_sequence
     assert default_kv_bytes(model, torch.bfloat16, 1024, 8, CPU, available=64 * GiB) == KV_SEQUENCES * per_sequence
@@ -38,7 +38,7 @@ def test_it_holds_the_live_sequences_at_full_context(model):
 
 
 def test_on_a_cpu_it_stays_within_a_share_of_the_memory_and_says_so(model, caplog):
-    per_sequence = 2 * 2 * 2 * 64 * 2 * 1024
+    per_sequence = 2 * model.num_layers * model.num_query_groups * model.head_dim * 2 * 1024
     available = int(100 * per_sequence / KV_MEMORY_SHARE)  # room for 100 of the 128
     with caplog.at_level(logging.WARNING, logger="nemo_orchestra.rollout.engines.vllm"):
         assert default_kv_bytes(model, torch.bfloat16, 1024, 128, CPU, available=available) == 100 * per_sequence
