@@ -47,7 +47,7 @@ def make_prompts(seed: int = 1) -> list[list[int]]:
 def new_policy():
     from nemo_orchestra.megatron.parallel import init_distributed
 
-    cfg = load_config([])  # the tiny default: 2 layers, 4 heads x 64, 2 KV groups, tied embeddings
+    cfg = load_config([])  # the tiny default: 2 layers, 4 heads x 64, a KV group per head
     info = init_distributed(cfg.parallel, seed=7)
     policy = build_policy(cfg, VOCAB, info.device)
     sharpen(policy.module)

@@ -36,7 +36,7 @@ def setup():
     from nemo_orchestra.megatron.parallel import init_distributed
     from nemo_orchestra.rollout.engines.hf import HFEngine
 
-    cfg = load_config([])  # the tiny default: 2 layers, 4 heads x 64, 2 KV groups, tied embeddings
+    cfg = load_config([])  # the tiny default: 2 layers, 4 heads x 64, a KV group per head
     info = init_distributed(cfg.parallel, seed=7)
     torch.manual_seed(0)
     gpt = build_gpt_model(cfg.model, cfg.parallel, VOCAB, info.device).eval()
