@@ -409,10 +409,13 @@ def report_cut(output_dir: str, step: int) -> None:
 
 
 def resume_command() -> str:
+    """The run's own command line, without a ``run.resume=`` override: ``run.resume=false`` (a fresh start, as
+    ``scripts/seed_sweep.py`` passes) would remove the checkpoint the line names; the default resumes."""
     import shlex
     import sys
 
-    return shlex.join(getattr(sys, "orig_argv", sys.argv))
+    argv = getattr(sys, "orig_argv", sys.argv)
+    return shlex.join([a for a in argv if not a.lstrip("+").startswith("run.resume=")])
 
 
 def checkpoint_named(ckpt_root: str) -> str:

@@ -352,3 +352,17 @@ def test_a_resume_with_another_model_is_refused_naming_the_keys(tmp_path):
             ),
             ckpt,
         )
+
+
+def test_the_resume_command_leaves_out_a_fresh_start(monkeypatch):
+    """Run with ``run.resume=false``, the line a stopped run prints must not start afresh (which would remove the
+    checkpoint it names): it is the same command without that override, which resumes."""
+    import sys
+
+    from nemo_orchestra.runtime.run_control import resume_command
+
+    argv = ["python", "recipes/grpo_orchestrator.py", "run.seed=25", "run.output_dir=/r/seed 25", "run.resume=false"]
+    monkeypatch.setattr(sys, "orig_argv", argv, raising=False)
+    assert resume_command() == "python recipes/grpo_orchestrator.py run.seed=25 'run.output_dir=/r/seed 25'"
+    monkeypatch.setattr(sys, "orig_argv", argv[:2] + ["trainer.max_steps=3"], raising=False)
+    assert resume_command() == "python recipes/grpo_orchestrator.py trainer.max_steps=3"
