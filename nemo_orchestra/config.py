@@ -221,9 +221,7 @@ class AdvantageConfig:
     clip: Optional[float] = MISSING
     min_group_std: float = MISSING
     drop_format_errors: bool = MISSING  # rollouts with a malformed call (unparsed or off-schema): out of the loss
-    train_malformed_calls: bool = (
-        MISSING  # with drop_format_errors: the token each malformed turn broke at, trained as a failure
-    )
+    train_malformed_calls: bool = MISSING  # with drop_format_errors: where a malformed turn broke, a failure
     drop_unanswered: bool = MISSING  # rollouts that never called answer: out of the loss
     grad_variance_every: int = MISSING  # N: every N steps, the policy-gradient estimate's variance under both credits
 

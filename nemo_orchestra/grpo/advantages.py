@@ -91,9 +91,10 @@ def malformed_call_rollouts(
 ) -> dict[int, Trajectory]:
     """``advantage.train_malformed_calls``: for each malformed rollout (by ``id``), a copy that trains only the spans
     of its malformed turns (``Trajectory.malformed_calls``: the token where each broke, else its call; the plans,
-    the other turns and the outcome they reached stay out of the loss), each with the advantage a failure gets in its group (``failure_advantage``): a call that
-    does not parse or fit the tools counts as a failed episode, whatever the episode did after it. Rollouts without
-    token spans (message-based policies), and groups where a failure is not below the mean, give none."""
+    the other turns and the outcome they reached stay out of the loss), each with the advantage a failure gets in
+    its group (``failure_advantage``): a call that does not parse or fit the tools counts as a failed episode,
+    whatever the episode did after it. Rollouts without token spans (message-based policies), and groups where a
+    failure is not below the mean, give none."""
     rewards: dict[int, list[float]] = {}
     for t in trajectories:
         rewards.setdefault(t.group, []).append(t.reward)

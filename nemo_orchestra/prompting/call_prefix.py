@@ -160,38 +160,30 @@ class _Reader:
             raise _Break(self.i)
 
     def object(self, keys: list[str] | None, member) -> None:
-        self.literal("{")
-        self.ws()
-        if self.peek() == "}":
-            self.i += 1
-            return
-        while True:
+        def item() -> None:
             key = self.string(choices=keys)
             self.ws()
             self.literal(":")
             self.ws()
             member(key)
-            self.ws()
-            ch = self.peek()
-            if ch == "}":
-                self.i += 1
-                return
-            if ch != ",":
-                raise _Break(self.i)
-            self.i += 1
-            self.ws()
+
+        self.items("{", "}", item)
 
     def array(self) -> None:
-        self.literal("[")
+        self.items("[", "]", lambda: self.value({}))
+
+    def items(self, open_: str, close: str, item) -> None:
+        """``open_``, then ``item``s separated by commas, then ``close`` (a JSON object's or array's)."""
+        self.literal(open_)
         self.ws()
-        if self.peek() == "]":
+        if self.peek() == close:
             self.i += 1
             return
         while True:
-            self.value({})
+            item()
             self.ws()
             ch = self.peek()
-            if ch == "]":
+            if ch == close:
                 self.i += 1
                 return
             if ch != ",":
