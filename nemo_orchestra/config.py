@@ -247,6 +247,7 @@ class LossConfig:
     minibatches: int = MISSING  # optimizer steps per batch of rollouts (each on 1/N of its trajectories)
     lesson_coef: float = MISSING  # copy lessons in each GRPO step, their log-likelihood at this weight; 0: none
     lesson_batch_size: int = MISSING  # copy lessons per step and data-parallel rank
+    lesson_schemas: bool = MISSING  # GRPO's copy lessons carry the tool schemas in their prompts, as rollouts do
 
     def validate(self) -> None:
         _check(self.clip_low > 0 and self.clip_high > 0, "loss.clip_low", "clip ranges must be > 0")

@@ -73,6 +73,7 @@ def loss_cfg(**kw) -> LossConfig:
         minibatches=1,
         lesson_coef=0.0,
         lesson_batch_size=0,
+        lesson_schemas=False,
     )
     base.update(kw)
     return LossConfig(**base)
