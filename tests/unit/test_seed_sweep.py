@@ -3,6 +3,8 @@
 import json
 import math
 
+import pytest
+
 from scripts.seed_sweep import gap_closed, main, meets, missed_targets, summary
 
 EXPERT = {"price_in": 1.0, "price_out": 1.0, "latency_s": {"default": [1, 2]}, "output_tokens": {"default": 10}}
@@ -162,3 +164,18 @@ def test_the_claims_check_exits_nonzero_naming_the_run_and_the_claim_it_misses(t
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and "seed-2" in err[0] and "separation > 0" in err[0]
     assert "seed-3" in err[1] and "within 10 minutes" in err[1]
+
+
+def test_at_least_n_runs_meeting_the_targets_is_enough_and_fewer_is_not(tmp_path, capsys):
+    """``--at-least N``: the targets ask every target at 4 of 5 seeds; misses are still named."""
+    good = [_run(tmp_path, f"seed-{i}", large_acc_first=0.9, calc_acc=0.9, seconds=400.0) for i in (1, 2)]
+    bad = _run(tmp_path, "seed-3", large_acc_first=0.9, calc_acc=0.5, seconds=400.0)
+    assert main(["--table", *good, "--check", "targets"]) == 0
+    assert main(["--table", *good, bad, "--check", "targets"]) == 1
+    capsys.readouterr()
+    assert main(["--table", *good, bad, "--check", "targets", "--at-least", "2"]) == 0
+    out = capsys.readouterr()
+    assert "seed-3" in out.err and "2 of 3 run(s) meet the targets (2 needed)" in out.out
+    assert main(["--table", *good, bad, "--check", "targets", "--at-least", "3"]) == 1
+    with pytest.raises(SystemExit):
+        main(["--table", *good, "--check", "targets", "--at-least", "0"])
