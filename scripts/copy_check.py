@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", type=int, default=200, help="cost-sensitive arithmetic tasks (default 200)")
     p.add_argument("--seed", type=int, default=777, help="the task set's seed (default 777: no run draws it)")
     args = p.parse_args(argv)
+    if args.tasks < 1:
+        p.error("--tasks must be 1 or more")
     sys.path.insert(0, ROOT)
 
     import torch
@@ -97,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         lessons = [ep for ep in asyncio.run(episodes()) if ep.turns[0][0] == "calculator"]
     finally:
         service.stop()
+    if not lessons:
+        print(f"copy_check: no calculator lesson among {len(tasks)} tasks of seed {args.seed}", file=sys.stderr)
+        return 2
 
     print(f"{folder}: {len(lessons)} cost-sensitive arithmetic copy lessons, teacher-forced")
     for schemas, label in ((False, "lesson prompt (no tool schemas)"), (True, "rollout prompt (tool schemas)")):

@@ -238,8 +238,9 @@ def main(argv: list[str]) -> int:
         help="with --check: exit 0 when at least N runs meet it (the targets ask 4 of 5 seeds); default: every run",
     )
     args = p.parse_args(own)
-    if args.at_least is not None and args.at_least < 1:
-        p.error("--at-least must be 1 or more")
+    n_runs = len(args.table) if args.table is not None else len(args.seeds)
+    if args.at_least is not None and not 1 <= args.at_least <= max(n_runs, 1):
+        p.error(f"--at-least must be from 1 to the number of runs ({n_runs}), not {args.at_least}")
     if args.table is not None:
         runs = [(os.path.basename(d.rstrip("/")), d) for d in args.table]
         try:

@@ -181,7 +181,9 @@ def to_trajectory(
     each turn written as the chat template writes its message (its plan, then the call). ``schemas``:
     whether the prompt carries the episode's tool schemas; None: every episode but a copy lesson (short)."""
     messages = task_messages(with_default_preference(ep.task, reward_cfg.default_preference))
-    tools = ep.tools if (not ep.copy if schemas is None else schemas) else []
+    if schemas is None:
+        schemas = not ep.copy  # a copy lesson: short, without the tool schemas
+    tools = ep.tools if schemas else []
     transcript = Transcript(chat, messages, tools)
     ids = chat.encode(transcript.text)
     traj = Trajectory(

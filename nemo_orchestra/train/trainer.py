@@ -432,7 +432,12 @@ class Trainer:
             return []
         rng = random.Random(f"{self.cfg.run.seed}/lessons/{step}/{self.dp_rank}")
         picked = rng.sample(range(len(self.copy_lessons)), min(n, len(self.copy_lessons)))
-        if self.cfg.loss.lesson_schemas and self.lesson_episodes:
+        if self.cfg.loss.lesson_schemas:
+            if len(self.lesson_episodes) != len(self.copy_lessons):
+                raise ValueError(
+                    f"loss.lesson_schemas: {len(self.copy_lessons)} copy lessons but {len(self.lesson_episodes)} "
+                    "episodes to write them from (the Trainer needs lesson_episodes in copy_lessons' order)"
+                )
             eps = self.lesson_episodes
             trajs = [to_trajectory(eps[i], self.chat, self.cfg.reward, schemas=True) for i in picked]
         else:

@@ -61,6 +61,11 @@ def test_with_schemas_a_step_draws_the_same_lessons_written_with_their_tool_sche
     assert all(t.advantage == 1.0 and t.meta["lesson"] for t in long)
 
 
+def test_with_schemas_lessons_without_their_episodes_are_refused_not_written_short():
+    with pytest.raises(ValueError, match="loss.lesson_schemas: 40 copy lessons but 3 episodes"):
+        Trainer.step_lessons(_trainer(1.0, 8, _lessons(), schemas=True, episodes=["e"] * 3), 1)
+
+
 @pytest.mark.parametrize("coef,n,lessons", [(0.0, 8, _lessons()), (1.0, 0, _lessons()), (1.0, 8, [])])
 def test_no_lessons_when_off_or_when_the_run_has_none(coef, n, lessons):
     assert Trainer.step_lessons(_trainer(coef, n, lessons), 1) == []
