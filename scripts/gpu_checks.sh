@@ -11,7 +11,7 @@
 #                loss.tis_cap=2.0, in steady state (the benchmark's K+1 warm-up steps, one period of K+1 measured).
 #                ENGINE (default hf) picks rollout.engine: vllm needs the vllm package and the hf engine
 #                (transformers) runs anywhere torch does.
-#   kbench       kernels/bench.py: the Triton varlen attention (TFLOP/s, against flash-attn when
+#   kbench       nemo_orchestra/kernels/bench.py: the Triton varlen attention (TFLOP/s, against flash-attn when
 #                installed and PyTorch SDPA per sequence) and the grouped advantage (GB/s against a copy).
 #   tests        the kernel tests on the device (compiled Triton, not the interpreter), the `gpu`-marked
 #                tests, and the model-level tests that take the Triton attention backend on CUDA, in
@@ -75,7 +75,7 @@ for stage in $STAGES; do
             "run.output_dir=$OUT/run_sync" ;;
         async) timeout "${ASYNC_S:-230}" "$PY" "${GRPO[@]}" --steps "$((ASYNC_K + 1))" --out "$OUT/grpo_async.json" \
             "run.output_dir=$OUT/run_async" "rollout.max_staleness=$ASYNC_K" loss.tis_cap=2.0 ;;
-        kbench) timeout "${KBENCH_S:-60}" "$PY" kernels/bench.py --out "$OUT/kernel_bench.json" ;;
+        kbench) timeout "${KBENCH_S:-60}" "$PY" -m nemo_orchestra.kernels.bench --out "$OUT/kernel_bench.json" ;;
         tests) timeout "${TESTS_S:-150}" "$PY" -m pytest -o addopts="" -q -p no:cacheprovider -rfEs \
             -n "${TEST_WORKERS:-4}" --durations=10 \
             $TESTS --timeout=120 ;;

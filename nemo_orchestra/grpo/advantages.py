@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-import kernels
+from nemo_orchestra import kernels
 from nemo_orchestra.config import AdvantageConfig, RewardConfig
 from nemo_orchestra.grpo.reward import group_value, latency_at_resolution
 from nemo_orchestra.types import StopReason, Trajectory
@@ -42,7 +42,7 @@ def assign_advantages(
     """Set ``advantage`` (A_i = clip((R_i - mean)/(std + eps), -c, c) for mode std) on every rollout.
 
     Rewards and advantages live on ``device``, the training device: on a GPU the Triton kernel
-    (``kernels.grouped_advantage``) computes them, on CPU its PyTorch reference (or the kernel under
+    (``nemo_orchestra.kernels.grouped_advantage``) computes them, on CPU its PyTorch reference (or the kernel under
     ``TRITON_INTERPRET=1``). Returns the rollouts of groups whose reward std exceeds
     ``cfg.min_group_std`` (a group whose rewards are all equal has zero advantage everywhere: it
     costs compute and teaches nothing), and metrics.
@@ -77,7 +77,7 @@ def assign_advantages(
 
 def failure_advantage(rewards: Sequence[float], mode: str, eps: float, clip: float | None) -> float:
     """The advantage a failed rollout (reward 0: an incorrect rollout earns 0) gets at a group's mean and scale, as
-    ``kernels.grouped_advantage`` computes a member's (``mode`` std, mean or loo; then clipped)."""
+    ``nemo_orchestra.kernels.grouped_advantage`` computes a member's (``mode`` std, mean or loo; then clipped)."""
     n = len(rewards)
     if n < 2:
         return 0.0

@@ -4,12 +4,12 @@ Megatron's local ``DotProductAttention`` refuses ``qkv_format="thd"``; this modu
 place. Shapes (legend): T total tokens in the pack, Hq query heads, Hkv key/value heads
 (per tensor-parallel rank), D head dim, B sequences in the pack.
 
-- ``torch``: ``kernels.reference.varlen_attention_ref`` (SDPA per sequence; the CPU path).
-- ``triton``: ``kernels.varlen_attention`` (flash-attention-style Triton kernel; CUDA).
+- ``torch``: ``nemo_orchestra.kernels.reference.varlen_attention_ref`` (SDPA per sequence; the CPU path).
+- ``triton``: ``nemo_orchestra.kernels.varlen_attention`` (flash-attention-style Triton kernel; CUDA).
 - ``te``: TransformerEngine's ``TEDotProductAttention`` is selected in the layer spec instead.
 
 A pack with shared prompts (``SharedPromptParams.prefix_B``, ``perf.share_prompts``) runs
-``kernels.reference.prefix_attention_ref`` on either of our backends: a continuation attends to its
+``nemo_orchestra.kernels.reference.prefix_attention_ref`` on either of our backends: a continuation attends to its
 prompt's keys and to its own, causally.
 """
 
@@ -76,7 +76,7 @@ class PackedCoreAttention(MegatronModule):
         assert packed_seq_params.qkv_format == "thd"
         prefix_B = getattr(packed_seq_params, "prefix_B", None)
         if prefix_B is not None:
-            from kernels.reference import prefix_attention_ref
+            from nemo_orchestra.kernels.reference import prefix_attention_ref
 
             out_TND = prefix_attention_ref(
                 query,
@@ -94,13 +94,13 @@ class PackedCoreAttention(MegatronModule):
     def _attend(self, q_TND, k_TND, v_TND, cu_seqlens, max_seqlen):
         """Every query's output, or those of ``rows_N`` (the Triton kernel computes all of them)."""
         if self.backend == "triton":
-            import kernels
+            from nemo_orchestra import kernels
 
             out, _ = kernels.varlen_attention(
                 q_TND, k_TND, v_TND, cu_seqlens, int(max_seqlen), causal=True, softmax_scale=self.softmax_scale
             )
             return out if self.rows_N is None else out.index_select(0, self.rows_N)
-        from kernels.reference import varlen_attention_ref
+        from nemo_orchestra.kernels.reference import varlen_attention_ref
 
         out, _ = varlen_attention_ref(
             q_TND,

@@ -94,7 +94,7 @@ def sequence_lengths(batches) -> tuple[list[int], list[int]]:
 
 def sequence_layout(batches) -> tuple[list[int], list[int], list[list[int]]]:
     """``sequence_lengths`` and, per sequence, the positions (from its start) of its loss rows."""
-    from kernels.reference import rows_per_sequence
+    from nemo_orchestra.kernels.reference import rows_per_sequence
     from nemo_orchestra.train.packing import PADDING
 
     lens, prefixes, rows = [], [], []

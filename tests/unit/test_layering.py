@@ -1,5 +1,6 @@
-"""The packages' import graph: no cycles (a function-level import counts: it only hides one), and
-``nemo_orchestra.config`` imports nothing of the library above it."""
+"""The packages' import graph: no cycles (a function-level import counts: it only hides one),
+``nemo_orchestra.config`` imports nothing of the library above it, and ``nemo_orchestra.kernels`` nothing of the
+library outside itself (the kernels and their references stand alone)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("nemo_orchestra", "tools_env", "kernels")
+PACKAGES = ("nemo_orchestra", "tools_env")
 
 
 def _modules() -> dict[str, Path]:
@@ -89,3 +90,15 @@ def test_config_imports_nothing_above_it():
     graph = _graph()
     above = {m for m in graph["nemo_orchestra.config"] if m.startswith("nemo_orchestra")}
     assert above == set(), f"nemo_orchestra.config imports {sorted(above)}"
+
+
+def test_kernels_import_nothing_outside_themselves():
+    graph = _graph()
+    outside = {
+        f"{m} -> {d}"
+        for m, deps in graph.items()
+        if m == "nemo_orchestra.kernels" or m.startswith("nemo_orchestra.kernels.")
+        for d in deps  # ``from nemo_orchestra import kernels`` names the root package, which holds only the version
+        if d not in ("nemo_orchestra", "nemo_orchestra.kernels") and not d.startswith("nemo_orchestra.kernels.")
+    }
+    assert outside == set(), f"nemo_orchestra.kernels imports the library: {sorted(outside)}"

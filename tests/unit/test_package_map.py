@@ -24,7 +24,7 @@ def test_every_package_is_on_the_map():
     rows = _rows()
     packages = sorted(f"nemo_orchestra/{p.parent.name}/" for p in (ROOT / "nemo_orchestra").glob("*/__init__.py"))
     assert [p for p in packages if p not in rows] == []
-    for top in ("kernels/", "tools_env/", "recipes/", "benchmarks/", "scripts/", "conf/", "tests/"):
+    for top in ("tools_env/", "recipes/", "benchmarks/", "scripts/", "conf/", "tests/"):
         assert top in rows, top
 
 

@@ -4,7 +4,7 @@ logprobs and gradients equal to packing every trajectory whole."""
 import pytest
 import torch
 
-from kernels.reference import prefix_attention_ref, varlen_attention_ref
+from nemo_orchestra.kernels.reference import prefix_attention_ref, varlen_attention_ref
 from nemo_orchestra.config import ConfigError, load_config
 from nemo_orchestra.megatron.forward import forward_logprobs, loss_rows, packed_forward, scatter_rows, token_logprobs
 from nemo_orchestra.megatron.model import build_gpt_model

@@ -70,7 +70,7 @@ def test_shared_prompts_match_whole_trajectories_on_one_rank(results, layout):
     assert r["logprobs"] < LOGPROB_TOL and r["reference_logprobs"] < LOGPROB_TOL, r
     assert r["metrics"] < 1e-5 and r["entropy"] < 1e-5, r
     # fp32 rounding: the prompt's attention runs in other query blocks than inside the whole trajectory
-    # (kernels/cpu_attention.py), and its keys' gradients sum over the continuations in another order
+    # (nemo_orchestra/kernels/cpu_attention.py), and its keys' gradients sum over the continuations in another order
     assert r["grads"] < SHARED_GRAD_REL_TOL * r["grad_scale"], r
 
 

@@ -1,11 +1,11 @@
-"""The CPU attention path (``kernels.cpu_attention``): blocks of queries with kept probabilities and
+"""The CPU attention path (``nemo_orchestra.kernels.cpu_attention``): blocks of queries with kept probabilities and
 a backward of its own, against autograd through the plain math and against SDPA."""
 
 import pytest
 import torch
 
-from kernels import cpu_attention
-from kernels.cpu_attention import BLOCK, BlockedAttention, attend
+from nemo_orchestra.kernels import cpu_attention
+from nemo_orchestra.kernels.cpu_attention import BLOCK, BlockedAttention, attend
 
 
 def math_attention(q, k, v, offset, scale, rows=None):
@@ -140,7 +140,7 @@ def test_an_offset_that_does_not_put_the_extra_keys_in_front_is_refused():
 
 
 def test_the_kernel_benchmark_times_both_paths_and_restores_the_limit():
-    from kernels.bench import bench_shared_prompt
+    from nemo_orchestra.kernels.bench import bench_shared_prompt
 
     limit = cpu_attention.DENSE_MAX_SCORES
     rows = bench_shared_prompt(prompt=16, continuations=(8, 5), heads=2, head_dim=8)
@@ -159,7 +159,7 @@ def test_packed_references_with_rows_equal_the_whole_pack_at_those_rows(shared_p
     """``varlen_attention_ref`` and ``prefix_attention_ref`` with ``rows_N``: outputs (and lse) of the
     whole pack at those rows, gradients of the whole pack's output taken at those rows; sequences
     without a selected row, and the prompt's, are skipped."""
-    from kernels.reference import prefix_attention_ref, varlen_attention_ref
+    from nemo_orchestra.kernels.reference import prefix_attention_ref, varlen_attention_ref
 
     lens, prefix = [30, 70, 9, 140], [-1, 0, 0, -1]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)

@@ -15,8 +15,8 @@ COMPILE = r"""
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-import kernels.grouped_advantage as ga
-import kernels.varlen_attention as va
+import nemo_orchestra.kernels.grouped_advantage as ga
+import nemo_orchestra.kernels.varlen_attention as va
 
 def compile_for_sm90(kernel, types, consts, num_warps, num_stages):
     fn = kernel.fn if isinstance(kernel, triton.runtime.autotuner.Autotuner) else kernel

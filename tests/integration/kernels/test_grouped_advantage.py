@@ -9,11 +9,11 @@ import torch
 from nemo_orchestra.grpo.advantages import assign_advantages
 from tests.helpers import adv_cfg, traj
 
-import kernels
-from kernels.reference import grouped_advantage_ref
+from nemo_orchestra import kernels
+from nemo_orchestra.kernels.reference import grouped_advantage_ref
 
 # The module, not the op of the same name that ``kernels`` exports.
-grouped_advantage_module = importlib.import_module("kernels.grouped_advantage")
+grouped_advantage_module = importlib.import_module("nemo_orchestra.kernels.grouped_advantage")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MODES = ["mean", "std", "loo"]
@@ -190,7 +190,7 @@ def test_gpu_million_rewards(form):
 def test_training_path_runs_the_advantage_kernel(monkeypatch):
     """The trainer's advantages (``assign_advantages`` on the training device) are the Triton kernel's
     where the kernel runs (CUDA, or the interpreter on CPU), and equal the reference's."""
-    import kernels.grouped_advantage as kmod
+    import nemo_orchestra.kernels.grouped_advantage as kmod
 
     cfg = adv_cfg()
     rewards = [0.3, 1.0, 0.0, 0.7, 0.7, 0.7, 0.2, 0.9, 0.4]

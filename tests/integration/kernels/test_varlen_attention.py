@@ -14,9 +14,9 @@ import sys
 import pytest
 import torch
 
-import kernels
-from kernels.reference import varlen_attention_ref
-from kernels.varlen_attention import varlen_bwd, varlen_fwd
+from nemo_orchestra import kernels
+from nemo_orchestra.kernels.reference import varlen_attention_ref
+from nemo_orchestra.kernels.varlen_attention import varlen_bwd, varlen_fwd
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 is exact under the interpreter; on GPU the kernel's fp32 dots run in tf32.
@@ -253,7 +253,8 @@ def test_head_dim_limit():
 
 def test_cpu_without_interpreter_runs_reference_and_never_imports_triton():
     code = (
-        "import sys, torch, kernels\n"
+        "import sys, torch\n"
+        "from nemo_orchestra import kernels\n"
         "q = torch.randn(5, 2, 16, requires_grad=True)\n"
         "cu = torch.tensor([0, 2, 5], dtype=torch.int32)\n"
         "out, lse = kernels.varlen_attention(q, q, q, cu, 3)\n"
@@ -271,7 +272,7 @@ def test_cpu_without_interpreter_runs_reference_and_never_imports_triton():
 
 
 def test_op_stays_callable_after_direct_module_import():
-    import kernels.varlen_attention  # noqa: F401  (binds the module over the op on the package)
+    import nemo_orchestra.kernels.varlen_attention  # noqa: F401  (binds the module over the op on the package)
 
     cu = torch.tensor([0, 3], dtype=torch.int32, device=DEVICE)
     q = torch.randn(3, 1, 16, device=DEVICE)

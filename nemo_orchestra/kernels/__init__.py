@@ -1,4 +1,4 @@
-"""Triton kernels, each beside its PyTorch reference (``kernels.reference``); one public op per kernel.
+"""Triton kernels, each beside its PyTorch reference (``nemo_orchestra.kernels.reference``); one public op per kernel.
 
 - ``varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, causal=True, softmax_scale=None) -> (out, lse)``
 - ``grouped_advantage(rewards, *, group_ids=None, offsets=None, mode="std", eps=1e-6, clip=None)``
@@ -15,7 +15,7 @@ import os
 import sys
 import types
 
-from kernels.reference import grouped_advantage_ref, varlen_attention_ref
+from nemo_orchestra.kernels.reference import grouped_advantage_ref, varlen_attention_ref
 
 __all__ = ["varlen_attention", "grouped_advantage", "varlen_attention_ref", "grouped_advantage_ref"]
 
@@ -30,7 +30,7 @@ def use_triton(x) -> bool:
 
 
 def varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, causal=True, softmax_scale=None):
-    """Flash-attention over packed sequences; see ``kernels.varlen_attention`` (the module)."""
+    """Flash-attention over packed sequences; see ``nemo_orchestra.kernels.varlen_attention`` (the module)."""
     if not use_triton(q):
         return varlen_attention_ref(q, k, v, cu_seqlens, max_seqlen, causal=causal, softmax_scale=softmax_scale)
     return _kernel_module("varlen_attention").varlen_attention(
@@ -39,7 +39,7 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, causal=True, softmax_sc
 
 
 def grouped_advantage(rewards, *, group_ids=None, offsets=None, mode="std", eps=1e-6, clip=None):
-    """Group-relative advantages; the math is in ``kernels.reference.grouped_advantage_ref``."""
+    """Group-relative advantages; the math is in ``nemo_orchestra.kernels.reference.grouped_advantage_ref``."""
     if not use_triton(rewards):
         return grouped_advantage_ref(rewards, group_ids=group_ids, offsets=offsets, mode=mode, eps=eps, clip=clip)
     return _kernel_module("grouped_advantage").grouped_advantage(
@@ -51,18 +51,18 @@ _OPS = {"varlen_attention": varlen_attention, "grouped_advantage": grouped_advan
 
 
 def _kernel_module(name):
-    module = importlib.import_module(f"kernels.{name}")
-    # Importing the submodule ``kernels.<name>`` binds it over the op of the same name: rebind the op.
+    module = importlib.import_module(f"{__name__}.{name}")
+    # Importing the submodule ``nemo_orchestra.kernels.<name>`` binds it over the op of the same name: rebind the op.
     globals()[name] = _OPS[name]
     return module
 
 
 def make_op_module_callable(module_name, op):
-    """Make module ``kernels.<op>`` callable as the op.
+    """Make module ``nemo_orchestra.kernels.<op>`` callable as the op.
 
     Each op shares its name with the module that holds its kernel, and Python binds a submodule on
     its package when it is first imported, over the op. A module imported some other way than
-    through the op (a test, the benchmark) then still answers ``kernels.<op>(...)`` correctly.
+    through the op (a test, the benchmark) then still answers ``nemo_orchestra.kernels.<op>(...)`` correctly.
     """
 
     class OpModule(types.ModuleType):

@@ -2,7 +2,7 @@
 
 Shapes (legend): N rewards, G groups; ``offsets_G1`` holds G+1 sorted offsets. The math (modes
 ``mean``, ``std`` with the sample std, ``loo``; clip; zeros for size-1 and all-equal groups) is
-specified by ``kernels.reference.grouped_advantage_ref``.
+specified by ``nemo_orchestra.kernels.reference.grouped_advantage_ref``.
 
 Each program normalizes GROUPS consecutive groups held as a [GROUPS, BLOCK_N] tile (row = group),
 so groups of a handful of rewards still give wide, contiguous loads. When every group fits in
@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels
-from kernels.checks import check_advantage_inputs
+from nemo_orchestra import kernels
+from nemo_orchestra.kernels.checks import check_advantage_inputs
 
 MODES = {"mean": 0, "std": 1, "loo": 2}
 MAX_BLOCK_N = 1024  # widest group tile kept in registers
@@ -143,7 +143,7 @@ def grouped_advantage_launch(rewards_N, offsets_G1, max_group, mode, eps, clip, 
 
 
 def grouped_advantage(rewards, *, group_ids=None, offsets=None, mode="std", eps=1e-6, clip=None):
-    """Group-relative advantages of ``rewards`` [N]: see ``kernels.reference.grouped_advantage_ref``.
+    """Group-relative advantages of ``rewards`` [N]: see ``nemo_orchestra.kernels.reference.grouped_advantage_ref``.
 
     Groups are sorted ``offsets`` [G+1] or unsorted ``group_ids`` [N]. Modes ``mean`` (r - mean),
     ``std`` ((r - mean) / (std + eps), std the SAMPLE std with Bessel's n-1, as ToolOrchestra)
@@ -151,7 +151,7 @@ def grouped_advantage(rewards, *, group_ids=None, offsets=None, mode="std", eps=
     groups give 0. CPU tensors run the reference unless ``TRITON_INTERPRET=1``.
     """
     if not kernels.use_triton(rewards):
-        from kernels.reference import grouped_advantage_ref
+        from nemo_orchestra.kernels.reference import grouped_advantage_ref
 
         return grouped_advantage_ref(rewards, group_ids=group_ids, offsets=offsets, mode=mode, eps=eps, clip=clip)
     check_advantage_inputs(rewards, group_ids, offsets, mode, eps, clip)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.checks import check_advantage_inputs, check_varlen_inputs
-from kernels.cpu_attention import attend
+from nemo_orchestra.kernels.checks import check_advantage_inputs, check_varlen_inputs
+from nemo_orchestra.kernels.cpu_attention import attend
 
 
 def varlen_attention_ref(
@@ -24,7 +24,7 @@ def varlen_attention_ref(
     return_lse=True,
     rows_N=None,
 ):
-    """Attention over packed sequences, one sequence at a time (``kernels.cpu_attention.attend``).
+    """Attention over packed sequences, one sequence at a time (``nemo_orchestra.kernels.cpu_attention.attend``).
 
     q_THD is [T, Hq, D], k_THD and v_THD are [T, Hkv, D] with Hq a multiple of Hkv (query head h
     reads key/value head h // (Hq // Hkv)). Token i of a sequence attends to tokens j <= i of the
@@ -60,7 +60,7 @@ def prefix_attention_ref(q_THD, k_THD, v_THD, cu_seqlens_B1, prefix_B, *, softma
     the prefix were written in front of it (a prompt shared by several continuations, packed once:
     ``nemo_orchestra/train/packing.py``). A prefix sequence attends causally to itself and continues
     none. Shapes and heads as in ``varlen_attention_ref``; returns out_THD. One sequence at a time
-    (``kernels.cpu_attention.attend``), a continuation's with its prefix's keys and values in front
+    (``nemo_orchestra.kernels.cpu_attention.attend``), a continuation's with its prefix's keys and values in front
     and a bottom-right causal mask. Differentiable: a prefix's keys and values get every
     continuation's gradient. With ``rows_N`` (ascending positions in the pack) only those queries are
     computed: out_NHD, the whole pack's output at those rows.

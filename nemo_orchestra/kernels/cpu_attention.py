@@ -6,7 +6,7 @@ every key. At the lengths of CPU training (a few hundred tokens, head dim 64) th
 saves. ``BlockedAttention`` takes 64 queries at a time: their scores in fp32 over the keys they may
 see (a causal block stops at its last query's key), softmax in fp32, probabilities in the input dtype
 for the value product (as flash attention does on a GPU), kept for the backward, which is then four
-products a block. ``kernels/bench.py`` times both paths (docs/performance.md).
+products a block. ``nemo_orchestra/kernels/bench.py`` times both paths (docs/performance.md).
 
 The kept probabilities take H x L x S elements, so ``attend`` runs this path only while that stays
 small (``DENSE_MAX_SCORES``), and the flash kernel beyond.

@@ -2,7 +2,7 @@
 
 Shapes (legend): T total tokens, Hq query heads, Hkv key/value heads (GQA: query head h reads
 key/value head h // (Hq // Hkv)), D head dim, B sequences; cu_seqlens_B1 holds B+1 int32 offsets.
-The spec is ``kernels.reference.varlen_attention_ref``.
+The spec is ``nemo_orchestra.kernels.reference.varlen_attention_ref``.
 
 Forward: one program per (q block, sequence, q head) walks the key blocks of its sequence with an
 online softmax (running max m, running sum l, fp32 accumulator), in base 2 (exp2 with the scale
@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels
-from kernels.checks import check_varlen_inputs
+from nemo_orchestra import kernels
+from nemo_orchestra.kernels.checks import check_varlen_inputs
 
 LOG2E = 1.4426950408889634  # (written out as literals inside the kernels, with ln(2) = 0.6931471805599453)
 MAX_HEAD_DIM = 256
@@ -836,13 +836,13 @@ def varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, causal=True, softmax_sc
     """Attention over packed sequences: q [T, Hq, D], k and v [T, Hkv, D] -> (out [T, Hq, D], lse [Hq, T] fp32).
 
     Sequence b is tokens cu_seqlens[b]:cu_seqlens[b+1] (int32 [B+1], on q's device); ``max_seqlen``
-    bounds their lengths. Semantics are those of ``kernels.reference.varlen_attention_ref``.
+    bounds their lengths. Semantics are those of ``nemo_orchestra.kernels.reference.varlen_attention_ref``.
     fp32, fp16 and bf16 inputs (fp32 accumulation; GPU fp32 dots use tf32), head dims up to 256.
     Gradients flow to q, k, v from both outputs. Tensors not on CUDA run the reference, unless
     ``TRITON_INTERPRET=1``.
     """
     if not kernels.use_triton(q):
-        from kernels.reference import varlen_attention_ref
+        from nemo_orchestra.kernels.reference import varlen_attention_ref
 
         return varlen_attention_ref(q, k, v, cu_seqlens, max_seqlen, causal=causal, softmax_scale=softmax_scale)
     check_varlen_inputs(q, k, v, cu_seqlens, max_seqlen)

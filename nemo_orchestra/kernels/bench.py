@@ -1,6 +1,6 @@
 """Benchmark the kernels: prints a table and writes JSON.
 
-    python kernels/bench.py [--out FILE.json]      (default runs/kernel_bench.json)
+    python -m nemo_orchestra.kernels.bench [--out FILE.json]      (default runs/kernel_bench.json)
 
 On a GPU:
 - varlen attention, forward and forward+backward TFLOP/s of the Triton kernel, of
@@ -15,9 +15,9 @@ On a GPU:
   offsets read) / time, against the HBM bandwidth measured by a 1 GiB device-to-device copy
   (2 bytes moved per byte copied).
 On CPU: the references (the CPU training path) timed at small sizes, and a group's attention as CPU
-training runs it with shared prompts (``kernels.reference.prefix_attention_ref``: a 220-token prompt
+training runs it with shared prompts (``nemo_orchestra.kernels.reference.prefix_attention_ref``: a 220-token prompt
 and 8 continuations of 300 tokens, 4 heads, D=64, one thread, fp32 and bf16) by the blocked path
-(``kernels/cpu_attention.py``) and by PyTorch's CPU flash kernel.
+(``nemo_orchestra/kernels/cpu_attention.py``) and by PyTorch's CPU flash kernel.
 """
 
 from __future__ import annotations
@@ -27,16 +27,13 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import kernels  # noqa: E402
-from kernels import cpu_attention  # noqa: E402
-from kernels.reference import grouped_advantage_ref, prefix_attention_ref, varlen_attention_ref  # noqa: E402
+from nemo_orchestra import kernels
+from nemo_orchestra.kernels import cpu_attention
+from nemo_orchestra.kernels.reference import grouped_advantage_ref, prefix_attention_ref, varlen_attention_ref
 
 
 def causal_flops_fwd(lengths, n_heads, head_dim):
@@ -84,7 +81,7 @@ def attention_impls(device):
     impls = {"sdpa_per_seq": lambda q, k, v, cu, m: varlen_attention_ref(q, k, v, cu, m, return_lse=False)[0]}
     if device != "cuda":
         return impls
-    from kernels.varlen_attention import VarlenAttentionFunction
+    from nemo_orchestra.kernels.varlen_attention import VarlenAttentionFunction
 
     impls["triton"] = lambda q, k, v, cu, m: VarlenAttentionFunction.apply(q, k, v, cu, m, True, q.shape[-1] ** -0.5)[0]
     try:
@@ -190,7 +187,7 @@ def bench_advantage(device, n=2**20, group=16):
         "reference_ids": lambda: grouped_advantage_ref(rewards, group_ids=ids, clip=3.0),
     }
     if device == "cuda":
-        from kernels.grouped_advantage import grouped_advantage_launch
+        from nemo_orchestra.kernels.grouped_advantage import grouped_advantage_launch
 
         cases["triton_kernel_offsets"] = lambda: grouped_advantage_launch(rewards, offsets, group, "std", 1e-6, 3.0)
         cases["triton_op_offsets"] = lambda: kernels.grouped_advantage(rewards, offsets=offsets, clip=3.0)
@@ -210,7 +207,7 @@ def print_table(title, rows, cols):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m nemo_orchestra.kernels.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/kernel_bench.json", help="JSON file to write")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
