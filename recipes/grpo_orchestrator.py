@@ -18,7 +18,7 @@ Overrides are key=value (see conf/grpo_orchestrator.yaml); group=name picks conf
 When it stops (docs/checkpoints_and_export.md, "When a run stops"): SIGTERM, SIGINT or run.preempt_signal end the step in
 flight, checkpoint and exit with one line naming the resume command (the same command: a run
 resumes from its folder's newest intact checkpoint); every process it started ends with it
-(train/reaper.py); one run per run.output_dir (run.lock). Exit codes: 0 done, 2 bad input or the
+(runtime/reaper.py); one run per run.output_dir (run.lock). Exit codes: 0 done, 2 bad input or the
 folder in use, 75 stopped by the preempt signal and asking to be requeued, 128+N stopped by signal N.
 """
 

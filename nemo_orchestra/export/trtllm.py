@@ -21,7 +21,7 @@ tensor-parallel rank (pipeline parallelism 1), the weights of rank r:
                                                                      zero rows (tied: the embedding)
 
 Column-parallel weights (qkv, fc, gate, lm_head) are split by rows, row-parallel ones (dense,
-proj) by columns; a forward sums the row-parallel outputs over ranks (``tests/unit/test_trtllm.py``
+proj) by columns; a forward sums the row-parallel outputs over ranks (``tests/integration/test_trtllm.py``
 runs exactly that forward and compares it with ``transformers``).
 """
 

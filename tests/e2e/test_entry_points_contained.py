@@ -1,4 +1,4 @@
-"""The other entry points that start processes run contained too (train/reaper.py): a benchmark or an
+"""The other entry points that start processes run contained too (nemo_orchestra/runtime/reaper.py): a benchmark or an
 evaluation killed by SIGKILL leaves no tool service, no vLLM process and no temporary folder behind."""
 
 import signal

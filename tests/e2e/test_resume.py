@@ -85,7 +85,7 @@ def _wait_for_step(out: Path, step: int, proc, log: Path):
 
 
 def _marked(tmp: Path) -> list[int]:
-    """Processes of the launches whose temporary folders are under ``tmp`` (their marker, train/reaper.py)."""
+    """Processes of the launches whose temporary folders are under ``tmp`` (their marker, runtime/reaper.py)."""
     needle = f"NEMO_ORCHESTRA_RUN_TMP={tmp}/".encode()
     found = []
     for name in os.listdir("/proc"):

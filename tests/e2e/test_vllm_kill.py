@@ -1,6 +1,6 @@
 """A rollout.engine=vllm run killed by SIGKILL leaves nothing: vLLM's engine core and worker
 (~600 and ~750 MB on CPU), the resource tracker, spawn children, the tool service, the run's
-temporary folders and its /dev/shm files all end within 10 s (train/reaper.py)."""
+temporary folders and its /dev/shm files all end within 10 s (nemo_orchestra/runtime/reaper.py)."""
 
 import importlib.util
 import os

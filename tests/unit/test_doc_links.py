@@ -6,6 +6,16 @@ whose target is not a URL (``http:``, ``https:``, ``mailto:``) must name a file 
 to the linking file and inside the repository; an anchor into a ``.md`` file must be the GitHub slug of one of
 its headings (lowercase, spaces to ``-``, punctuation other than ``-`` and ``_`` dropped, ``-1``, ``-2`` ... for
 repeats). Links inside code (fenced blocks, inline spans) are text, not links.
+
+The code's docstrings, comments and ``--help`` text name repository paths too, and those must exist: in the
+Python and shell files under ``nemo_orchestra/``, ``tools_env/``, ``recipes/``, ``scripts/`` and ``benchmarks/``,
+the YAML files under ``conf/`` (their comments are the main job's ``--help``; another recipe's help is its
+docstring and its dataclass's comments, in the files above), and the main job's ``--help`` for the base config
+and each recipe, every token that starts with a top-level folder (``nemo_orchestra/``, ``tools_env/``,
+``recipes/``, ``scripts/``, ``conf/``, ``docs/``, ``tests/``, ``benchmarks/``) and names a file (``docs/testing.md``),
+a folder (``tests/unit/``) or three levels (``tools_env/domains/bfcl``), and every ``train/x.py``-style path that
+starts with a package of ``nemo_orchestra/`` or ``tools_env/`` (it must exist in one of them). A placeholder (``conf/recipes/NAME.yaml``, ``conf/<group>/``) is not a path; two levels without a suffix
+(``tools_env/restarts``) may be a metric's name.
 """
 
 from __future__ import annotations
@@ -217,3 +227,105 @@ def test_first_code_block_reads_the_first_fence_only():
     text = "# x\n\ntext\n\n```bash\ncmd one\n\n  cmd two\n```\n\n```\nlater\n```\n"
     assert first_code_block(text) == ["cmd one", "cmd two"]
     assert first_code_block("no code\n") == []
+
+
+# ---- paths named in the code --------------------------------------------------------------------------------
+
+CODE_DIRS = ("nemo_orchestra", "tools_env", "recipes", "scripts", "benchmarks")
+TOP_FOLDERS = ("nemo_orchestra", "tools_env", "recipes", "scripts", "conf", "docs", "tests", "benchmarks")
+PACKAGE_ROOTS = ("nemo_orchestra", "tools_env")  # where a short path (``train/step.py``) resolves
+PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*")  # NAME, FILE, X: a component to fill in
+
+
+def code_files(root: Path = ROOT) -> list[Path]:
+    """The files whose named paths are checked: Python and shell under ``CODE_DIRS``, YAML under ``conf/``."""
+    files = [p for d in CODE_DIRS for p in (root / d).rglob("*") if p.suffix in (".py", ".sh") and p.is_file()]
+    return sorted(files + list((root / "conf").rglob("*.yaml")))
+
+
+def _patterns(root: Path) -> tuple[re.Pattern, re.Pattern]:
+    """Paths from a top-level folder, and short ``.py`` paths from a package of ``PACKAGE_ROOTS``."""
+    subs = sorted({p.parent.name for base in PACKAGE_ROOTS for p in (root / base).glob("*/__init__.py")})
+    start = r"(?<![\w./~$-])"  # not inside a longer path, an absolute path or a dotted name
+    full = re.compile(start + r"((?:%s)/[\w./-]*)" % "|".join(TOP_FOLDERS))
+    short = re.compile(start + r"((?:%s)/[\w/.-]*\.py)(?![\w/])" % "|".join(subs or ["(?!)"]))
+    return full, short
+
+
+def named_paths(text: str, root: Path = ROOT) -> list[tuple[int, str, bool]]:
+    """(line, path, short) of every repository path ``text`` names; ``short`` paths resolve under a package."""
+    full, short = _patterns(root)
+    found = []
+    for n, line in enumerate(text.splitlines(), 1):
+        for m in full.finditer(line):
+            path = m.group(1).rstrip(".,-")
+            parts = path.rstrip("/").split("/")
+            if any(PLACEHOLDER.fullmatch(Path(c).stem) for c in parts[1:]):
+                continue
+            if "." in parts[-1] or path.endswith("/") or len(parts) >= 3:
+                found.append((n, path, False))
+        found += [(n, m.group(1), True) for m in short.finditer(line)]
+    return found
+
+
+def stale_paths(text: str, where: str, root: Path = ROOT) -> list[str]:
+    """One line per path ``text`` names that does not exist: ``where:line: path``."""
+    problems = []
+    for n, path, short in named_paths(text, root):
+        bases = [root / b for b in PACKAGE_ROOTS] if short else [root]
+        if not any((b / path).exists() for b in bases):
+            problems.append(f"{where}:{n}: {path}")
+    return problems
+
+
+def test_paths_named_in_the_code_exist():
+    problems = [p for f in code_files() for p in stale_paths(f.read_text(encoding="utf-8"), _rel(f))]
+    assert not problems, "paths that do not exist:\n" + "\n".join(problems)
+
+
+def test_paths_named_in_the_main_jobs_help_exist():
+    from nemo_orchestra.config import CONF_DIR
+    from nemo_orchestra.config_help import main_keys_help
+
+    recipes = sorted(p.stem for p in (CONF_DIR / "recipes").glob("*.yaml"))
+    problems = []
+    for overrides in [[]] + [[f"recipe={r}"] for r in recipes]:
+        problems += stale_paths(main_keys_help(overrides), f"--help {' '.join(overrides)}".strip())
+    assert not problems, "paths that do not exist:\n" + "\n".join(problems)
+
+
+def test_the_checked_code_covers_every_folder():
+    names = {_rel(p) for p in code_files()}
+    assert {"recipes/grpo_orchestrator.py", "scripts/gpu_checks.sh", "conf/grpo_orchestrator.yaml"} <= names
+    assert {d for d in CODE_DIRS if any(n.startswith(f"{d}/") for n in names)} == set(CODE_DIRS)
+
+
+def test_path_checker_reports_a_stale_path(tmp_path):
+    for f in (
+        "nemo_orchestra/runtime/reaper.py",
+        "nemo_orchestra/runtime/__init__.py",
+        "tools_env/sandbox/__init__.py",
+        "tools_env/sandbox/zygote.py",
+        "nemo_orchestra/train/__init__.py",
+        "tests/unit/test_x.py",
+        "docs/guide.md",
+        "conf/base.yaml",
+    ):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("")
+    text = (
+        "every process ends with it (runtime/reaper.py); see ``nemo_orchestra/runtime/reaper.py``\n"
+        "its README (docs/guide.md), its tests (tests/unit/, `tests/unit/test_x.py`), sandbox/zygote.py\n"
+        "a stale one (train/reaper.py), `nemo_orchestra/train/reaper.py` and docs/gone.md.\n"
+        "not paths: conf/recipes/NAME.yaml, conf/<group>/x.yaml, tools_env/restarts, /abs/tests/x.py, ../docs/y.md,\n"
+        "  runs/docs/z.md, nemo_orchestra.train.reaper, input/output, tokens/s, data/train.jsonl\n"
+        "a folder: tests/integration/ and tools_env/domains/bfcl\n"
+    )
+    problems = stale_paths(text, "x.py", root=tmp_path)
+    assert problems == [
+        "x.py:3: nemo_orchestra/train/reaper.py",
+        "x.py:3: docs/gone.md",
+        "x.py:3: train/reaper.py",
+        "x.py:6: tests/integration/",
+        "x.py:6: tools_env/domains/bfcl",
+    ], problems

@@ -211,7 +211,7 @@ class VLLMEngine(GenerationEngine):
         max_model_len = min(max_model_len or model_cfg.max_position_embeddings, model_cfg.max_position_embeddings)
         kv_bytes = kv_cache_bytes or default_kv_bytes(model_cfg, self.dtype, max_model_len, kv_sequences, device)
         # Weight-sync files go to a private folder, removed at close() or when the engine is collected
-        # (inside the run's /dev/shm folder, which train/reaper.py removes however the run ends)
+        # (inside the run's /dev/shm folder, which runtime/reaper.py removes however the run ends)
         shm = os.environ.get("NEMO_ORCHESTRA_RUN_SHM") or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
         self._dir = tempfile.mkdtemp(prefix="nemo-orchestra-vllm-", dir=shm)
         self._segments: list = []  # shared-memory segments, unlinked with the folder
