@@ -221,7 +221,6 @@ class AdvantageConfig:
     clip: Optional[float] = MISSING
     min_group_std: float = MISSING
     drop_format_errors: bool = MISSING  # rollouts with a malformed call (unparsed or off-schema): out of the loss
-    train_malformed_calls: bool = MISSING  # with drop_format_errors: where a malformed turn broke, a failure
     drop_unanswered: bool = MISSING  # rollouts that never called answer: out of the loss
     grad_variance_every: int = MISSING  # N: every N steps, the policy-gradient estimate's variance under both credits
 
@@ -230,11 +229,6 @@ class AdvantageConfig:
         _check(self.grad_variance_every >= 0, "advantage.grad_variance_every", "must be >= 0 (0: never)")
         _check(self.credit in ("episode", "turn"), "advantage.credit", "must be episode or turn")
         _check(self.clip is None or self.clip > 0, "advantage.clip", "must be null or > 0")
-        _check(
-            self.drop_format_errors or not self.train_malformed_calls,
-            "advantage.train_malformed_calls",
-            "needs advantage.drop_format_errors=true (without the filter, malformed rollouts are trained whole)",
-        )
 
 
 @dataclass
@@ -247,7 +241,6 @@ class LossConfig:
     minibatches: int = MISSING  # optimizer steps per batch of rollouts (each on 1/N of its trajectories)
     lesson_coef: float = MISSING  # copy lessons in each GRPO step, their log-likelihood at this weight; 0: none
     lesson_batch_size: int = MISSING  # copy lessons per step and data-parallel rank
-    lesson_schemas: bool = MISSING  # GRPO's copy lessons carry the tool schemas in their prompts, as rollouts do
 
     def validate(self) -> None:
         _check(self.clip_low > 0 and self.clip_high > 0, "loss.clip_low", "clip ranges must be > 0")
@@ -513,32 +506,102 @@ def _group_file(group: str, name: str, conf_dir: Path) -> Path:
     return path
 
 
-def compose(overrides: List[str] = (), base: str = "grpo_orchestrator", conf_dir: Path = CONF_DIR):
-    """Compose the raw OmegaConf tree: base file, recipe delta, group files, then overrides."""
-    conf_dir = Path(conf_dir)
-    tree = _read_yaml(conf_dir / f"{base}.yaml")
+def _split_overrides(overrides: List[str]) -> list[tuple[str, str]]:
     pairs = []
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         key, value = item.split("=", 1)
         pairs.append((key.strip(), value))
-    recipe = [v for k, v in pairs if k == "recipe"]
-    delta = OmegaConf.create()
-    if recipe:
-        delta = _read_yaml(conf_dir / "recipes" / f"{recipe[-1]}.yaml")
-    defaults = OmegaConf.to_container(tree.pop("defaults", OmegaConf.create()))
-    defaults.update(OmegaConf.to_container(delta.pop("defaults", OmegaConf.create())))
-    for key, value in pairs:
-        if key in GROUPS:
-            defaults[key] = value
+    return pairs
+
+
+def _defaults(tree) -> dict:
+    """A file's ``defaults:`` table (its group choices, and for a recipe the recipe it is a delta on)."""
+    node = tree.get("defaults")
+    return dict(OmegaConf.to_container(node)) if node else {}
+
+
+def recipe_chain(name: str, conf_dir: Path = CONF_DIR) -> list[str]:
+    """The recipe ``name`` and the recipes it is a delta on (its ``defaults.recipe``), base-most first."""
+    chain: list[str] = []
+    while name is not None:
+        if name in chain:
+            raise ConfigError(f"recipe={name}: its recipes name each other in a loop ({' -> '.join(chain + [name])})")
+        path = conf_dir / "recipes" / f"{name}.yaml"
+        if not path.is_file():
+            options = sorted(p.stem for p in (conf_dir / "recipes").glob("*.yaml"))
+            raise ConfigError(f"recipe={name}: no such recipe file; choose one of {options}")
+        chain.insert(0, name)
+        name = _defaults(OmegaConf.load(path)).get("recipe")
+    return chain
+
+
+def choices(overrides: List[str] = (), base: str = "grpo_orchestrator", conf_dir: Path = CONF_DIR):
+    """What ``compose`` reads: the recipe chain (base-most first) and the file chosen for each group. A group
+    named on the command line wins over a recipe's choice, a recipe's over the one it is a delta on, and any
+    recipe's over the base file's; no ``recipe=``: the base file's ``defaults.recipe``."""
+    conf_dir = Path(conf_dir)
+    pairs = _split_overrides(overrides)
+    defaults = _defaults(_read_yaml(conf_dir / f"{base}.yaml"))
+    named = [v for k, v in pairs if k == "recipe"]
+    recipe = named[-1] if named else defaults.pop("recipe", None)
+    defaults.pop("recipe", None)
+    chain = recipe_chain(recipe, conf_dir) if recipe else []
+    for name in chain:
+        delta = _defaults(OmegaConf.load(conf_dir / "recipes" / f"{name}.yaml"))
+        defaults.update({k: v for k, v in delta.items() if k != "recipe"})
+    defaults.update({k: v for k, v in pairs if k in GROUPS})
     for group in GROUPS:
         if group not in defaults:
-            raise ConfigError(f"defaults.{group}: no {group} group chosen in {base}.yaml")
-        tree[group] = _read_yaml(_group_file(group, defaults[group], conf_dir))
-    tree = OmegaConf.merge(tree, delta)
+            where = f"recipe {chain[-1]}" if chain else f"{base}.yaml"
+            raise ConfigError(f"defaults.{group}: no {group} group chosen (in {where} or as {group}=NAME)")
+    return chain, {g: str(defaults[g]) for g in GROUPS}
+
+
+def compose(overrides: List[str] = (), base: str = "grpo_orchestrator", conf_dir: Path = CONF_DIR):
+    """Compose the raw OmegaConf tree: the base file, each group file merged into its section, the recipe
+    chain's deltas (base-most first), then the ``key=value`` overrides (returned as a dotlist)."""
+    conf_dir = Path(conf_dir)
+    pairs = _split_overrides(overrides)
+    chain, groups = choices(overrides, base, conf_dir)
+    tree = _read_yaml(conf_dir / f"{base}.yaml")
+    tree.pop("defaults", None)
+    for group, name in groups.items():
+        tree[group] = OmegaConf.merge(tree.get(group) or {}, _read_yaml(_group_file(group, name, conf_dir)))
+    for name in chain:
+        delta = _read_yaml(conf_dir / "recipes" / f"{name}.yaml")
+        delta.pop("defaults", None)
+        _refuse_removed(delta, f"conf/recipes/{name}.yaml")
+        tree = OmegaConf.merge(tree, delta)
     dotlist = [f"{k}={v}" for k, v in pairs if k not in GROUPS and k != "recipe"]
+    for item in dotlist:
+        _refuse_removed_key(item.split("=", 1)[0], "the command line")
+    _refuse_removed(tree, f"{base}.yaml or a group file")
     return tree, dotlist
+
+
+# Keys of options that were measured and not kept: each is refused by name, pointing at the log that holds its
+# figures and the commit to go back to.
+REMOVED_LOG = "docs/results/negative_and_superseded.md"
+REMOVED_KEYS = {
+    "advantage.train_malformed_calls": "malformed calls of filtered rollouts trained as failures",
+    "loss.lesson_schemas": "GRPO's copy lessons written with the tool schemas",
+}
+
+
+def _refuse_removed_key(key: str, where: str) -> None:
+    if key in REMOVED_KEYS:
+        raise ConfigError(
+            f"{key}: removed ({REMOVED_KEYS[key]}: measured and not kept); its figures and the commit that "
+            f"had it are in {REMOVED_LOG} (set in {where})"
+        )
+
+
+def _refuse_removed(tree, where: str) -> None:
+    for key in REMOVED_KEYS:
+        if OmegaConf.select(tree, key, default=_ABSENT) is not _ABSENT:
+            _refuse_removed_key(key, where)
 
 
 def load_config(overrides: List[str] = (), base: str = "grpo_orchestrator", conf_dir: Path = CONF_DIR) -> Config:

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from nemo_orchestra.config import CONF_DIR, GROUPS, Config, load_config, to_dict
+from nemo_orchestra.config import CONF_DIR, GROUPS, Config, choices, load_config, to_dict
 
 HELP_FLAGS = ("-h", "--help")
 _LINE = re.compile(r"^(\s*)([A-Za-z_][\w-]*)\s*:[^#]*?(?:#\s*(.*))?$")
@@ -53,26 +53,16 @@ def main_keys_help(overrides: list[str] = ()) -> str:
         for g in GROUPS
     )
     recipes = ", ".join(sorted(p.stem for p in (CONF_DIR / "recipes").glob("*.yaml")))
+    chain = " on ".join(reversed(choices(overrides)[0])) or "none"
     return (
-        f"Groups (conf/<group>/NAME.yaml):\n{groups}\n  recipe=NAME  one of {recipes} (conf/recipes/)\n\n"
+        f"Groups (conf/<group>/NAME.yaml):\n{groups}\n  recipe=NAME  one of {recipes} (conf/recipes/; now: {chain})\n\n"
         f"Main job keys (key=value; default, type):\n{_key_table(Config, defaults, comments)}"
     )
 
 
 def _group_choice(group: str, overrides: list[str]) -> str:
-    """The group file ``compose`` picks: an override, else the recipe file's, else the base file's."""
-    pairs = [a.split("=", 1) for a in overrides if "=" in a]
-    chosen = [v for k, v in pairs if k == group]
-    if chosen:
-        return chosen[-1]
-    recipe = [v for k, v in pairs if k == "recipe"]
-    for path in ([CONF_DIR / "recipes" / f"{recipe[-1]}.yaml"] if recipe else []) + [
-        CONF_DIR / "grpo_orchestrator.yaml"
-    ]:
-        defaults = OmegaConf.load(path).get("defaults") or {}
-        if group in defaults:
-            return str(defaults[group])
-    return "?"
+    """The group file ``compose`` picks (``config.choices``)."""
+    return choices(overrides)[1][group]
 
 
 def _key_table(cls: type, values: dict, comments: dict[str, str], prefix: str = "") -> str:
@@ -151,11 +141,17 @@ def _dataclass_comments(cls: type, prefix: str = "") -> dict[str, str]:
 
 
 def _yaml_comments(overrides: list[str]) -> dict[str, str]:
-    """Comments on the key lines of the base file and the chosen group files (a comment that goes on
-    in the lines below, indented under it, is joined to it)."""
+    """Comments on the key lines of the base file, the chosen group files and the recipe chain (a comment that
+    goes on in the lines below, indented under it, is joined to it). A recipe's comment says why it sets the
+    value it does, so it follows the key's own description."""
     out = _file_comments(CONF_DIR / "grpo_orchestrator.yaml", "")
-    for g in GROUPS:
-        out.update(_file_comments(CONF_DIR / g / f"{_group_choice(g, overrides)}.yaml", f"{g}."))
+    chain, groups = choices(overrides)
+    for g, name in groups.items():
+        out.update(_file_comments(CONF_DIR / g / f"{name}.yaml", f"{g}."))
+    for name in chain:
+        for key, why in _file_comments(CONF_DIR / "recipes" / f"{name}.yaml", "").items():
+            if key != "defaults.recipe":
+                out[key] = f"{out[key]}; {name}: {why}" if out.get(key) else f"{name}: {why}"
     return out
 
 

@@ -57,10 +57,6 @@ class Trajectory:
     turn_starts: list[int] = field(default_factory=list)
     turn_costs: list[float] = field(default_factory=list)  # $ of each turn: its calls and its own tokens
     turn_call_counts: list[int] = field(default_factory=list)  # calls each turn made (slices of call_latencies_s)
-    # token spans [start, end) of malformed turns (format or schema error): the one token where each such turn leaves
-    # every well-formed turn (``prompting.call_prefix.break_index``), else its ids from its call on, its plan left out
-    # (``advantage.train_malformed_calls``)
-    malformed_calls: list[tuple[int, int]] = field(default_factory=list)
     # a task judged per user turn (BFCL): the turn index whose answer ended each user turn, and each user
     # turn's verdict (the service's ``outcome.turn_passed``, unreached turns failed); empty: judged as a whole
     user_turn_ends: list[int] = field(default_factory=list)

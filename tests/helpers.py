@@ -56,7 +56,6 @@ def adv_cfg(**kw) -> AdvantageConfig:
         clip=3.0,
         min_group_std=0.0,
         drop_format_errors=False,
-        train_malformed_calls=False,
         drop_unanswered=False,
     )
     base.update(kw)
@@ -73,7 +72,6 @@ def loss_cfg(**kw) -> LossConfig:
         minibatches=1,
         lesson_coef=0.0,
         lesson_batch_size=0,
-        lesson_schemas=False,
     )
     base.update(kw)
     return LossConfig(**base)

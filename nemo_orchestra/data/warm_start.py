@@ -174,16 +174,12 @@ def render_text(ep: ScriptedEpisode, template: str, reward_cfg: RewardConfig) ->
     return render_chat(template, msgs, ep.tools)
 
 
-def to_trajectory(
-    ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfig, schemas: bool | None = None
-) -> Trajectory:
+def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfig) -> Trajectory:
     """Token ids built exactly as a rollout builds them (``Transcript``): prompt, then (turn, observation)*,
-    each turn written as the chat template writes its message (its plan, then the call). ``schemas``:
-    whether the prompt carries the episode's tool schemas; None: every episode but a copy lesson (short)."""
+    each turn written as the chat template writes its message (its plan, then the call). The prompt carries
+    the episode's tool schemas, except a copy lesson's (short)."""
     messages = task_messages(with_default_preference(ep.task, reward_cfg.default_preference))
-    if schemas is None:
-        schemas = not ep.copy  # a copy lesson: short, without the tool schemas
-    tools = ep.tools if schemas else []
+    tools = [] if ep.copy else ep.tools  # a copy lesson: short, without the tool schemas
     transcript = Transcript(chat, messages, tools)
     ids = chat.encode(transcript.text)
     traj = Trajectory(

@@ -232,7 +232,6 @@ def _build(
         vocab_size=vocab,
         sft_trajectories=[to_trajectory(ep, chat, cfg.reward) for ep in scripted],
         copy_lessons=[to_trajectory(ep, chat, cfg.reward) for ep in copies],
-        lesson_episodes=copies,
         rank=info.rank,
         dp_rank=info.rank // (info.tp * info.pp),
         dp_size=info.dp,

@@ -22,7 +22,6 @@ from typing import Callable
 import torch
 
 from nemo_orchestra.config import Config
-from nemo_orchestra.data.warm_start import ScriptedEpisode, to_trajectory
 from nemo_orchestra.grpo.advantages import assign_advantages, informative_groups
 from nemo_orchestra.grpo.reward import assign_rewards
 from nemo_orchestra.export.qwen3 import full_state_dict
@@ -83,9 +82,6 @@ class Trainer:
     vocab_size: int = 0
     sft_trajectories: list[Trajectory] = field(default_factory=list)  # scripted warm-start data
     copy_lessons: list[Trajectory] = field(default_factory=list)  # warm-start copy lessons (data.warm_start)
-    # the copy lessons' scripted episodes, in copy_lessons' order: GRPO's lessons written with their tool schemas
-    # (loss.lesson_schemas)
-    lesson_episodes: list[ScriptedEpisode] = field(default_factory=list)
     rank: int = 0
     dp_rank: int = 0
     dp_size: int = 1
@@ -425,24 +421,16 @@ class Trainer:
         its advantage: the update adds that multiple of their log-likelihood's gradient. Their calls
         are trained, not their plans, so they hold the call format and the copying that the plans'
         updates would otherwise wear away, without pulling the choice of tool. Drawn from
-        (seed, step, rank), so a resumed run draws the same. With ``loss.lesson_schemas`` the same lessons
-        are written with their tool schemas, so the copy is trained in the context the rollouts copy in."""
+        (seed, step, rank), so a resumed run draws the same."""
         coef, n = self.cfg.loss.lesson_coef, self.cfg.loss.lesson_batch_size
         if coef <= 0 or n <= 0 or not self.copy_lessons:
             return []
         rng = random.Random(f"{self.cfg.run.seed}/lessons/{step}/{self.dp_rank}")
         picked = rng.sample(range(len(self.copy_lessons)), min(n, len(self.copy_lessons)))
-        if self.cfg.loss.lesson_schemas:
-            if len(self.lesson_episodes) != len(self.copy_lessons):
-                raise ValueError(
-                    f"loss.lesson_schemas: {len(self.copy_lessons)} copy lessons but {len(self.lesson_episodes)} "
-                    "episodes to write them from (the Trainer needs lesson_episodes in copy_lessons' order)"
-                )
-            eps = self.lesson_episodes
-            trajs = [to_trajectory(eps[i], self.chat, self.cfg.reward, schemas=True) for i in picked]
-        else:
-            trajs = [self.copy_lessons[i] for i in picked]
-        return [replace(t, advantage=coef, meta={**t.meta, "lesson": True}) for t in trajs]
+        return [
+            replace(self.copy_lessons[i], advantage=coef, meta={**self.copy_lessons[i].meta, "lesson": True})
+            for i in picked
+        ]
 
     def write_samples(self, trajs: list[Trajectory], n: int = 2) -> None:
         """A few decoded rollouts per step in ``samples.jsonl``, to read what the policy does."""

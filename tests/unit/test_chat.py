@@ -2,7 +2,6 @@ import json
 
 import pytest
 
-from nemo_orchestra.prompting.call_prefix import break_index, first_break
 from nemo_orchestra.prompting.chat import (
     QWEN3_CHAT_TEMPLATE,
     ChatFormat,
@@ -181,37 +180,3 @@ def test_plan_length_counts_the_ids_before_the_call(tokenizer, text, plan):
     n = chat.plan_length(text, ids)
     assert ids[:n] == chat.encode(plan) and chat.decode(ids[:n]) == plan
     assert chat.plan_length(text, ids[: max(n - 1, 0)]) == max(n - 1, 0)  # never past the ids it is given
-
-
-@pytest.mark.parametrize(
-    "text, broken_at",
-    [
-        ('<think>add them</think>\n<tool_call>\n{"name": "calculator", "arguments": {"2 + 3"}}\n</tool_call>', "2 + 3"),
-        (
-            '<think>add them</think>\n<tool_call>\n{"name": "calculator", "arguments": {"expr": 2}}\n</tool_call>',
-            '": 2',
-        ),  # a prefix of a key, closed
-        ("<think>add them</think>\n</tool_call>", "</tool_call>"),
-    ],
-)
-def test_break_index_is_the_token_holding_the_first_wrong_character(tokenizer, text, broken_at):
-    """``call_prefix.break_index``: the token whose text holds the character where the turn leaves every
-    well-formed one; every token before it writes a prefix of a well-formed turn."""
-    chat = ChatFormat(tokenizer)
-    ids = chat.encode(text) + [chat.end_of_turn_id]
-    k = break_index(chat, ids, TOOLS)
-    pos = text.index(broken_at)
-    assert len(chat.decode(ids[:k])) <= pos < len(chat.decode(ids[: k + 1]))
-    assert first_break(chat.decode(ids[:k]), TOOLS) == len(chat.decode(ids[:k]))
-    assert break_index(chat, ids[:-1], TOOLS) == k  # cut at the token limit after it: the same token
-
-
-def test_break_index_of_a_turn_that_ends_inside_its_call(tokenizer):
-    """Ended by the end-of-turn token inside a call: that token broke it; cut at the token limit there, or
-    well-formed: no token did."""
-    chat = ChatFormat(tokenizer)
-    call = chat.encode('<think>add them</think>\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "2')
-    assert break_index(chat, call + [chat.end_of_turn_id], TOOLS) == len(call)
-    assert break_index(chat, call, TOOLS) is None
-    whole = chat.encode("<think>add them</think>\n" + format_tool_call("calculator", {"expression": "2 + 3"}))
-    assert break_index(chat, whole + [chat.end_of_turn_id], TOOLS) is None

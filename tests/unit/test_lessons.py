@@ -11,16 +11,9 @@ from nemo_orchestra.train.trainer import Trainer, interleave
 from tests.helpers import traj
 
 
-def _trainer(coef, n, lessons, seed=1234, dp_rank=0, schemas=False, episodes=()):
-    cfg = load_config(
-        [
-            f"loss.lesson_coef={coef}",
-            f"loss.lesson_batch_size={n}",
-            f"run.seed={seed}",
-            f"loss.lesson_schemas={schemas}",
-        ]
-    )
-    return SimpleNamespace(cfg=cfg, dp_rank=dp_rank, copy_lessons=lessons, lesson_episodes=list(episodes), chat=None)
+def _trainer(coef, n, lessons, seed=1234, dp_rank=0):
+    cfg = load_config([f"loss.lesson_coef={coef}", f"loss.lesson_batch_size={n}", f"run.seed={seed}"])
+    return SimpleNamespace(cfg=cfg, dp_rank=dp_rank, copy_lessons=lessons)
 
 
 def _lessons(k=40):
@@ -38,32 +31,6 @@ def test_a_step_draws_its_lessons_from_seed_step_and_rank_with_the_coefficient_a
     assert all(t.advantage == 0.0 and "lesson" not in t.meta for t in lessons)  # the warm start's own untouched
     (b,) = pack(drawn[:1] + lessons[:1], capacity=16)
     assert b.lesson_T.tolist() == [1.0] * 4 + [0.0] * 4
-
-
-def test_with_schemas_a_step_draws_the_same_lessons_written_with_their_tool_schemas(monkeypatch):
-    """``loss.lesson_schemas``: the lessons drawn are the same ones, rendered from their episodes with the tool
-    schemas in the prompt (``to_trajectory(..., schemas=True)``)."""
-    import nemo_orchestra.train.trainer as trainer_mod
-
-    lessons = _lessons()
-    episodes = [f"episode-{i}" for i in range(len(lessons))]
-    written = []
-
-    def fake(ep, chat, reward, schemas=None):
-        written.append((ep, schemas))
-        return traj(ids=[9, 9, 9, int(ep.split("-")[1])], mask=[0, 0, 1, 1])
-
-    monkeypatch.setattr(trainer_mod, "to_trajectory", fake)
-    short = Trainer.step_lessons(_trainer(1.0, 8, lessons), 3)
-    long = Trainer.step_lessons(_trainer(1.0, 8, lessons, schemas=True, episodes=episodes), 3)
-    assert [t.token_ids[-1] - 4 for t in short] == [t.token_ids[-1] for t in long]  # the same draw
-    assert all(s is True for _, s in written) and len(written) == 8
-    assert all(t.advantage == 1.0 and t.meta["lesson"] for t in long)
-
-
-def test_with_schemas_lessons_without_their_episodes_are_refused_not_written_short():
-    with pytest.raises(ValueError, match="loss.lesson_schemas: 40 copy lessons but 3 episodes"):
-        Trainer.step_lessons(_trainer(1.0, 8, _lessons(), schemas=True, episodes=["e"] * 3), 1)
 
 
 @pytest.mark.parametrize("coef,n,lessons", [(0.0, 8, _lessons()), (1.0, 0, _lessons()), (1.0, 8, [])])

@@ -200,22 +200,3 @@ def test_no_scripted_choice_calls_a_paid_expert():
     assert called == {"expert-small", None}  # None: answered with what the tool said
     with pytest.raises(ValueError, match=r"experts it does not call .*'expert-large', 'expert-small'"):
         _choose(t, tools, random.Random(0), avoid=frozenset(ALIASES))
-
-
-def test_a_copy_lesson_written_with_its_schemas_has_a_rollouts_prompt_and_trains_the_same_calls():
-    """``loss.lesson_schemas``: GRPO's lesson is the short lesson's turns, trained the same, after the prompt a
-    rollout of the task sees (the tool schemas in it), so the copy is trained where the policy copies."""
-    from nemo_orchestra.config import load_config
-    from nemo_orchestra.data.default_tasks import plan_phrases
-    from nemo_orchestra.data.warm_start import render_text, to_trajectory
-    from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, ChatFormat
-    from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
-
-    reward = load_config([]).reward
-    corpus = [render_text(_episode(False), QWEN3_CHAT_TEMPLATE, reward)] * 4
-    chat = ChatFormat(build_embedded_tokenizer(corpus, vocab_size=500, phrases=plan_phrases()))
-    short, scripted = to_trajectory(_episode(True), chat, reward), to_trajectory(_episode(False), chat, reward)
-    long = to_trajectory(_episode(True), chat, reward, schemas=True)
-    assert long.token_ids == scripted.token_ids and long.prompt_len == scripted.prompt_len
-    assert long.loss_mask[long.prompt_len :] == short.loss_mask[short.prompt_len :]
-    assert to_trajectory(_episode(False), chat, reward, schemas=False).prompt_len == short.prompt_len
