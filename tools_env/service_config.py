@@ -18,8 +18,9 @@ experts:                          # sleep/sleep_scale alone keep the default exp
   simulated:                      # offline stand-ins, per task category with a `default`
     expert-small: {price_in: 0.2, price_out: 0.2, accuracy: {default: 0.5}, latency_s: {default: [1, 2]},
                    output_tokens: {default: 150}}
-python: {cpu_time_s: 10, wall_time_s: 15, memory_mb: 512, max_concurrency: 0, warm: true}
-judge: null                       # or {base_url, model, api_key_env}
+python: {cpu_time_s: 10, wall_time_s: 15, memory_mb: 512, max_concurrency: 0, warm: true,
+         require_fs_allowlist: false}  # true: refuse to start unless the sandbox hides the host's files
+judge: null                       # or {base_url, model, api_key_env, max_answer_chars: 2000}
 tools: {}                         # free-form sections for other plug-ins, by tool name
 ```
 """
@@ -254,13 +255,14 @@ class PythonConfig:
     max_concurrency: int = 0  # sandbox runs at once per process; 0 = 8 x CPU count (warm), 2 x (cold)
     price_per_s: float = PYTHON_PRICE_PER_S
     warm: bool = True  # fork runs from a waiting sandbox interpreter; False: fresh interpreters per run
+    require_fs_allowlist: bool = False  # refuse to start where the sandbox cannot hide the host's files
 
     @classmethod
     def from_dict(cls, d: Any, path: str = "python") -> "PythonConfig":
         return cls(**_fill(cls, _check_keys(cls, d, path), path))
 
     def sandbox_limits(self) -> dict[str, Any]:
-        skip = ("max_concurrency", "price_per_s", "warm")
+        skip = ("max_concurrency", "price_per_s", "warm", "require_fs_allowlist")
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
 
 
@@ -274,6 +276,7 @@ class JudgeConfig:
     timeout_s: float = 60.0
     max_retries: int = 2
     backoff_s: float = 0.5
+    max_answer_chars: int = 2000  # the predicted answer is cut to this many characters (and the judge told so)
 
     @classmethod
     def from_dict(cls, d: Any, path: str = "judge") -> "JudgeConfig":
@@ -281,7 +284,10 @@ class JudgeConfig:
         for key in ("base_url", "model"):
             if key not in d:
                 raise ValueError(f"config '{path}' is missing '{key}'")
-        return cls(**_fill(cls, d, path))
+        cfg = cls(**_fill(cls, d, path))
+        if cfg.max_answer_chars < 1:
+            raise ValueError(f"config '{path}.max_answer_chars' must be >= 1, got {cfg.max_answer_chars}")
+        return cfg
 
 
 @dataclass

@@ -184,6 +184,9 @@ def write_corpus(out_dir: str, seed: int = 0) -> str:
     return path
 
 
+_TASK_FIELDS = frozenset(("answer", "gold_actions", "verifier"))  # fields of a task record, never of a document
+
+
 def load_corpus(path: str) -> list[Document]:
     """Documents of a ``.jsonl``/``.txt`` file or of every such file in a folder (sorted by name)."""
     if os.path.isdir(path):
@@ -206,6 +209,12 @@ def load_corpus(path: str) -> list[Document]:
                     continue
                 try:
                     obj = json.loads(line)
+                    leak = sorted(_TASK_FIELDS & set(obj)) if isinstance(obj, dict) else []
+                    if leak:
+                        raise ValueError(
+                            f"{fp}:{lineno}: a task record ({', '.join(leak)}), not a corpus document: "
+                            "the search tool would serve its answer"
+                        )
                     docs.append(Document(id=str(obj["id"]), title=str(obj.get("title", "")), text=str(obj["text"])))
                 except (json.JSONDecodeError, KeyError, TypeError) as e:
                     raise ValueError(f"{fp}:{lineno}: not a corpus document ({e})") from None

@@ -14,10 +14,13 @@ RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 8, 32, 409
 KEEP = NOSUID | NODEV | NOEXEC | 1024 | 2048 | (1 << 21)  # + noatime, nodiratime, relatime
 STRICTATIME = 1 << 24
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+MNT_DETACH = 2
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}.get(os.uname().machine)
 PSEUDO = {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "mqueue", "debugfs", "tracefs", "securityfs",
           "pstore", "bpf", "fusectl", "configfs", "binfmt_misc", "autofs", "efivarfs", "rpc_pipefs", "nsfs"}
 to_outside = None  # pid 1's pipe to the process outside the pid namespace
 init_closes = (0, 1, 2)  # what pid 1 closes once it has forked the code's process
+new_root = None  # with the allowlist: where the run's root is built before pivot_root makes it "/"
 
 def load_libc():
     lib = ctypes.CDLL(None, use_errno=True)
@@ -136,8 +139,13 @@ def become_init():
             os._exit(0)
 
 def enter_mountns():
+    """A mount namespace of our own: with spec["allow"], a fresh root is built (build_root) and
+    entered later (enter_root); without, the host's tree is kept, read-only but the workdir."""
     check(libc.unshare(NEWNS))
     mount(None, "/", None, REC | PRIVATE)
+    if spec["allow"]:
+        build_root(spec["allow"])
+        return
     closed = spec["closed_parent"]
     if closed:  # the uid cannot search `closed`: a tmpfs over it holds only the workdir, same path
         fd = os.open(wd, os.O_PATH | os.O_DIRECTORY)
@@ -153,6 +161,11 @@ def enter_mountns():
         private.add("/dev/shm")
     if os.path.isdir("/run") and spec["mask_run"]:
         mount("tmpfs", "/run", "tmpfs", RDONLY | NOSUID | NODEV | NOEXEC, "size=16k,mode=755")
+    seal(private)
+
+def seal(private):
+    """Every mount but `private` (and what lies below the workdir) read-only and nosuid; the
+    workdir nosuid, nodev, noexec; an error if a writable mount is left."""
     for path, fstype in list(mountpoints()):
         if path not in private and not path.startswith(wd + "/"):
             try:
@@ -169,13 +182,55 @@ def enter_mountns():
             if writable:
                 raise OSError(f"{path} is still writable")
 
+def build_root(allow):
+    """The run's root, built in a tmpfs mounted over the workdir (which is reached through an fd
+    from then on): what allowlist.py lists, read-only, and the workdir at its own path."""
+    global new_root
+    fd = os.open(wd, os.O_PATH | os.O_DIRECTORY)
+    r = new_root = wd
+    mount("tmpfs", r, "tmpfs", NOSUID | NODEV, "size=1m,mode=755")
+    for path in allow["ro"]:
+        os.makedirs(r + path)
+        mount(path, r + path, None, BIND | REC)
+    for path, target in allow["links"]:
+        os.symlink(target, r + path)
+    os.mkdir(r + "/etc")
+    mount(allow["etc"], r + "/etc", None, BIND | REC)
+    os.mkdir(r + "/dev")
+    mount("tmpfs", r + "/dev", "tmpfs", NOSUID | NODEV | NOEXEC, "size=16k,mode=755")
+    for dev in allow["devices"]:
+        os.close(os.open(r + dev, os.O_CREAT | os.O_WRONLY, 0o644))
+        mount(dev, r + dev, None, BIND)
+    for name, target in (("fd", ""), ("stdin", "/0"), ("stdout", "/1"), ("stderr", "/2")):
+        os.symlink("/proc/self/fd" + target, r + "/dev/" + name)
+    os.mkdir(r + "/dev/shm")
+    mount("tmpfs", r + "/dev/shm", "tmpfs", NOSUID | NODEV | NOEXEC, f"size={spec['shm_mb']}m,mode=1777")
+    os.mkdir(r + "/proc")
+    os.mkdir(r + "/tmp")
+    mount("tmpfs", r + "/tmp", "tmpfs", NOSUID | NODEV | NOEXEC, "size=16k,mode=755")
+    os.makedirs(r + wd)
+    mount(f"/proc/self/fd/{fd}", r + wd, None, BIND)  # not REC: the root being built is mounted on it
+    os.close(fd)
+
+def enter_root():
+    """pivot_root into the built root, detach the host's tree, then seal: the run sees nothing else."""
+    if SYS_PIVOT_ROOT is None:
+        raise OSError(f"no pivot_root syscall number for {os.uname().machine}")
+    os.chdir(new_root)
+    check(libc.syscall(SYS_PIVOT_ROOT, b".", b"."))
+    check(libc.umount2(b".", MNT_DETACH))
+    os.chdir("/")
+    seal({wd, "/dev/shm", "/proc", *spec["allow"]["devices"]})  # /proc as without the allowlist
+
 def mount_proc():
-    """A /proc of our own: the pid namespace's processes only (hidepid=2: only the uid's own)."""
-    flags = NOSUID | NODEV | NOEXEC
+    """A /proc of our own: the pid namespace's processes only (hidepid=2: only the uid's own). In a
+    root being built it is mounted there, while the host's /proc is still in the namespace: inside
+    a user namespace the kernel lets proc be mounted only where one is already fully visible."""
+    flags, at = NOSUID | NODEV | NOEXEC, (new_root or "") + "/proc"
     try:
-        mount("proc", "/proc", "proc", flags, "hidepid=2")
+        mount("proc", at, "proc", flags, "hidepid=2")
     except OSError:
-        mount("proc", "/proc", "proc", flags)
+        mount("proc", at, "proc", flags)
 
 def drop_uid():
     uid = spec["uid"]
@@ -217,6 +272,7 @@ def enter_layers(born=()):
         stay_outside(init=False)
     layer("mountns", enter_mountns, spec["mountns"])
     layer("proc", mount_proc, spec["proc"])
+    layer("allowlist", enter_root, bool(spec["allow"]) and done.get("mountns") and done.get("proc"))
     layer("nnp", lambda: check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)), spec["nnp"])
     layer("rlimits", set_rlimits, True)
     layer("uid_drop", drop_uid, spec["uid"] is not None)

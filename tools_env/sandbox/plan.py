@@ -9,9 +9,10 @@ from dataclasses import dataclass
 class _Plan:
     root: bool
     python: str  # the sandbox interpreter
-    layers: dict  # uid_drop, userns, netns, pidns, mountns, proc, nnp -> entered by the probe
+    layers: dict  # uid_drop, userns, netns, pidns, mountns, proc, allowlist, nnp -> entered by the probe
     python_ok: bool  # the probe's bootstrap ran under all the layers
     cgroup_base: str | None
+    allow: dict | None = None  # allowlist.host_allowlist(python): what a run's own root holds
 
 
 def _strict(plan: _Plan, network: bool) -> bool:

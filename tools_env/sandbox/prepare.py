@@ -13,6 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
+from tools_env.sandbox.allowlist import allowlist_conflict
 from tools_env.sandbox.cleanup import _MARKER_VAR, _proc_status
 from tools_env.sandbox.limits import SandboxLimits
 from tools_env.sandbox.plan import _Plan, _strict
@@ -33,6 +34,10 @@ def _check_workdir(workdir: str, plan: _Plan) -> tuple[str, str | None]:
     wd = os.path.realpath(workdir)
     if not os.path.isdir(wd):
         raise ValueError(f"sandbox workdir {workdir!r} is not a directory")
+    if plan.layers["allowlist"]:
+        conflict = allowlist_conflict(wd, plan.allow)
+        if conflict:
+            raise ValueError(f"sandbox workdir {workdir!r}: {conflict}")
     if not plan.layers["uid_drop"]:
         return wd, None
     closed = next((d for d in _ancestors(wd) if not os.stat(d).st_mode & stat.S_IXOTH), None)
@@ -151,6 +156,7 @@ def _launch_spec(
         "netns": ly["netns"] and not limits.network,
         "pidns": ly["pidns"],
         "mountns": ly["mountns"],
+        "allow": plan.allow if ly["allowlist"] else None,
         "proc": ly["proc"],
         "nnp": ly["nnp"],
         "shm_mb": min(64, limits.memory_mb),

@@ -13,6 +13,7 @@ import tempfile
 import threading
 import uuid
 
+from tools_env.sandbox.allowlist import host_allowlist
 from tools_env.sandbox.cgroup import _cgroup_base
 from tools_env.sandbox.cleanup import _kill_strays
 from tools_env.sandbox.limits import SandboxLimits
@@ -44,6 +45,7 @@ def sandbox_capabilities() -> dict[str, bool]:
         "user_namespace": ly["userns"],
         "network_namespace": ly["netns"],
         "mount_namespace": ly["mountns"],
+        "fs_allowlist": ly["allowlist"],
         "pid_namespace": ly["pidns"],
         "private_proc": ly["proc"],
         "no_new_privs": ly["nnp"],
@@ -76,6 +78,7 @@ def _key_layers(plan: _Plan) -> dict[str, bool]:
         "uid_drop or user_namespace": plan.layers["uid_drop"] or plan.layers["userns"],
         "network_namespace": plan.layers["netns"],
         "mount_namespace": plan.layers["mountns"],
+        "fs_allowlist (host files hidden)": plan.layers["allowlist"],
         "pid_namespace": plan.layers["pidns"],
         "private_proc": plan.layers["proc"],
         "cgroup": plan.cgroup_base is not None,
@@ -97,7 +100,14 @@ def _probe(disabled: set[str]) -> _Plan:
     }
     want["proc"] = want["mountns"]
     python = _sandbox_python(want["uid_drop"])
-    plan = _Plan(root, python, want, False, None)
+    want["allowlist"], allow = want["mountns"] and "allowlist" not in disabled, None
+    if want["allowlist"]:
+        try:
+            allow = host_allowlist(python)
+        except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as e:
+            logger.warning("code sandbox: no file-system allowlist for %s: %s", python, e)
+            want["allowlist"] = False
+    plan = _Plan(root, python, want, False, None, allow)
     wd = tempfile.mkdtemp(prefix="nemo-sandbox-probe-", dir="/tmp" if os.path.isdir("/tmp") else None)
     uid = _next_uid() if want["uid_drop"] else None
     marker = uuid.uuid4().hex
@@ -128,7 +138,7 @@ def _probe(disabled: set[str]) -> _Plan:
     entered = next((json.loads(line[7:]) for line in status if line.startswith("layers ")), {})
     layers = {k: bool(want[k] and entered.get(k)) for k in want}
     cgroup = None if "cgroup" in disabled else _cgroup_base()
-    return _Plan(root, python, layers, "probe-ok" in status, cgroup)
+    return _Plan(root, python, layers, "probe-ok" in status, cgroup, allow)
 
 
 def _sandbox_python(drop_uid: bool) -> str:

@@ -173,7 +173,7 @@ if __name__ == "__main__":
         except OSError:
             os.open("/dev/null", os.O_RDWR)
     libc, exit_fd, clone3_ok = load_libc(), None, True
-    libc.unshare, libc.prctl  # ctypes makes a function object at the first use: here, not in every child
+    libc.unshare, libc.prctl, libc.syscall, libc.umount2  # ctypes makes a function object at the first use: here, not in every child
     pylibc = ctypes.PyDLL(None, use_errno=True)
     pylibc.syscall.restype = ctypes.c_long
     args_ref, args_size = ctypes.byref(clone_args), ctypes.sizeof(clone_args)

@@ -1,4 +1,4 @@
-"""`python`: run code in the sandbox (``tools_env.sandbox``), in the episode's private workdir.
+"""`python`: run code in the sandbox (``tools_env.sandbox``), in ``<episode workdir>/python``.
 
 Cost is ``price_per_s`` x the sandbox's wall seconds ($0.0000083/s, ToolOrchestra), latency is
 those wall seconds. At most ``max_concurrency`` sandboxes run at once per process (queueing
@@ -39,6 +39,25 @@ def _format(result: Any) -> str:
     return "\n".join(parts) if parts else "[no output]"
 
 
+def sandbox_workdir(ctx: EpisodeContext) -> str:
+    """The code's folder: ``<episode workdir>/python``, beside (never holding) the episode's domain
+    databases, which only the domain tools read and write."""
+    return os.path.join(ctx.workdir, "python")
+
+
+def _require_fs_allowlist() -> None:
+    """ValueError unless the sandbox shows the code only its allowlist of files (``python.require_fs_allowlist``)."""
+    from tools_env.sandbox import sandbox_capabilities
+
+    caps = sandbox_capabilities()
+    if not caps["fs_allowlist"]:
+        raise ValueError(
+            "python.require_fs_allowlist is true, but this host's sandbox cannot hide the host's files from the code "
+            f"(fs_allowlist: false; mount_namespace: {str(caps['mount_namespace']).lower()}): run the service as root "
+            "or where unprivileged user namespaces are allowed, or set python.require_fs_allowlist: false"
+        )
+
+
 @register_tool
 class Python(Tool):
     name = "python"
@@ -63,6 +82,8 @@ class Python(Tool):
         # a warm run is a fork (copy-on-write) that spends part of its life waiting on the kernel
         self._slots = asyncio.Semaphore(cfg.max_concurrency or (8 if cfg.warm else 2) * (os.cpu_count() or 1))
         self._limits = None
+        if cfg.require_fs_allowlist:
+            _require_fs_allowlist()
 
     async def call(self, arguments: dict[str, Any], ctx: EpisodeContext) -> ToolResult:
         code = arguments["code"]
@@ -76,9 +97,10 @@ class Python(Tool):
             return ToolResult(observation=msg, error=msg)
         if self._limits is None:
             self._limits = SandboxLimits(**self.cfg.sandbox_limits())
-        os.makedirs(ctx.workdir, mode=0o700, exist_ok=True)
+        workdir = sandbox_workdir(ctx)
+        os.makedirs(workdir, mode=0o700, exist_ok=True)
         async with self._slots:
-            result = await run_python(code, ctx.workdir, self._limits, warm=self.cfg.warm)
+            result = await run_python(code, workdir, self._limits, warm=self.cfg.warm)
         error = None
         if result.timed_out:
             error = "python: timed out"
