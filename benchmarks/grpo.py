@@ -15,7 +15,7 @@ steps, then ``--steps`` measured ones, and reports per step:
 - ``training_s``: forward, backward and the optimizer step (the policy's old logprobs come from
   this forward: one optimizer step per batch of rollouts)
 - ``weight_sync_s``: pushing the new weights into the generation engine
-- ``rollout_wait_s``: the trainer's wait for the step's rollouts; with ``rollout.max_staleness=K``
+- ``rollout_wait_s``: the trainer's wait for the step's rollouts; with ``rollout.steps_ahead=K``
   they run while earlier steps train, so generation and environment time overlap training and
   only this wait is on the step's critical path (``rollout_wait_share`` of the step)
 - ``tokens_per_s``: every token of the step's trajectories (prompts, generated turns,
@@ -25,7 +25,7 @@ steps, then ``--steps`` measured ones, and reports per step:
   measured in the same run (a 2048 x 2048 matmul in the run's precision), on a GPU the device's
   dense bf16 peak (``perf.peak_tflops`` overrides both).
 
-Steady state. With ``rollout.max_staleness=K`` the first step starts the rollouts of steps 0..K at
+Steady state. With ``rollout.steps_ahead=K`` the first step starts the rollouts of steps 0..K at
 once, and steps 1..K find theirs done or nearly: a head start no later step has. So the warm-up is
 at least K + 1 steps, for every K (1 when synchronous): ``--warmup auto``, the default, is K + 1, and
 a smaller ``--warmup`` is raised to K + 1 with a printed line. Once rollouts bound the step, the
@@ -41,14 +41,14 @@ measured step's start to the last one's end) in which no generate call of the en
 ``engine_calls_per_step`` and ``sequences_per_engine_call``: the engine's generate calls that started in
 the window, per measured step, and their mean batch (whichever steps' rollouts made them).
 
-The warm start is off unless asked for (``sft.steps=N``): an untrained policy writes whole
+The warm start is off unless asked for (``warm_start.steps=N``): an untrained policy writes whole
 turns until ``rollout.max_new_tokens_per_turn``, the longest generation the config allows.
 Groups whose rewards are all equal are kept (``advantage.min_group_std=-1``; the recipe drops
 them) and so are rollouts with malformed calls (``advantage.drop_format_errors=false``; the recipe
 masks them out of the loss, and an untrained policy writes nothing else), so every step trains on
 its whole batch and the timings do not depend on luck. Rollouts sample at temperature 1, the
-workload docs/performance.md compares with TRL's, with 8 copy lessons a step (``loss.lesson_batch_size=8``,
-the workload every results file measured; the default run takes 32). With ``rollout.max_staleness=K`` the run is K
+workload docs/performance.md compares with TRL's, with 8 copy lessons a step (``loss.copy_lessons_per_step=8``,
+the workload every results file measured; the default run takes 32). With ``rollout.steps_ahead=K`` the run is K
 steps longer than the steps it runs, so that every measured step has the next steps' rollouts
 running beside it.
 """
@@ -77,7 +77,7 @@ PHASES = (
 )
 ROLLOUT_PHASES = (("generation_s", "time/generate_s"), ("environment_s", None))
 BENCH_DEFAULTS = (
-    "sft.steps=0",
+    "warm_start.steps=0",
     "evaluation.enabled=false",
     "export.enabled=false",
     "checkpoint.save_every=0",
@@ -85,7 +85,7 @@ BENCH_DEFAULTS = (
     "advantage.drop_format_errors=false",
     "advantage.drop_unanswered=false",
     "rollout.temperature=1.0",
-    "loss.lesson_batch_size=8",
+    "loss.copy_lessons_per_step=8",
 )
 
 
@@ -94,13 +94,13 @@ def add_args(parser: Any) -> None:
         "--steps",
         type=int,
         default=3,
-        help="measured GRPO steps, rounded up to a multiple of rollout.max_staleness + 1",
+        help="measured GRPO steps, rounded up to a multiple of rollout.steps_ahead + 1",
     )
     parser.add_argument(
         "--warmup",
         type=warmup_arg,
         default="auto",
-        help="unmeasured GRPO steps first: auto is rollout.max_staleness + 1, the least taken",
+        help="unmeasured GRPO steps first: auto is rollout.steps_ahead + 1, the least taken",
     )
     parser.add_argument(
         "--out",
@@ -119,26 +119,26 @@ def warmup_arg(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"must be auto or a whole number of steps, not {text!r}") from None
 
 
-def plan_steps(max_staleness: int, warmup: int | str, steps: int) -> tuple[int, int, list[str]]:
+def plan_steps(steps_ahead: int, warmup: int | str, steps: int) -> tuple[int, int, list[str]]:
     """(warm-up steps, measured steps, a line for each change made to the ones asked for): at least
     K + 1 warm-up steps, and a multiple of K + 1 measured (see the module's docstring)."""
-    period, notes = max_staleness + 1, []
+    period, notes = steps_ahead + 1, []
     if warmup == "auto":
         warmup = period
     elif warmup < period:
         why = (
-            f"the first step starts the rollouts of steps 0..{max_staleness} together, and "
-            + ("step 1 would find its" if max_staleness == 1 else f"steps 1..{max_staleness} would find theirs")
+            f"the first step starts the rollouts of steps 0..{steps_ahead} together, and "
+            + ("step 1 would find its" if steps_ahead == 1 else f"steps 1..{steps_ahead} would find theirs")
             + " done early"
-            if max_staleness
+            if steps_ahead
             else "the first step's one-time costs stay out of the measurement"
         )
-        notes.append(f"--warmup {warmup} raised to {period} (rollout.max_staleness + 1, the least): {why}")
+        notes.append(f"--warmup {warmup} raised to {period} (rollout.steps_ahead + 1, the least): {why}")
         warmup = period
     if steps % period:
         rounded = -(-steps // period) * period
         notes.append(
-            f"--steps {steps} rounded up to {rounded}: with rollout.max_staleness={max_staleness} the step times "
+            f"--steps {steps} rounded up to {rounded}: with rollout.steps_ahead={steps_ahead} the step times "
             f"repeat every {period} steps, so the measured steps are whole periods"
         )
         steps = rounded
@@ -233,7 +233,7 @@ def table(summary: dict[str, float]) -> str:
     rows.append(
         "rollouts ("
         + ", ".join(f"{name.removesuffix('_s')} {summary[name]:.3f} s" for name, _ in ROLLOUT_PHASES)
-        + "): overlap training when rollout.max_staleness > 0"
+        + "): overlap training when rollout.steps_ahead > 0"
     )
     if summary.get("reference_ahead_s", 0.0) > 0:
         rows.append(
@@ -278,7 +278,7 @@ def main(args: Any) -> int:
         overrides.append(f"run.output_dir={scratch}")
     try:
         cfg = load_config([*BENCH_DEFAULTS, *overrides])
-        warmup, steps, notes = plan_steps(cfg.rollout.max_staleness, args.warmup, args.steps)
+        warmup, steps, notes = plan_steps(cfg.rollout.steps_ahead, args.warmup, args.steps)
         cfg.trainer.max_steps = warmup + steps
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
@@ -300,7 +300,7 @@ def measure(args: Any, cfg) -> int:
     else ``bench_grpo.json`` in the run's folder)."""
     # rollouts run ahead of the last measured step too, as in the middle of a run: without the extra
     # steps, the last one would train with an idle engine beside it
-    cfg.trainer.max_steps += cfg.rollout.max_staleness
+    cfg.trainer.max_steps += cfg.rollout.steps_ahead
 
     from nemo_orchestra.runtime.console import setup_logging
 
@@ -337,12 +337,12 @@ def measure(args: Any, cfg) -> int:
             "engine": cfg.rollout.engine,
             "parallel": vars(cfg.parallel),
             "params_dtype": cfg.model.params_dtype,
-            "max_staleness": cfg.rollout.max_staleness,
+            "steps_ahead": cfg.rollout.steps_ahead,
             "prompts_per_step": cfg.data.prompts_per_step,
             "group_size": cfg.rollout.group_size,
             "max_turns": cfg.rollout.max_turns,
             "max_new_tokens_per_turn": cfg.rollout.max_new_tokens_per_turn,
-            "sft_steps": cfg.sft.steps,
+            "warm_start_steps": cfg.warm_start.steps,
             "overrides": list(args.overrides),
         },
         "machine": {

@@ -171,7 +171,7 @@ class RolloutConfig:
     orchestrator_price_out: float = MISSING
     sync_timeout_s: float = MISSING  # a weight sync into the engine that takes longer raises (vllm engine)
     batch_window_s: float = MISSING  # once a tool call returns, wait this long for others before generating
-    max_staleness: int = MISSING  # K: rollouts run up to K policy versions ahead of training (0: synchronous)
+    steps_ahead: int = MISSING  # K: rollouts run up to K policy versions ahead of training (0: synchronous)
     fill_informative_groups: bool = (
         MISSING  # sample more prompts until the step has prompts_per_step informative groups
     )
@@ -189,7 +189,7 @@ class RolloutConfig:
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
         _check(self.sync_timeout_s > 0, "rollout.sync_timeout_s", "must be > 0")
         _check(self.batch_window_s >= 0, "rollout.batch_window_s", "must be >= 0")
-        _check(self.max_staleness >= 0, "rollout.max_staleness", "must be >= 0 (0: synchronous rollouts)")
+        _check(self.steps_ahead >= 0, "rollout.steps_ahead", "must be >= 0 (0: synchronous rollouts)")
         _check(self.max_extra_prompts >= 0, "rollout.max_extra_prompts", "must be >= 0")
         _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")
         _check(self.kv_cache_gb is None or self.kv_cache_gb > 0, "rollout.kv_cache_gb", "must be > 0 or null")
@@ -239,8 +239,8 @@ class LossConfig:
     kl_coef: float = MISSING
     tis_cap: Optional[float] = MISSING  # truncated importance sampling cap on trainer/generator ratios; null: off
     minibatches: int = MISSING  # optimizer steps per batch of rollouts (each on 1/N of its trajectories)
-    lesson_coef: float = MISSING  # copy lessons in each GRPO step, their log-likelihood at this weight; 0: none
-    lesson_batch_size: int = MISSING  # copy lessons per step and data-parallel rank
+    copy_lesson_coef: float = MISSING  # copy lessons in each GRPO step, their log-likelihood at this weight; 0: none
+    copy_lessons_per_step: int = MISSING  # copy lessons per step and data-parallel rank
 
     def validate(self) -> None:
         _check(self.clip_low > 0 and self.clip_high > 0, "loss.clip_low", "clip ranges must be > 0")
@@ -248,8 +248,8 @@ class LossConfig:
         _check(self.dual_clip is None or self.dual_clip > 1, "loss.dual_clip", "must be null or > 1")
         _check(self.kl_coef >= 0, "loss.kl_coef", "must be >= 0")
         _check(self.tis_cap is None or self.tis_cap > 0, "loss.tis_cap", "must be null or > 0")
-        _check(self.lesson_coef >= 0, "loss.lesson_coef", "must be >= 0")
-        _check(self.lesson_batch_size >= 0, "loss.lesson_batch_size", "must be >= 0")
+        _check(self.copy_lesson_coef >= 0, "loss.copy_lesson_coef", "must be >= 0")
+        _check(self.copy_lessons_per_step >= 0, "loss.copy_lessons_per_step", "must be >= 0")
 
 
 @dataclass
@@ -266,36 +266,36 @@ class OptimConfig:
 
 
 @dataclass
-class SftConfig:
+class WarmStartConfig:
     steps: int = MISSING  # warm-start steps on synthetic tool-call trajectories; 0 disables
     lr: float = MISSING
     batch_size: int = MISSING
     num_episodes: int = MISSING  # scripted episodes run against the service to make the warm-start data
-    copy_episodes: Optional[int] = MISSING  # copy lessons: a tool, then its result copied into the answer
-    #   (data.warm_start); null: as many as the warm start draws (steps x copy_batch_size, each seen about
+    copy_lessons: Optional[int] = MISSING  # copy lessons: a tool, then its result copied into the answer
+    #   (data.warm_start); null: as many as the warm start draws (steps x copy_lessons_per_step, each seen about
     #   once) with the embedded default task set, none with data.train_path
-    copy_batch_size: int = MISSING  # copy lessons in each warm-start batch, besides batch_size scripted episodes
+    copy_lessons_per_step: int = MISSING  # copy lessons in each warm-start batch, besides batch_size scripted episodes
     min_lr_ratio: float = MISSING  # the learning rate decays from lr to lr * this along a cosine
     endpoint_experts: bool = MISSING  # scripted episodes may call experts served by endpoints (which cost money)
     max_calls: int = MISSING  # scripted episodes make 1 to this many tool calls before the answer
 
     def validate(self) -> None:
-        _check(self.steps >= 0, "sft.steps", "must be >= 0")
-        _check(0.0 <= self.min_lr_ratio <= 1.0, "sft.min_lr_ratio", "must be in [0, 1]")
-        _check(self.num_episodes >= 1, "sft.num_episodes", "must be >= 1")
-        _check(self.copy_episodes is None or self.copy_episodes >= 0, "sft.copy_episodes", "must be >= 0 or null")
-        _check(self.copy_batch_size >= 0, "sft.copy_batch_size", "must be >= 0")
-        _check(self.max_calls >= 1, "sft.max_calls", "must be >= 1")
+        _check(self.steps >= 0, "warm_start.steps", "must be >= 0")
+        _check(0.0 <= self.min_lr_ratio <= 1.0, "warm_start.min_lr_ratio", "must be in [0, 1]")
+        _check(self.num_episodes >= 1, "warm_start.num_episodes", "must be >= 1")
+        _check(self.copy_lessons is None or self.copy_lessons >= 0, "warm_start.copy_lessons", "must be >= 0 or null")
+        _check(self.copy_lessons_per_step >= 0, "warm_start.copy_lessons_per_step", "must be >= 0")
+        _check(self.max_calls >= 1, "warm_start.max_calls", "must be >= 1")
 
-    def copy_lessons(self, train_path: Optional[str]) -> int:
-        """How many copy lessons the warm start makes: ``copy_episodes``, or for null as many as it
-        draws (``steps x copy_batch_size``, each lesson seen about once) with the embedded default task
+    def copy_lesson_count(self, train_path: Optional[str]) -> int:
+        """How many copy lessons the warm start makes: ``copy_lessons``, or for null as many as it
+        draws (``steps x copy_lessons_per_step``, each lesson seen about once) with the embedded default task
         set, and none with a task file; none when the warm start draws none (no steps or
-        ``copy_batch_size`` 0), and never more than it draws."""
-        draws = self.steps * self.copy_batch_size
-        if self.copy_episodes is None:
+        ``copy_lessons_per_step`` 0), and never more than it draws."""
+        draws = self.steps * self.copy_lessons_per_step
+        if self.copy_lessons is None:
             return 0 if train_path else draws
-        return min(self.copy_episodes, draws)
+        return min(self.copy_lessons, draws)
 
 
 @dataclass
@@ -408,7 +408,7 @@ class Config:
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    sft: SftConfig = field(default_factory=SftConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
@@ -450,27 +450,27 @@ class Config:
         )
         r = self.rollout
         _check(
-            r.max_staleness == 0 or self.loss.tis_cap is not None,
+            r.steps_ahead == 0 or self.loss.tis_cap is not None,
             "loss.tis_cap",
-            f"must be set with rollout.max_staleness={r.max_staleness}: rollouts of older policy versions "
+            f"must be set with rollout.steps_ahead={r.steps_ahead}: rollouts of older policy versions "
             "are corrected by truncated importance sampling (e.g. loss.tis_cap=2.0)",
         )
         _check(
-            r.max_staleness == 0 or r.engine != "megatron",
-            "rollout.max_staleness",
+            r.steps_ahead == 0 or r.engine != "megatron",
+            "rollout.steps_ahead",
             "needs an engine that holds its own copy of the weights (vllm or hf): the megatron engine "
             "generates with the weights being trained",
         )
         _check(
-            self.sft.max_calls == 1 or self.sft.max_calls < r.max_turns,
-            "sft.max_calls",
+            self.warm_start.max_calls == 1 or self.warm_start.max_calls < r.max_turns,
+            "warm_start.max_calls",
             f"must be below rollout.max_turns ({r.max_turns}): a scripted episode's calls and its answer "
             "must fit the turns a rollout has (1, the default, is taken with any rollout.max_turns)",
         )
         _check(
-            not self.sft.copy_episodes or not self.data.train_path,
-            "sft.copy_episodes",
-            "copy lessons are made from the embedded default task set: set sft.copy_episodes=0 (or null) with "
+            not self.warm_start.copy_lessons or not self.data.train_path,
+            "warm_start.copy_lessons",
+            "copy lessons are made from the embedded default task set: set warm_start.copy_lessons=0 (or null) with "
             "data.train_path",
         )
         return self
@@ -588,6 +588,15 @@ REMOVED_KEYS = {
     "advantage.train_malformed_calls": "malformed calls of filtered rollouts trained as failures",
     "loss.lesson_schemas": "GRPO's copy lessons written with the tool schemas",
 }
+# Keys that have another name now (one name per concept): each old name is refused, naming the new one.
+RENAMED_KEYS = {
+    "sft.copy_episodes": "warm_start.copy_lessons",
+    "sft.copy_batch_size": "warm_start.copy_lessons_per_step",
+    "sft": "warm_start",
+    "rollout.max_staleness": "rollout.steps_ahead",
+    "loss.lesson_coef": "loss.copy_lesson_coef",
+    "loss.lesson_batch_size": "loss.copy_lessons_per_step",
+}
 
 
 def _refuse_removed_key(key: str, where: str) -> None:
@@ -596,10 +605,13 @@ def _refuse_removed_key(key: str, where: str) -> None:
             f"{key}: removed ({REMOVED_KEYS[key]}: measured and not kept); its figures and the commit that "
             f"had it are in {REMOVED_LOG} (set in {where})"
         )
+    for old, new in RENAMED_KEYS.items():
+        if key == old or key.startswith(old + "."):
+            raise ConfigError(f"{key}: renamed {new + key[len(old) :]} (set in {where})")
 
 
 def _refuse_removed(tree, where: str) -> None:
-    for key in REMOVED_KEYS:
+    for key in (*REMOVED_KEYS, *RENAMED_KEYS):
         if OmegaConf.select(tree, key, default=_ABSENT) is not _ABSENT:
             _refuse_removed_key(key, where)
 

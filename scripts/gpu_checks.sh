@@ -7,7 +7,7 @@
 # Stages, in the order of STAGES (default "tests kbench sync async"):
 #   sync, async  recipes/benchmark.py grpo at the Qwen3-8B shape with LAYERS layers (default 8), bf16,
 #                16 prompts x 8 rollouts: tokens/s/GPU and MFU against the device's dense bf16 peak. sync: 1
-#                warm-up and 3 measured steps; async: rollout.max_staleness=ASYNC_K (default 4) with
+#                warm-up and 3 measured steps; async: rollout.steps_ahead=ASYNC_K (default 4) with
 #                loss.tis_cap=2.0, in steady state (the benchmark's K+1 warm-up steps, one period of K+1 measured).
 #                ENGINE (default hf) picks rollout.engine: vllm needs the vllm package and the hf engine
 #                (transformers) runs anywhere torch does.
@@ -74,7 +74,7 @@ for stage in $STAGES; do
         sync) timeout "${GRPO_S:-130}" "$PY" "${GRPO[@]}" --steps 3 --warmup 1 --out "$OUT/grpo_sync.json" \
             "run.output_dir=$OUT/run_sync" ;;
         async) timeout "${ASYNC_S:-230}" "$PY" "${GRPO[@]}" --steps "$((ASYNC_K + 1))" --out "$OUT/grpo_async.json" \
-            "run.output_dir=$OUT/run_async" "rollout.max_staleness=$ASYNC_K" loss.tis_cap=2.0 ;;
+            "run.output_dir=$OUT/run_async" "rollout.steps_ahead=$ASYNC_K" loss.tis_cap=2.0 ;;
         kbench) timeout "${KBENCH_S:-60}" "$PY" -m nemo_orchestra.kernels.bench --out "$OUT/kernel_bench.json" ;;
         tests) timeout "${TESTS_S:-150}" "$PY" -m pytest -o addopts="" -q -p no:cacheprovider -rfEs \
             -n "${TEST_WORKERS:-4}" --durations=10 \

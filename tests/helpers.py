@@ -70,8 +70,8 @@ def loss_cfg(**kw) -> LossConfig:
         kl_coef=0.0,
         tis_cap=None,
         minibatches=1,
-        lesson_coef=0.0,
-        lesson_batch_size=0,
+        copy_lesson_coef=0.0,
+        copy_lessons_per_step=0,
     )
     base.update(kw)
     return LossConfig(**base)

@@ -7,11 +7,11 @@ a random expert alias. Each turn opens with a short plan that restates the kind 
 user's preference and then names the call (``plan_text``; one token with the embedded tokenizer),
 so the choice is made together with what it should depend on. The episodes run against the tool
 service, so observations are exactly what the policy will see; the assistant turns are the only
-trained tokens. The learning rate decays along a cosine (``sft.min_lr_ratio``), so the policy
+trained tokens. The learning rate decays along a cosine (``warm_start.min_lr_ratio``), so the policy
 ends on the data's even odds for each kind and preference. Which choices pay off under which
 plan is left for GRPO to find.
 
-Copy lessons (``sft.copy_episodes``): a small model does not learn from a few hundred examples to
+Copy lessons (``warm_start.copy_lessons``): a small model does not learn from a few hundred examples to
 copy a problem's expression into the calculator call or a tool's result into its answer, so
 calculator-then-answer (free and exact) fails and GRPO learns to pay an expert instead. A copy
 lesson calls the calculator (or an expert) on the problem and then answers with what it returned;
@@ -88,9 +88,9 @@ def _choose(
     elif calls_only:
         kinds = [k for k in kinds if k != "answer"]
     if not kinds:
-        paid = f"; experts it does not call (endpoints; sft.endpoint_experts=true allows them): {sorted(avoid)}"
+        paid = f"; experts it does not call (endpoints; warm_start.endpoint_experts=true allows them): {sorted(avoid)}"
         raise ValueError(
-            f"sft: task {task.id!r} offers none of what the scripted warm start uses (the calculator "
+            f"warm start: task {task.id!r} offers none of what the scripted warm start uses (the calculator "
             f"on 'What is a op b?', an expert, or answer written by an expert); its tools: {names}"
             + (paid if avoid else "")
         )

@@ -130,7 +130,7 @@ def stop_engine_calls(timeout: float = 30.0) -> bool:
 HELDOUT_SEED = "heldout"
 
 
-def malformed_call_observation(error: str) -> str:
+def format_error_observation(error: str) -> str:
     """What the policy reads after a turn without a valid tool call, on every path."""
     return f'Error: {error}. Call a tool as <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call>.'
 
@@ -518,11 +518,11 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
         parsed = ep.transcript.assistant(ep.messages, parsed, turn.text)
 
     ep.messages.append(parsed.message)
-    t.turn_keys.append(turn_key(parsed.calls, ep.tools) if parsed.error is None else MALFORMED_TURN)
+    t.turn_keys.append(turn_key(parsed.calls, ep.tools) if parsed.error is None else FORMAT_ERROR_TURN)
     if parsed.error is not None:
         t.format_errors += 1
         t.tool_errors += 1
-        ep.messages.append(tool_message(malformed_call_observation(parsed.error)))
+        ep.messages.append(tool_message(format_error_observation(parsed.error)))
     off_schema = any(call_schema_error(call, ep.tools) is not None for call in parsed.calls)
     t.schema_errors += off_schema
     for call, spec in zip(parsed.calls, parsed.message.get("tool_calls") or []):
@@ -547,7 +547,7 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
     return False
 
 
-MALFORMED_TURN = "<malformed>"  # the action of a turn without a valid call, whatever its text
+FORMAT_ERROR_TURN = "<malformed>"  # the action of a turn without a valid call, whatever its text
 
 
 def turn_key(calls, tools: list[dict[str, Any]]) -> str:

@@ -1,4 +1,4 @@
-"""Rollouts that run ahead of training by at most K policy versions (``rollout.max_staleness=K``).
+"""Rollouts that run ahead of training by at most K policy versions (``rollout.steps_ahead=K``).
 
 The trainer's event loop (tool-service client, agent loop) runs in a thread of its own. Before
 step s trains, the rollouts of steps s .. s+K are started (those not started yet); step s then
@@ -31,12 +31,12 @@ class AsyncRollouts:
         self,
         loop: asyncio.AbstractEventLoop,
         rollout: Callable[[int], Coroutine[Any, Any, Any]],
-        max_staleness: int,
+        steps_ahead: int,
         last_step: int,
     ):
         """``rollout(j)``: the coroutine that produces step j's rollouts; steps run up to ``last_step``
         (exclusive)."""
-        self.loop, self.rollout, self.max_staleness, self.last_step = loop, rollout, max_staleness, last_step
+        self.loop, self.rollout, self.steps_ahead, self.last_step = loop, rollout, steps_ahead, last_step
         self.pending: dict[int, concurrent.futures.Future] = {}
         self.started: dict[int, float] = {}
         self.finished: dict[int, float] = {}
@@ -49,8 +49,8 @@ class AsyncRollouts:
 
     def take(self, step: int) -> tuple[Any, float]:
         """Step ``step``'s rollouts (started now if not already) and the seconds spent waiting for them;
-        first starts those of the steps up to ``step + max_staleness``."""
-        for j in range(step, min(step + self.max_staleness, self.last_step - 1) + 1):
+        first starts those of the steps up to ``step + steps_ahead``."""
+        for j in range(step, min(step + self.steps_ahead, self.last_step - 1) + 1):
             if j not in self.pending:
                 self.started[j] = time.perf_counter()
                 self.pending[j] = asyncio.run_coroutine_threadsafe(self._timed(j), self.loop)

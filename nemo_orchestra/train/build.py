@@ -51,7 +51,7 @@ def load_eval_tasks(cfg: Config):
 def warm_start_tasks(cfg: Config, tasks: list) -> list:
     """Tasks for the scripted warm-start episodes: fresh ones for the embedded default (so the
     model learns to copy tool outputs rather than memorize answers), else cycled training tasks."""
-    n = max(cfg.sft.num_episodes, 1)
+    n = max(cfg.warm_start.num_episodes, 1)
     if not cfg.data.train_path:
         return generate_tasks(n, cfg.run.seed + 1)
     return [tasks[i % len(tasks)] for i in range(n)]
@@ -153,24 +153,28 @@ def _build(
     if tokenizer is None and resume_from and os.path.isdir(run_tokenizer):
         tokenizer = load_tokenizer(run_tokenizer)  # the ids the checkpoint was trained with
     chat = resolve_chat_format(tokenizer, *chat_options(cfg)) if tokenizer else None
-    sft = warm_start_reason(cfg, resume_from)
-    if sft is None or tokenizer is None:  # the embedded tokenizer is built from the episodes' text
-        sft_tasks = warm_start_tasks(cfg, tasks)
-        log.info("scripted warm-start episodes: %d%s", len(sft_tasks), f" (tokenizer corpus; {sft})" if sft else "")
+    skip = warm_start_reason(cfg, resume_from)
+    if skip is None or tokenizer is None:  # the embedded tokenizer is built from the episodes' text
+        chosen = warm_start_tasks(cfg, tasks)
+        log.info("scripted warm-start episodes: %d%s", len(chosen), f" (tokenizer corpus; {skip})" if skip else "")
         scripted = loop.run_until_complete(
             scripted_episodes(
-                sft_tasks, client, cfg.run.seed, paid_experts=cfg.sft.endpoint_experts, max_calls=cfg.sft.max_calls
+                chosen,
+                client,
+                cfg.run.seed,
+                paid_experts=cfg.warm_start.endpoint_experts,
+                max_calls=cfg.warm_start.max_calls,
             )
         )
     else:
-        log.info("scripted warm-start episodes: none (%s)", sft)
+        log.info("scripted warm-start episodes: none (%s)", skip)
         scripted = []
-    # copy lessons: the warm start's, and GRPO's lesson batches (loss.lesson_coef), made again on a resume
-    n = cfg.sft.copy_lessons(cfg.data.train_path) if sft is None or cfg.loss.lesson_coef > 0 else 0
+    # copy lessons: the warm start's, and GRPO's lesson batches (loss.copy_lesson_coef), made again on a resume
+    n = cfg.warm_start.copy_lesson_count(cfg.data.train_path) if skip is None or cfg.loss.copy_lesson_coef > 0 else 0
     if n:
         lessons = copy_tasks(n, cfg.run.seed + 3)
         copies = loop.run_until_complete(
-            scripted_episodes(lessons, client, cfg.run.seed, copy=True, paid_experts=cfg.sft.endpoint_experts)
+            scripted_episodes(lessons, client, cfg.run.seed, copy=True, paid_experts=cfg.warm_start.endpoint_experts)
         )
         log.info("copy lessons: %d", len(copies))
     else:
@@ -230,7 +234,7 @@ def _build(
         logger,
         tokenizer=tokenizer,
         vocab_size=vocab,
-        sft_trajectories=[to_trajectory(ep, chat, cfg.reward) for ep in scripted],
+        warm_start_trajectories=[to_trajectory(ep, chat, cfg.reward) for ep in scripted],
         copy_lessons=[to_trajectory(ep, chat, cfg.reward) for ep in copies],
         rank=info.rank,
         dp_rank=info.rank // (info.tp * info.pp),
@@ -246,10 +250,10 @@ def chat_options(cfg: Config) -> tuple:
 
 
 def warm_start_reason(cfg: Config, resume_from: str | None) -> str | None:
-    """Why this run has no warm start (None: it has one): ``sft.steps=0``, ``model.init_from``, or a
+    """Why this run has no warm start (None: it has one): ``warm_start.steps=0``, ``model.init_from``, or a
     resume past it."""
-    if cfg.sft.steps == 0:
-        return "sft.steps=0"
+    if cfg.warm_start.steps == 0:
+        return "warm_start.steps=0"
     if cfg.model.init_from:
         return f"the policy starts from model.init_from={cfg.model.init_from}"
     if resume_from:

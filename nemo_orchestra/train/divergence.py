@@ -41,7 +41,7 @@ class StepGuard:
 
     max_skipped: int = 3  # trainer.max_skipped_steps: skipped optimizer steps in a row before the run stops
     kl_warn: float | None = 100.0  # trainer.kl_warn; None: no warning
-    lrs: dict[str, float] = field(default_factory=dict)  # the configured rates, by key ("optim.lr", "sft.lr")
+    lrs: dict[str, float] = field(default_factory=dict)  # the configured rates, by key ("optim.lr", "warm_start.lr")
     step: int = 0  # GRPO steps begun: the step under way (set from the checkpoint on resume)
     warm_start_steps: int = 0  # warm-start (SFT) optimizer steps begun
     in_a_row: int = 0  # optimizer steps skipped since the last one taken
@@ -58,7 +58,7 @@ class StepGuard:
 
     @property
     def lr_key(self) -> str:
-        return "sft.lr" if self.phase == "warm start" else "optim.lr"
+        return "warm_start.lr" if self.phase == "warm start" else "optim.lr"
 
     @property
     def where(self) -> str:

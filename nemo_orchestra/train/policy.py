@@ -101,7 +101,7 @@ def build_policy(cfg: Config, vocab_size: int, device: torch.device) -> Policy:
     guard = StepGuard(
         max_skipped=cfg.trainer.max_skipped_steps,
         kl_warn=cfg.trainer.kl_warn,
-        lrs={"optim.lr": cfg.optim.lr, "sft.lr": cfg.sft.lr},
+        lrs={"optim.lr": cfg.optim.lr, "warm_start.lr": cfg.warm_start.lr},
     )
     return Policy(ddp, optimizer, reference, device, reference_offloaded=cfg.reference.offload, guard=guard)
 

@@ -15,7 +15,7 @@ from nemo_orchestra.config import Config
 @dataclass(frozen=True)
 class RunPlan:
     reference_pass: bool  # the frozen reference's logprobs run each step (``loss.kl_coef`` > 0)
-    rollouts_ahead: int  # K: a step's rollouts start up to K steps early (``rollout.max_staleness``; 0: synchronous)
+    rollouts_ahead: int  # K: a step's rollouts start up to K steps early (``rollout.steps_ahead``; 0: synchronous)
     live_sequences: int  # the most sequences the engine holds at once (``live_sequences``)
     engine_cpus: tuple[int, ...] | None  # the engine worker's cores, the trainer's the rest (``engine_cpus``)
     overlap_reference: bool  # reference logprobs on a thread beside the update (``overlap_reference``)
@@ -25,7 +25,7 @@ class RunPlan:
         cpus = engine_cpus(cfg, device)
         return cls(
             reference_pass=cfg.loss.kl_coef > 0,
-            rollouts_ahead=cfg.rollout.max_staleness,
+            rollouts_ahead=cfg.rollout.steps_ahead,
             live_sequences=live_sequences(cfg),
             engine_cpus=tuple(cpus) if cpus else None,
             overlap_reference=overlap_reference(cfg, device),
@@ -44,12 +44,12 @@ def live_sequences(cfg: Config) -> int:
     extra prompts of dynamic sampling come after them, at most as many), and with rollouts ahead
     those of each step in flight. The engine's KV cache holds them (``vllm.default_kv_bytes``)."""
     r = cfg.rollout
-    return cfg.data.prompts_per_step * r.group_size * max(1, r.max_staleness)
+    return cfg.data.prompts_per_step * r.group_size * max(1, r.steps_ahead)
 
 
 def engine_cpus(cfg: Config, device) -> list[int] | None:
     """The cores for the vLLM engine's worker when rollouts run ahead of training on a CPU
-    (``rollout.max_staleness`` >= 1): the engine and the trainer then compute at the same time, and
+    (``rollout.steps_ahead`` >= 1): the engine and the trainer then compute at the same time, and
     both taking every core oversubscribes them.
     The engine gets the first half of this process's cores (at least one), the trainer's torch
     threads the rest. None, leaving vLLM's own binding, when synchronous, on CUDA, with another engine,
@@ -57,7 +57,7 @@ def engine_cpus(cfg: Config, device) -> list[int] | None:
     if (
         device.type != "cpu"
         or cfg.rollout.engine != "vllm"
-        or cfg.rollout.max_staleness < 1
+        or cfg.rollout.steps_ahead < 1
         or "VLLM_CPU_OMP_THREADS_BIND" in os.environ
     ):
         return None

@@ -166,7 +166,7 @@ def grpo_loss_fn(loss_cfg: LossConfig):
     ``rollout/logprob_mismatch``, mean |trainer - generator| logprob over generated tokens, and with
     ``loss.tis_cap`` ``loss/tis_capped_share``, the share of them whose importance weight the cap bounds.
 
-    Copy lessons in the pack (``lesson_T``, ``loss.lesson_coef``) carry their coefficient as the
+    Copy lessons in the pack (``lesson_T``, ``loss.copy_lesson_coef``) carry their coefficient as the
     advantage, so their term is that multiple of their log-likelihood's gradient; nothing sampled
     them, so they take no importance weight and stay out of the mismatch."""
 
@@ -260,7 +260,7 @@ def mean_over_steps(steps: list[dict]) -> dict[str, float]:
     return out
 
 
-def sft_loss_fn(lp_T: torch.Tensor, batch: PackedBatch):
+def warm_start_loss_fn(lp_T: torch.Tensor, batch: PackedBatch):
     """Summed negative log-likelihood of the generated (assistant) tokens."""
     mask = batch.loss_mask_T.to(lp_T.device)
     n = mask.sum()
@@ -304,7 +304,7 @@ def train_step(policy: Policy, batches: list[PackedBatch], loss_fn, temperature:
     from nemo_orchestra.megatron.cpu_compat import cuda_type_names
 
     guard = policy.guard
-    guard.begin("warm start" if loss_fn is sft_loss_fn else "grpo")
+    guard.begin("warm start" if loss_fn is warm_start_loss_fn else "grpo")
     losses = forward_backward(policy, batches, loss_fn, temperature)
     out = reduce_metrics(losses)
     loss_finite = all(math.isfinite(v) for k, v in out.items() if k.startswith("loss/"))

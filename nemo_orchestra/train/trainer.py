@@ -2,7 +2,7 @@
 
 rollout -> reward -> advantages -> pack -> logprobs (old, reference) -> train -> sync -> log -> checkpoint
 
-With ``rollout.max_staleness=K >= 1`` the rollouts of the next K steps run while a step trains
+With ``rollout.steps_ahead=K >= 1`` the rollouts of the next K steps run while a step trains
 (``train/async_rollouts.py``); with K = 0 a step's rollouts run when it starts.
 """
 
@@ -57,7 +57,7 @@ from nemo_orchestra.train.step import (
     minibatch_packs,
     pack_for_step,
     reference_logprobs,
-    sft_loss_fn,
+    warm_start_loss_fn,
     train_step,
 )
 from nemo_orchestra.types import PackedBatch, TaskRecord, Trajectory
@@ -80,7 +80,7 @@ class Trainer:
     logger: MetricLogger
     tokenizer: object = None
     vocab_size: int = 0
-    sft_trajectories: list[Trajectory] = field(default_factory=list)  # scripted warm-start data
+    warm_start_trajectories: list[Trajectory] = field(default_factory=list)  # scripted warm-start data
     copy_lessons: list[Trajectory] = field(default_factory=list)  # warm-start copy lessons (data.warm_start)
     rank: int = 0
     dp_rank: int = 0
@@ -215,7 +215,7 @@ class Trainer:
         context = tool_service_context(self.cfg.run.output_dir, self.step)
         if self.rollouts is None and self.plan.rollouts_ahead > 0:
             assert self.engine is not None and not self.generation.reads_policy_weights, (
-                "rollout.max_staleness > 0 needs an engine with its own weights (checked by the config)"
+                "rollout.steps_ahead > 0 needs an engine with its own weights (checked by the config)"
             )
             self.rollouts = AsyncRollouts(
                 self.loop, self.step_rollouts, self.plan.rollouts_ahead, self.cfg.trainer.max_steps
@@ -238,7 +238,7 @@ class Trainer:
             self.rollouts = None
 
     def drop_stale(self, trajs: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
-        """Trajectories whose oldest turn is at most ``rollout.max_staleness`` versions behind this step's
+        """Trajectories whose oldest turn is at most ``rollout.steps_ahead`` versions behind this step's
         policy (all of them, by construction: a violation is counted, and the trajectory not trained on)."""
         lags = [self.step - min(t.turn_versions, default=self.step) for t in trajs]
         k = self.plan.rollouts_ahead
@@ -416,13 +416,13 @@ class Trainer:
         return True
 
     def step_lessons(self, step: int) -> list[Trajectory]:
-        """``loss.lesson_batch_size`` of the warm start's copy lessons for this step and data-parallel
-        rank (none with ``loss.lesson_coef`` 0 or a run without lessons), each with the coefficient as
+        """``loss.copy_lessons_per_step`` of the warm start's copy lessons for this step and data-parallel
+        rank (none with ``loss.copy_lesson_coef`` 0 or a run without lessons), each with the coefficient as
         its advantage: the update adds that multiple of their log-likelihood's gradient. Their calls
         are trained, not their plans, so they hold the call format and the copying that the plans'
         updates would otherwise wear away, without pulling the choice of tool. Drawn from
         (seed, step, rank), so a resumed run draws the same."""
-        coef, n = self.cfg.loss.lesson_coef, self.cfg.loss.lesson_batch_size
+        coef, n = self.cfg.loss.copy_lesson_coef, self.cfg.loss.copy_lessons_per_step
         if coef <= 0 or n <= 0 or not self.copy_lessons:
             return []
         rng = random.Random(f"{self.cfg.run.seed}/lessons/{step}/{self.dp_rank}")
@@ -480,26 +480,26 @@ class Trainer:
     def warm_start(self) -> None:
         """SFT on the scripted trajectories (unless the policy starts from ``model.init_from``), then
         the reference policy becomes the warm-started one."""
-        sft, sft_trajs = self.cfg.sft, self.sft_trajectories
-        if self.cfg.model.init_from and sft.steps > 0:
+        ws, warm_start_trajs = self.cfg.warm_start, self.warm_start_trajectories
+        if self.cfg.model.init_from and ws.steps > 0:
             log.info("warm start skipped: the policy starts from model.init_from=%s", self.cfg.model.init_from)
-        elif sft.steps > 0:
-            if not sft_trajs:
+        elif ws.steps > 0:
+            if not warm_start_trajs:
                 raise RuntimeError("warm start: no scripted episodes were made (build_trainer, resume_from)")
-            set_lr(self.policy.optimizer, sft.lr)
+            set_lr(self.policy.optimizer, ws.lr)
             from tqdm import tqdm
 
             rng = random.Random(self.cfg.run.seed)
-            bar = tqdm(range(sft.steps), desc="warm start", disable=self.rank != 0, dynamic_ncols=True)
+            bar = tqdm(range(ws.steps), desc="warm start", disable=self.rank != 0, dynamic_ncols=True)
             for i in bar:
-                set_lr(self.policy.optimizer, cosine_lr(sft.lr, sft.min_lr_ratio, i, sft.steps))
-                batch = rng.sample(sft_trajs, min(sft.batch_size, len(sft_trajs)))
-                batch += rng.sample(self.copy_lessons, min(sft.copy_batch_size, len(self.copy_lessons)))
+                set_lr(self.policy.optimizer, cosine_lr(ws.lr, ws.min_lr_ratio, i, ws.steps))
+                batch = rng.sample(warm_start_trajs, min(ws.batch_size, len(warm_start_trajs)))
+                batch += rng.sample(self.copy_lessons, min(ws.copy_lessons_per_step, len(self.copy_lessons)))
                 m = train_step(
-                    self.policy, pack_for_step(batch, self.cfg.parallel, self.cfg.share_prompts), sft_loss_fn
+                    self.policy, pack_for_step(batch, self.cfg.parallel, self.cfg.share_prompts), warm_start_loss_fn
                 )
                 bar.set_postfix(nll=f"{m.get('loss/nll', float('nan')):.3f}")
-            log.info("warm start done: %d steps, nll %.4f", sft.steps, m.get("loss/nll", float("nan")))
+            log.info("warm start done: %d steps, nll %.4f", ws.steps, m.get("loss/nll", float("nan")))
             set_lr(self.policy.optimizer, self.cfg.optim.lr)
             reset_optimizer_state(self.policy.optimizer)  # GRPO starts with fresh Adam moments
         self.policy.reset_reference()

@@ -27,8 +27,8 @@ pytestmark = pytest.mark.slow
 
 SHORT = [
     "rollout.engine=hf",
-    "sft.steps=4",
-    "sft.num_episodes=16",
+    "warm_start.steps=4",
+    "warm_start.num_episodes=16",
     "data.num_train_tasks=32",
     "data.num_eval_tasks=4",
     "data.prompts_per_step=2",
@@ -76,7 +76,7 @@ def run(tmp_path, name: str, overrides: list[str], steps: int, k0_async: bool = 
 
 
 # a format-only warm start (no copy lessons, the faster rate): enough for some rollouts to earn a reward
-WARM = ["sft.steps=40", "sft.num_episodes=64", "sft.lr=3e-3", "sft.copy_episodes=0"]
+WARM = ["warm_start.steps=40", "warm_start.num_episodes=64", "warm_start.lr=3e-3", "warm_start.copy_lessons=0"]
 
 
 def test_k0_through_the_async_machinery_equals_the_synchronous_loop(tmp_path):
@@ -92,7 +92,7 @@ def test_k0_through_the_async_machinery_equals_the_synchronous_loop(tmp_path):
 
 def test_k1_overlaps_but_never_lags_more_than_one_version(tmp_path):
     turn = [*WARM, "advantage.credit=turn", "advantage.grad_variance_every=2"]  # rewarded rollouts: a gradient
-    _, metrics, versions = run(tmp_path, "k1", ["rollout.max_staleness=1", *turn], steps=4)
+    _, metrics, versions = run(tmp_path, "k1", ["rollout.steps_ahead=1", *turn], steps=4)
     lags = [s - min(v) for s, trajs in versions.items() for v in trajs if v]
     assert max(lags) == 1, lags  # the next step's rollouts ran while this one trained
     assert min(lags) == 0 and all(0 <= lag <= 1 for lag in lags)
@@ -107,8 +107,8 @@ def test_k1_overlaps_but_never_lags_more_than_one_version(tmp_path):
 
 
 def test_resume_mid_async_run_keeps_the_data_order(tmp_path):
-    _, full, _ = run(tmp_path, "full", ["rollout.max_staleness=1"], steps=4)
-    overrides = ["rollout.max_staleness=1", "checkpoint.save_every=1"]
+    _, full, _ = run(tmp_path, "full", ["rollout.steps_ahead=1"], steps=4)
+    overrides = ["rollout.steps_ahead=1", "checkpoint.save_every=1"]
     run(tmp_path, "resumed", overrides, steps=2)  # stops after step 2 with step 3's rollouts in flight
     _, resumed, _ = run(tmp_path, "resumed", overrides, steps=4)
     order = {m["step"]: m["data/task_ids"] for m in resumed}

@@ -11,7 +11,7 @@ from tools_env.supervisor import REPO_ROOT
 
 SCRIPT = os.path.join(REPO_ROOT, "recipes", "benchmark.py")
 TINY = [
-    "sft.num_episodes=32",
+    "warm_start.num_episodes=32",
     "data.num_train_tasks=16",
     "data.prompts_per_step=2",
     "rollout.group_size=2",
@@ -67,8 +67,8 @@ def test_grpo_benchmark_rejects_a_bad_override(tmp_path):
 
 
 def test_grpo_benchmark_runs_rollouts_ahead_with_max_staleness(tmp_path):
-    stdout, report = bench(tmp_path, 3, "rollout.max_staleness=1", "loss.tis_cap=2.0", "perf.overlap_reference=true")
-    assert report["config"]["max_staleness"] == 1
+    stdout, report = bench(tmp_path, 3, "rollout.steps_ahead=1", "loss.tis_cap=2.0", "perf.overlap_reference=true")
+    assert report["config"]["steps_ahead"] == 1
     steps = report["steps"]
     assert max(m["rollout/staleness_max"] for m in steps) == 1  # later steps' rollouts ran during training
     assert all(m["rollout/stale_dropped"] == 0 for m in steps)

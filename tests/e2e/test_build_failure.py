@@ -19,7 +19,7 @@ def _run(tmp_path, *options: str) -> str:
             sys.executable,
             str(ROOT / "recipes/grpo_orchestrator.py"),
             "rollout.engine=hf",
-            "sft.num_episodes=32",
+            "warm_start.num_episodes=32",
             "data.num_train_tasks=16",
             f"run.output_dir={tmp_path / 'run'}",
             *options,

@@ -38,13 +38,13 @@ def test_the_warm_start_alone_copies_a_number_from_an_observation(tmp_path):
         [
             f"run.output_dir={tmp_path}",
             "rollout.engine=megatron",
-            "sft.steps=200",
-            "sft.lr=1e-3",  # at 3e-3 the copy never forms
-            "sft.min_lr_ratio=1.0",  # a constant rate: the copy forms after about 100 steps
-            "sft.batch_size=4",
-            "sft.num_episodes=64",
-            "sft.copy_episodes=1024",
-            "sft.copy_batch_size=32",
+            "warm_start.steps=200",
+            "warm_start.lr=1e-3",  # at 3e-3 the copy never forms
+            "warm_start.min_lr_ratio=1.0",  # a constant rate: the copy forms after about 100 steps
+            "warm_start.batch_size=4",
+            "warm_start.num_episodes=64",
+            "warm_start.copy_lessons=1024",
+            "warm_start.copy_lessons_per_step=32",
             "evaluation.enabled=false",
             "export.enabled=false",
             "logger.tensorboard=false",

@@ -21,7 +21,7 @@ REQUIRED = [
     "time/train_s",
 ]
 SMALL = [
-    "sft.steps=10",
+    "warm_start.steps=10",
     "data.num_train_tasks=48",
     "data.prompts_per_step=2",
     "rollout.group_size=2",

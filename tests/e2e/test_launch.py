@@ -13,7 +13,7 @@ pytest.importorskip("nemo_run", reason="recipes/launch.py needs nemo-run (script
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = [
-    "sft.steps=2",
+    "warm_start.steps=2",
     "data.num_train_tasks=8",
     "data.num_eval_tasks=4",
     "data.prompts_per_step=1",
@@ -21,7 +21,7 @@ TINY = [
     "rollout.max_turns=1",
     "rollout.max_new_tokens_per_turn=8",
     "rollout.engine=hf",
-    "sft.num_episodes=8",
+    "warm_start.num_episodes=8",
     "evaluation.enabled=false",
     "export.enabled=false",
     "trainer.max_steps=1",

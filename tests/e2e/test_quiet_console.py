@@ -13,8 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = [
-    "sft.steps=3",
-    "sft.num_episodes=96",
+    "warm_start.steps=3",
+    "warm_start.num_episodes=96",
     "data.num_train_tasks=16",
     "data.num_eval_tasks=4",
     "data.prompts_per_step=2",

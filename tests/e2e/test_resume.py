@@ -28,8 +28,8 @@ ARGS = [
     f"trainer.max_steps={MAX_STEPS}",
     "checkpoint.save_every=1",
     "checkpoint.keep=2",
-    "sft.steps=1",
-    "sft.num_episodes=8",
+    "warm_start.steps=1",
+    "warm_start.num_episodes=8",
     *SHORT_RUN,
     "export.enabled=true",
     # the barely warm-started policy earns no reward: zero-variance groups are kept and weight decay

@@ -23,9 +23,9 @@ from nemo_orchestra.rollout.engines.vllm_memory import ipc_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = [
-    "sft.steps=150",
-    "sft.lr=3e-3",  # a format-only warm start (no copy lessons, the faster rate): the default model, calls on most tasks
-    "sft.copy_episodes=0",
+    "warm_start.steps=150",
+    "warm_start.lr=3e-3",  # a format-only warm start (no copy lessons, the faster rate): the default model, calls on most tasks
+    "warm_start.copy_lessons=0",
     "trainer.max_steps=1",
     "data.prompts_per_step=2",
     "rollout.group_size=2",
@@ -95,7 +95,7 @@ def _qwen3_tokenizer(folder: Path) -> list[str]:
         async def episodes():
             client = ToolsEnvClient(svc.urls)
             try:
-                return await scripted_episodes(generate_tasks(cfg.sft.num_episodes, cfg.run.seed + 1), client, 0)
+                return await scripted_episodes(generate_tasks(cfg.warm_start.num_episodes, cfg.run.seed + 1), client, 0)
             finally:
                 await client.aclose()
 

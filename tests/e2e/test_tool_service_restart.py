@@ -21,8 +21,8 @@ ARGS = [
     f"trainer.max_steps={MAX_STEPS}",
     "checkpoint.save_every=1",
     "checkpoint.keep=1",
-    "sft.steps=2",
-    "sft.num_episodes=16",
+    "warm_start.steps=2",
+    "warm_start.num_episodes=16",
     *SHORT_RUN,
     "export.enabled=false",
 ]

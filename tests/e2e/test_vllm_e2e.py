@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [
-    "sft.steps=10",
+    "warm_start.steps=10",
     "data.num_train_tasks=48",
     "data.prompts_per_step=2",
     "rollout.group_size=2",

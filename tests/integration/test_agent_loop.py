@@ -23,7 +23,7 @@ from nemo_orchestra.prompting.chat import (
 )
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 from nemo_orchestra.rollout.engines.base import Generation
-from nemo_orchestra.rollout.loop import EnginePolicy, LoopLimits, Turn, malformed_call_observation, run_episodes
+from nemo_orchestra.rollout.loop import EnginePolicy, LoopLimits, Turn, format_error_observation, run_episodes
 from nemo_orchestra.train.trainer import Trainer
 from nemo_orchestra.rollout.managed_engine import ManagedEngine
 from tools_env.client import ToolsEnvClient
@@ -186,7 +186,7 @@ def test_training_and_evaluation_agree_on_malformed_calls_and_missing_preference
     assert evaluated[0].messages == trained.messages
     assert trained.messages[3] == {
         "role": "tool",
-        "content": malformed_call_observation("no <tool_call>...</tool_call> in the turn"),
+        "content": format_error_observation("no <tool_call>...</tool_call> in the turn"),
     }
     assert trained.task.preference == cfg.reward.default_preference
     assert "Preference weights: accuracy 1, cost 0.5, latency 0.5." in trained.messages[1]["content"]

@@ -303,7 +303,7 @@ def test_async_rollouts_start_within_k_versions_and_drop_nothing_on_close():
             await gate.wait()  # still running when the run closes: cancelled
         return f"rollouts of step {j}"
 
-    ahead = AsyncRollouts(loop, rollout, max_staleness=2, last_step=5)
+    ahead = AsyncRollouts(loop, rollout, steps_ahead=2, last_step=5)
     results = []
     for s in range(4):
         value, waited = ahead.take(s)
@@ -331,7 +331,7 @@ def test_k0_starts_each_step_only_when_it_is_taken():
         started.append((j, taken[0]))
         return j
 
-    ahead = AsyncRollouts(loop, rollout, max_staleness=0, last_step=3)
+    ahead = AsyncRollouts(loop, rollout, steps_ahead=0, last_step=3)
     for s in range(3):
         assert ahead.take(s)[0] == s
         taken[0] += 1

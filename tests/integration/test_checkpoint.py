@@ -16,7 +16,7 @@ from nemo_orchestra.train.checkpoint import (
 )
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.policy import build_policy
-from nemo_orchestra.train.step import sft_loss_fn, train_step
+from nemo_orchestra.train.step import warm_start_loss_fn, train_step
 from tests.helpers import TINY_MODEL, traj
 
 VOCAB = 256
@@ -32,7 +32,7 @@ def cfg():
 
 def _step(policy):
     batch = pack([traj(ids=list(range(1, 20)), mask=[0] * 4 + [1] * 15)], 64)
-    return train_step(policy, batch, sft_loss_fn)
+    return train_step(policy, batch, warm_start_loss_fn)
 
 
 def _save(root, step, policy, keep, cfg):

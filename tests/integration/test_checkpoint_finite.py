@@ -12,7 +12,7 @@ from nemo_orchestra.megatron.parallel import init_distributed
 from nemo_orchestra.train import checkpoint as ckpt
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.policy import build_policy
-from nemo_orchestra.train.step import sft_loss_fn, train_step
+from nemo_orchestra.train.step import warm_start_loss_fn, train_step
 from tests.helpers import TINY_MODEL, traj
 
 VOCAB = 256
@@ -28,7 +28,7 @@ def cfg():
 
 def _trained(cfg):
     policy = build_policy(cfg, VOCAB, torch.device("cpu"))
-    train_step(policy, pack([traj(ids=list(range(1, 20)), mask=[0] * 4 + [1] * 15)], 64), sft_loss_fn)
+    train_step(policy, pack([traj(ids=list(range(1, 20)), mask=[0] * 4 + [1] * 15)], 64), warm_start_loss_fn)
     return policy
 
 

@@ -17,7 +17,7 @@ from nemo_orchestra.rollout.engines import EngineContext, GenerationEngine, capa
 from nemo_orchestra.rollout.engines.megatron import MegatronEngine
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.policy import build_policy, set_lr
-from nemo_orchestra.train.step import sft_loss_fn, train_step
+from nemo_orchestra.train.step import warm_start_loss_fn, train_step
 from tests.helpers import generated_logprobs, traj
 
 VOCAB = 256
@@ -177,7 +177,7 @@ def test_outputs_follow_the_weights_after_an_optimizer_step():
     targets = [[(t + 1) % VOCAB for t in g.token_ids] for g in old]
     batch = [traj(ids=p + t, mask=[0] * len(p) + [1] * len(t)) for p, t in zip(prompts, targets)]
     set_lr(policy.optimizer, 3e-2)
-    train_step(policy, pack(batch, capacity=4096), sft_loss_fn)
+    train_step(policy, pack(batch, capacity=4096), warm_start_loss_fn)
     engine.load_weights({})  # nothing to load: the engine reads the updated parameters
     new = engine.generate(prompts, 8, 0.0, 1.0, [])
     for p, g in zip(prompts, new):

@@ -58,7 +58,7 @@ def test_live_sequences_are_a_steps_rollouts_times_the_steps_in_flight():
     assert (
         live_sequences(
             load_config(
-                ["data.prompts_per_step=16", "rollout.group_size=8", "rollout.max_staleness=1", "loss.tis_cap=2.0"]
+                ["data.prompts_per_step=16", "rollout.group_size=8", "rollout.steps_ahead=1", "loss.tis_cap=2.0"]
             )
         )
         == 128
@@ -66,7 +66,7 @@ def test_live_sequences_are_a_steps_rollouts_times_the_steps_in_flight():
     assert (
         live_sequences(
             load_config(
-                ["data.prompts_per_step=16", "rollout.group_size=8", "rollout.max_staleness=2", "loss.tis_cap=2.0"]
+                ["data.prompts_per_step=16", "rollout.group_size=8", "rollout.steps_ahead=2", "loss.tis_cap=2.0"]
             )
         )
         == 256

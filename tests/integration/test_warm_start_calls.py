@@ -1,5 +1,5 @@
 """What the warm start spends: no scripted episode calls an expert that a real endpoint serves unless
-``sft.endpoint_experts`` asks for it, and a run with no warm start (``sft.steps=0`` and a tokenizer of its
+``warm_start.endpoint_experts`` asks for it, and a run with no warm start (``warm_start.steps=0`` and a tokenizer of its
 own, or a resume past it) runs none of its episodes."""
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ pytestmark = pytest.mark.slow
 
 SHORT = [
     "rollout.engine=hf",
-    "sft.steps=2",
-    "sft.num_episodes=48",
-    "sft.copy_episodes=16",
+    "warm_start.steps=2",
+    "warm_start.num_episodes=48",
+    "warm_start.copy_lessons=16",
     "data.num_train_tasks=16",
     "data.num_eval_tasks=4",
     "evaluation.enabled=false",
@@ -50,7 +50,7 @@ def _build(cfg, resume_from=None):
     with ExitStack() as stack:
         trainer = build_trainer(cfg, info, stack, resume_from)
         stack.callback(trainer.close)
-        return len(trainer.sft_trajectories), len(trainer.copy_lessons), len(trainer.tokenizer)
+        return len(trainer.warm_start_trajectories), len(trainer.copy_lessons), len(trainer.tokenizer)
 
 
 def test_the_warm_start_calls_a_paid_expert_only_when_asked(tmp_path, fake_openai):
@@ -58,7 +58,7 @@ def test_the_warm_start_calls_a_paid_expert_only_when_asked(tmp_path, fake_opena
     before = _requests(fake_openai)
     scripted, copies, _ = _build(cfg)
     assert scripted == 48 and copies == 16 and _requests(fake_openai) == before
-    asked = load_config([*SHORT, f"run.output_dir={tmp_path / 'paid'}", "sft.endpoint_experts=true"])
+    asked = load_config([*SHORT, f"run.output_dir={tmp_path / 'paid'}", "warm_start.endpoint_experts=true"])
     _build(_with_a_paid_expert(asked, fake_openai))
     assert _requests(fake_openai) > before  # the same episodes, expert-large among their choices
 
@@ -74,9 +74,9 @@ def test_a_run_without_a_warm_start_runs_none_of_its_episodes(tmp_path, monkeypa
         return await episodes(tasks, *args, **kwargs)
 
     monkeypatch.setattr(build_module, "scripted_episodes", counting)
-    # a resume past the warm start: the run's own tokenizer, and only GRPO's copy lessons (loss.lesson_coef)
+    # a resume past the warm start: the run's own tokenizer, and only GRPO's copy lessons (loss.copy_lesson_coef)
     scripted, copies, resumed_vocab = _build(load_config([*SHORT, f"run.output_dir={run}"]), "checkpoints/step_1")
     assert scripted == 0 and resumed_vocab == vocab and made == [(16, True)]
     made.clear()
-    none = [*SHORT, f"run.output_dir={tmp_path / 'none'}", "sft.steps=0", f"model.tokenizer={run / 'tokenizer'}"]
+    none = [*SHORT, f"run.output_dir={tmp_path / 'none'}", "warm_start.steps=0", f"model.tokenizer={run / 'tokenizer'}"]
     assert _build(load_config(none))[:2] == (0, 0) and made == []

@@ -118,7 +118,7 @@ def test_the_warmup_is_at_least_k_plus_1_steps_and_the_steps_whole_periods():
     assert plan_steps(2, 6, 9) == (6, 9, [])
     warmup, steps, notes = plan_steps(0, 0, 2)
     assert (warmup, steps) == (1, 2) and notes == [
-        "--warmup 0 raised to 1 (rollout.max_staleness + 1, the least): the first step's one-time costs stay out "
+        "--warmup 0 raised to 1 (rollout.steps_ahead + 1, the least): the first step's one-time costs stay out "
         "of the measurement"
     ]
     warmup, steps, notes = plan_steps(4, 1, 3)

@@ -52,13 +52,13 @@ def test_bad_overrides_name_the_key(override, key):
 @pytest.mark.parametrize(
     "overrides, key",
     [
-        (["rollout.max_staleness=1"], "loss.tis_cap"),  # stale rollouts need the behaviour-policy correction
-        (["rollout.max_staleness=1", "loss.tis_cap=2.0", "rollout.engine=megatron"], "rollout.max_staleness"),
-        (["rollout.max_staleness=-1"], "rollout.max_staleness"),
+        (["rollout.steps_ahead=1"], "loss.tis_cap"),  # stale rollouts need the behaviour-policy correction
+        (["rollout.steps_ahead=1", "loss.tis_cap=2.0", "rollout.engine=megatron"], "rollout.steps_ahead"),
+        (["rollout.steps_ahead=-1"], "rollout.steps_ahead"),
         (["rollout.max_extra_prompts=-1"], "rollout.max_extra_prompts"),
     ],
 )
 def test_rollouts_ahead_refuse_what_they_cannot_correct(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(overrides)
-    assert load_config(["rollout.max_staleness=1", "loss.tis_cap=2.0"]).rollout.max_staleness == 1
+    assert load_config(["rollout.steps_ahead=1", "loss.tis_cap=2.0"]).rollout.steps_ahead == 1

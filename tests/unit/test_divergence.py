@@ -18,7 +18,7 @@ from nemo_orchestra.train.checkpoint import NonFiniteCheckpoint, save_checkpoint
 from nemo_orchestra.train.divergence import StepGuard, TrainingDiverged, first_non_finite
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.policy import build_policy, set_lr
-from nemo_orchestra.train.step import grpo_update, reference_logprobs, sft_loss_fn, train_step
+from nemo_orchestra.train.step import grpo_update, reference_logprobs, warm_start_loss_fn, train_step
 from tests.helpers import TINY_MODEL, loss_cfg, traj
 
 VOCAB = 256
@@ -39,7 +39,7 @@ def _packs():
 
 
 def _nan_loss(lp_T, batch):
-    loss, n, metrics = sft_loss_fn(lp_T, batch)
+    loss, n, metrics = warm_start_loss_fn(lp_T, batch)
     return loss * math.nan, n, {**metrics, "loss/nll": metrics["loss/nll"] * math.nan}
 
 
@@ -62,20 +62,20 @@ def _same(a, b):
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_a_nan_loss_skips_the_step_and_leaves_weights_and_optimizer_state(dtype):
     policy = _policy(dtype)
-    train_step(policy, _packs(), sft_loss_fn)  # a real step first: the optimizer has moments to keep
+    train_step(policy, _packs(), warm_start_loss_fn)  # a real step first: the optimizer has moments to keep
     before = _state(policy)
     out = train_step(policy, _packs(), _nan_loss)
     assert out["train/step_skipped"] == 1.0 and math.isnan(out["loss/nll"])
     assert _same(before, _state(policy))
     assert (policy.guard.in_a_row, policy.guard.total) == (1, 1)
-    out = train_step(policy, _packs(), sft_loss_fn)  # a finite step again: taken, the count in a row reset
+    out = train_step(policy, _packs(), warm_start_loss_fn)  # a finite step again: taken, the count in a row reset
     assert out["train/step_skipped"] == 0.0 and not _same(before, _state(policy))
     assert (policy.guard.in_a_row, policy.guard.total) == (0, 1)
 
 
 def test_an_inf_gradient_with_a_finite_loss_skips_the_step(monkeypatch):
     policy = _policy()
-    train_step(policy, _packs(), sft_loss_fn)
+    train_step(policy, _packs(), warm_start_loss_fn)
     before = _state(policy)
     real = step_module.forward_backward
 
@@ -85,7 +85,7 @@ def test_an_inf_gradient_with_a_finite_loss_skips_the_step(monkeypatch):
         return out
 
     monkeypatch.setattr(step_module, "forward_backward", poisoned)
-    out = train_step(policy, _packs(), sft_loss_fn)
+    out = train_step(policy, _packs(), warm_start_loss_fn)
     assert out["train/step_skipped"] == 1.0 and math.isfinite(out["loss/nll"]) and math.isnan(out["train/grad_norm"])
     assert _same(before, _state(policy))
     assert policy.guard.total == 1
@@ -105,8 +105,8 @@ def test_consecutive_skips_stop_the_run_naming_the_step_and_the_learning_rate():
     assert "\n" not in str(e.value) and isinstance(e.value, RuntimeError)
 
 
-def test_warm_start_divergence_names_sft_lr(monkeypatch):
-    policy = _policy("fp32", "trainer.max_skipped_steps=2", "sft.lr=0.5")
+def test_warm_start_divergence_names_warm_start_lr(monkeypatch):
+    policy = _policy("fp32", "trainer.max_skipped_steps=2", "warm_start.lr=0.5")
     real = step_module.forward_backward
 
     def poisoned(policy, *args):
@@ -115,12 +115,12 @@ def test_warm_start_divergence_names_sft_lr(monkeypatch):
         return out
 
     monkeypatch.setattr(step_module, "forward_backward", poisoned)
-    train_step(policy, _packs(), sft_loss_fn)
+    train_step(policy, _packs(), warm_start_loss_fn)
     with pytest.raises(TrainingDiverged) as e:
-        train_step(policy, _packs(), sft_loss_fn)  # the warm start's own loss: its steps and its rate
+        train_step(policy, _packs(), warm_start_loss_fn)  # the warm start's own loss: its steps and its rate
     assert str(e.value) == (
         "training diverged at warm-start step 2: non-finite loss or gradients in 2 consecutive optimizer steps "
-        "(lower sft.lr, now 0.5)"
+        "(lower warm_start.lr, now 0.5)"
     )
 
 
@@ -128,7 +128,7 @@ def test_a_step_that_makes_the_weights_non_finite_stops_at_once():
     policy = _policy()
     set_lr(policy.optimizer, math.inf)  # finite gradients, an infinite step
     with pytest.raises(TrainingDiverged, match="the optimizer step made the weights non-finite"):
-        train_step(policy, _packs(), sft_loss_fn)
+        train_step(policy, _packs(), warm_start_loss_fn)
 
 
 def test_grpo_update_counts_the_step_and_reports_the_total():
@@ -180,7 +180,7 @@ def test_first_non_finite_names_the_first_bad_tensor():
 @pytest.mark.parametrize("where", ["weight", "optimizer"])
 def test_a_checkpoint_with_a_non_finite_value_is_not_written_and_latest_stays(tmp_path, where):
     policy = _policy()
-    train_step(policy, _packs(), sft_loss_fn)
+    train_step(policy, _packs(), warm_start_loss_fn)
     root = tmp_path / "checkpoints"
     (root / "step_00000001").mkdir(parents=True)  # the last good checkpoint, as far as this save knows
     (root / "latest").write_text("step_00000001")

@@ -22,7 +22,7 @@ def cores(monkeypatch):
 
 
 def test_the_engine_gets_the_first_half_of_the_cores_when_rollouts_run_ahead(cores):
-    ahead = load_config(["rollout.max_staleness=1", "loss.tis_cap=2.0"])
+    ahead = load_config(["rollout.steps_ahead=1", "loss.tis_cap=2.0"])
     cores(2)
     assert engine_cpus(ahead, CPU) == [3]
     cores(16)
@@ -32,7 +32,7 @@ def test_the_engine_gets_the_first_half_of_the_cores_when_rollouts_run_ahead(cor
 def test_nothing_changes_otherwise(cores, monkeypatch):
     cores(16)
     assert engine_cpus(load_config([]), CPU) is None  # synchronous
-    ahead = ["rollout.max_staleness=1", "loss.tis_cap=2.0"]
+    ahead = ["rollout.steps_ahead=1", "loss.tis_cap=2.0"]
     assert engine_cpus(load_config([*ahead, "rollout.engine=hf"]), CPU) is None
     assert engine_cpus(load_config(ahead), torch.device("cuda", 0)) is None
     cores(1)
@@ -43,7 +43,7 @@ def test_nothing_changes_otherwise(cores, monkeypatch):
 
 
 def test_the_reference_runs_beside_the_update_where_the_engine_has_cores_of_its_own(cores):
-    ahead = ["rollout.max_staleness=1", "loss.tis_cap=2.0"]
+    ahead = ["rollout.steps_ahead=1", "loss.tis_cap=2.0"]
     cores(2)
     assert overlap_reference(load_config(ahead), CPU)
     assert not overlap_reference(load_config([]), CPU)  # synchronous: the trainer has every core
@@ -74,7 +74,7 @@ def test_the_plan_decides_each_derived_setting_once(cores):
     from nemo_orchestra.train.run_plan import RunPlan
 
     cores(4)
-    plan = RunPlan.make(load_config(["rollout.max_staleness=2", "loss.tis_cap=2.0"]), CPU)
+    plan = RunPlan.make(load_config(["rollout.steps_ahead=2", "loss.tis_cap=2.0"]), CPU)
     assert (plan.reference_pass, plan.rollouts_ahead, plan.engine_cpus, plan.trainer_threads) == (True, 2, (3, 4), 2)
     assert plan.overlap_reference and plan.live_sequences == 2 * live_sequences(load_config([]))
     plain = RunPlan.make(load_config(["loss.kl_coef=0", "perf.overlap_reference=true"]), CPU)

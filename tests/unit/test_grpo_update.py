@@ -25,7 +25,7 @@ from nemo_orchestra.train.step import (
     forward_backward,
     grpo_loss_fn,
     reference_logprobs,
-    sft_loss_fn,
+    warm_start_loss_fn,
     train_step,
 )
 from tests.helpers import TINY_MODEL, loss_cfg, traj
@@ -88,7 +88,7 @@ def test_own_forward_old_logprobs_equal_a_separate_pass(policy, tis_cap):
 
 @pytest.mark.parametrize("tis_cap", [None, 2.0])
 def test_a_copy_lesson_in_the_pack_adds_its_log_likelihood_gradient_at_the_coefficient(policy, tis_cap):
-    """``loss.lesson_coef``: a lesson packed beside rollouts, its coefficient as the advantage, adds
+    """``loss.copy_lesson_coef``: a lesson packed beside rollouts, its coefficient as the advantage, adds
     coef x the gradient of its log-likelihood (what the warm start trains), and the step stays a
     mean over all loss tokens. Nothing sampled it: no importance weight (its generator logprobs are
     0, so a weight would shrink it) and no share in the logprob mismatch."""
@@ -101,7 +101,7 @@ def test_a_copy_lesson_in_the_pack_adds_its_log_likelihood_gradient_at_the_coeff
     rollouts = _batch(policy)
     g_roll, m_roll = _grads(policy, rollouts, cfg)
     (alone,) = pack([lesson], capacity=128)
-    forward_backward(policy, [alone], sft_loss_fn)
+    forward_backward(policy, [alone], warm_start_loss_fn)
     g_nll = [p.main_grad.clone() for p in policy.model.parameters()]
     n_roll, n_les = float(rollouts.loss_mask_T.sum()), float(alone.loss_mask_T.sum())
     expected = [(n_roll * a + coef * n_les * b) / (n_roll + n_les) for a, b in zip(g_roll, g_nll)]

@@ -1,4 +1,4 @@
-"""Copy lessons in GRPO steps (loss.lesson_coef): which lessons a step draws, where they go in the
+"""Copy lessons in GRPO steps (loss.copy_lesson_coef): which lessons a step draws, where they go in the
 update's batch, and the config keys."""
 
 from types import SimpleNamespace
@@ -12,7 +12,7 @@ from tests.helpers import traj
 
 
 def _trainer(coef, n, lessons, seed=1234, dp_rank=0):
-    cfg = load_config([f"loss.lesson_coef={coef}", f"loss.lesson_batch_size={n}", f"run.seed={seed}"])
+    cfg = load_config([f"loss.copy_lesson_coef={coef}", f"loss.copy_lessons_per_step={n}", f"run.seed={seed}"])
     return SimpleNamespace(cfg=cfg, dp_rank=dp_rank, copy_lessons=lessons)
 
 
@@ -52,7 +52,7 @@ def test_lessons_are_spread_over_the_batch_so_every_minibatch_gets_some():
 
 def test_config_keys():
     cfg = load_config([])
-    assert cfg.loss.lesson_coef >= 0 and cfg.loss.lesson_batch_size > 0
-    for bad in ("loss.lesson_coef=-1", "loss.lesson_batch_size=-2"):
+    assert cfg.loss.copy_lesson_coef >= 0 and cfg.loss.copy_lessons_per_step > 0
+    for bad in ("loss.copy_lesson_coef=-1", "loss.copy_lessons_per_step=-2"):
         with pytest.raises(ConfigError, match=bad.split("=")[0]):
             load_config([bad])

@@ -24,7 +24,7 @@ PINNED = ROOT / "tests" / "fixtures" / "recipes"
 RECIPES = sorted(p.stem for p in (CONF_DIR / "recipes").glob("*.yaml"))
 PRODUCT = ["qwen3_8b_1n8g", "qwen3_8b_2n8g"]
 # the sections whose every key a recipe sets itself (in its files or in the group files it names)
-TRAINING_SECTIONS = ("data", "rollout", "reward", "advantage", "loss", "optim", "sft", "trainer", "reference")
+TRAINING_SECTIONS = ("data", "rollout", "reward", "advantage", "loss", "optim", "warm_start", "trainer", "reference")
 
 
 def _keys_set(path: Path, prefix: str = "") -> set[str]:
@@ -136,6 +136,29 @@ def test_removed_options_are_refused_by_name_with_the_log(tmp_path, key):
     with pytest.raises(ConfigError, match=rf"{key}: removed .*conf/recipes/tiny_cpu.yaml"):
         load_config([], conf_dir=conf)
     assert key in (ROOT / REMOVED_LOG).read_text(), f"{REMOVED_LOG} has no entry for {key}"
+
+
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        ("sft.steps", "warm_start.steps"),
+        ("sft.copy_episodes", "warm_start.copy_lessons"),
+        ("sft.copy_batch_size", "warm_start.copy_lessons_per_step"),
+        ("rollout.max_staleness", "rollout.steps_ahead"),
+        ("loss.lesson_coef", "loss.copy_lesson_coef"),
+        ("loss.lesson_batch_size", "loss.copy_lessons_per_step"),
+    ],
+)
+def test_renamed_keys_are_refused_naming_the_new_name(tmp_path, old, new):
+    with pytest.raises(ConfigError, match=rf"^{old}: renamed {new} \(set in the command line\)"):
+        load_config([f"{old}=1"])
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    with open(conf / "recipes" / "tiny_cpu.yaml", "a") as f:
+        f.write("\nsft:\n  steps: 3\n")
+    with pytest.raises(ConfigError, match=r"^sft: renamed warm_start \(set in conf/recipes/tiny_cpu.yaml\)"):
+        load_config([], conf_dir=conf)
+    load_config([f"{new}=0"])  # the new name is taken
 
 
 def pin(name: str) -> str:

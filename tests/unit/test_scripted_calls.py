@@ -1,4 +1,4 @@
-"""Scripted warm-start episodes with several calls (``sft.max_calls``): each makes 1 to max_calls tool
+"""Scripted warm-start episodes with several calls (``warm_start.max_calls``): each makes 1 to max_calls tool
 calls, never an answer in between, and then answers from its last result; one call is the default."""
 
 import asyncio
@@ -73,7 +73,7 @@ def test_one_call_is_the_default_and_draws_the_same_episodes():
 
 
 def test_the_calls_and_the_answer_must_fit_the_rollouts_turns():
-    with pytest.raises(ConfigError, match="sft.max_calls"):
-        load_config(["sft.max_calls=3", "rollout.max_turns=3"])
-    assert load_config(["sft.max_calls=3", "rollout.max_turns=4"]).sft.max_calls == 3
-    assert load_config(["rollout.max_turns=1"]).sft.max_calls == 1  # the default: one-turn rollouts as before
+    with pytest.raises(ConfigError, match="warm_start.max_calls"):
+        load_config(["warm_start.max_calls=3", "rollout.max_turns=3"])
+    assert load_config(["warm_start.max_calls=3", "rollout.max_turns=4"]).warm_start.max_calls == 3
+    assert load_config(["rollout.max_turns=1"]).warm_start.max_calls == 1  # the default: one-turn rollouts as before

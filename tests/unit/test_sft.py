@@ -65,11 +65,11 @@ def test_warm_start_lr_decays_along_a_cosine_to_its_floor():
     assert cosine_lr(1e-3, 0.0, 0, 1) == pytest.approx(1e-3)  # one step: the peak
 
 
-def test_sft_min_lr_ratio_outside_0_1_is_refused():
+def test_warm_start_min_lr_ratio_outside_0_1_is_refused():
     from nemo_orchestra.config import load_config
 
-    with pytest.raises(ValueError, match="sft.min_lr_ratio"):
-        load_config(["sft.min_lr_ratio=1.5"])
+    with pytest.raises(ValueError, match="warm_start.min_lr_ratio"):
+        load_config(["warm_start.min_lr_ratio=1.5"])
 
 
 def _episode(copy: bool):
@@ -133,27 +133,36 @@ def test_copy_tasks_vary_the_length_of_what_is_copied():
 def test_copy_lessons_with_a_task_file_are_refused_naming_the_key():
     from nemo_orchestra.config import load_config
 
-    with pytest.raises(ValueError, match="sft.copy_episodes.*data.train_path"):
-        load_config(["sft.copy_episodes=64", "data.train_path=tasks.jsonl"])
-    assert load_config(["sft.copy_episodes=0", "data.train_path=tasks.jsonl"]).sft.copy_episodes == 0
+    with pytest.raises(ValueError, match="warm_start.copy_lessons.*data.train_path"):
+        load_config(["warm_start.copy_lessons=64", "data.train_path=tasks.jsonl"])
+    assert load_config(["warm_start.copy_lessons=0", "data.train_path=tasks.jsonl"]).warm_start.copy_lessons == 0
 
 
 def test_copy_lessons_by_default_only_with_the_embedded_task_set():
     from nemo_orchestra.config import load_config
 
-    cfg = load_config(["sft.copy_episodes=null"])
-    assert cfg.sft.copy_lessons(None) == cfg.sft.steps * cfg.sft.copy_batch_size  # as many as it draws
+    cfg = load_config(["warm_start.copy_lessons=null"])
     assert (
-        load_config(["sft.copy_episodes=null", "sft.steps=10"]).sft.copy_lessons(None) == 10 * cfg.sft.copy_batch_size
-    )
-    with_file = load_config(["sft.copy_episodes=null", "data.train_path=tasks.jsonl"])
-    assert with_file.sft.copy_lessons(with_file.data.train_path) == 0
+        cfg.warm_start.copy_lesson_count(None) == cfg.warm_start.steps * cfg.warm_start.copy_lessons_per_step
+    )  # as many as it draws
     assert (
-        load_config(["sft.copy_episodes=5000", "sft.steps=10"]).sft.copy_lessons(None) == 10 * cfg.sft.copy_batch_size
+        load_config(["warm_start.copy_lessons=null", "warm_start.steps=10"]).warm_start.copy_lesson_count(None)
+        == 10 * cfg.warm_start.copy_lessons_per_step
     )
-    assert load_config(["sft.copy_episodes=null", "sft.copy_batch_size=0"]).sft.copy_lessons(None) == 0
-    with pytest.raises(ValueError, match="sft.copy_episodes"):
-        load_config(["sft.copy_episodes=-1"])
+    with_file = load_config(["warm_start.copy_lessons=null", "data.train_path=tasks.jsonl"])
+    assert with_file.warm_start.copy_lesson_count(with_file.data.train_path) == 0
+    assert (
+        load_config(["warm_start.copy_lessons=5000", "warm_start.steps=10"]).warm_start.copy_lesson_count(None)
+        == 10 * cfg.warm_start.copy_lessons_per_step
+    )
+    assert (
+        load_config(
+            ["warm_start.copy_lessons=null", "warm_start.copy_lessons_per_step=0"]
+        ).warm_start.copy_lesson_count(None)
+        == 0
+    )
+    with pytest.raises(ValueError, match="warm_start.copy_lessons"):
+        load_config(["warm_start.copy_lessons=-1"])
 
 
 @pytest.mark.parametrize("reasoning_parser", [False, True])

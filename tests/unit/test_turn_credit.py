@@ -9,7 +9,7 @@ import pytest
 
 from nemo_orchestra.config import load_config
 from nemo_orchestra.grpo.advantages import assign_advantages, turn_advantages
-from nemo_orchestra.rollout.loop import MALFORMED_TURN, turn_key
+from nemo_orchestra.rollout.loop import FORMAT_ERROR_TURN, turn_key
 from tests.helpers import traj
 
 # ---- a small orchestration problem whose policy gradient is computed exactly -------------------------------
@@ -212,7 +212,7 @@ def test_a_turns_key_is_its_choice_not_its_wording():
     one = turn_key([Call("expert", {"model": "s", "query": "What is 2+2?"})], tools)
     assert one == turn_key([Call("expert", {"model": "s", "query": "2 + 2 = ?"})], tools)
     assert one != turn_key([Call("expert", {"model": "l", "query": "What is 2+2?"})], tools)
-    assert MALFORMED_TURN not in (one,)
+    assert FORMAT_ERROR_TURN not in (one,)
 
 
 def test_per_user_turn_verdicts_zero_the_turns_after_a_failed_user_turn():

@@ -49,7 +49,7 @@ def test_one_fp8_training_step(recipe):
     from nemo_orchestra.megatron.parallel import init_distributed
     from nemo_orchestra.train.packing import pack
     from nemo_orchestra.train.policy import build_policy
-    from nemo_orchestra.train.step import sft_loss_fn, train_step
+    from nemo_orchestra.train.step import warm_start_loss_fn, train_step
     from tests.helpers import traj
 
     cfg = load_config(
@@ -68,7 +68,7 @@ def test_one_fp8_training_step(recipe):
     batches = pack(
         [traj(ids=ids, mask=[0] * 10 + [1] * 50), traj(ids=ids[:40], mask=[1] * 40)], 128, pad_to_multiple=16
     )  # FP8 GEMMs want token counts divisible by 16
-    first = train_step(policy, batches, sft_loss_fn)
-    second = train_step(policy, batches, sft_loss_fn)
+    first = train_step(policy, batches, warm_start_loss_fn)
+    second = train_step(policy, batches, warm_start_loss_fn)
     assert first["train/step_skipped"] == 0.0 and torch.isfinite(torch.tensor(first["loss/nll"]))
     assert second["loss/nll"] < first["loss/nll"]
