@@ -60,7 +60,7 @@ class RunLock:
 
     def acquire(self) -> "RunLock":
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             self._lock(fd)
         except BaseException:
@@ -449,8 +449,19 @@ def stop_code(signum: int, preempted: bool, max_restarts: int) -> int:
     return 128 + signum
 
 
+def private_run_folder(output_dir: str) -> None:
+    """The run folder and all the process writes from now on are its user's alone: umask 0o077
+    (folders 0700, files 0600: task copies, held-out tasks, samples, metrics, checkpoints), and
+    the folder itself 0700 whether it is new or an earlier run's (which hides the 0644 files an
+    older version left in it). Model-written code and other users then cannot read answers there."""
+    os.umask(0o077)
+    os.makedirs(output_dir, mode=0o700, exist_ok=True)
+    os.chmod(output_dir, 0o700)
+
+
 def guarded(run, output_dir: str, stop: StopSignals | None = None, max_restarts: int = 0) -> int:
-    """``run()`` holding the folder lock (on rank 0); however it ends, one line and an exit code:
+    """``run()`` in a private run folder (``private_run_folder``), holding the folder lock (on
+    rank 0); however it ends, one line and an exit code:
     1 a full disk or an error (its traceback in ``output_dir/traceback.txt``), 2 the folder in use
     or no intact checkpoint; a signal outside a GRPO step (the warm start, the evaluation, the
     export): REQUEUE_EXIT for ``stop``'s preempt signal while ``max_restarts`` allows, else 128+N."""
@@ -460,6 +471,7 @@ def guarded(run, output_dir: str, stop: StopSignals | None = None, max_restarts:
     from nemo_orchestra.train.checkpoint import CheckpointError, CheckpointSpaceError, NonFiniteCheckpoint
     from nemo_orchestra.train.divergence import TrainingDiverged
 
+    private_run_folder(output_dir)
     try:
         with RunLock(output_dir) if int(os.environ.get("RANK", 0)) == 0 else nullcontext():
             return run()

@@ -8,8 +8,9 @@ Behaviour by the request's ``model``:
 - ``flaky``: 503 for the first two requests this process sees with this model, then echo.
 - ``hang``: never answers.
 - ``bad``: 400 (a non-retryable refusal).
-- ``judge``: reads "Gold answer:" / "Predicted answer:" lines and answers CORRECT when the gold
-  answer occurs in the prediction ignoring case, else INCORRECT.
+- ``judge``: reads the "Gold answer:" line and the quoted answer between <predicted_answer> tags
+  (tools_env/tools/answer.py's prompt) and answers ``VERDICT: CORRECT`` when the gold answer
+  occurs in the prediction ignoring case, else ``VERDICT: INCORRECT``.
 ``GET /stats`` returns request counts by model.
 """
 
@@ -56,8 +57,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
         await asyncio.sleep(3600)
     if model == "judge":
         gold = re.search(r"^Gold answer: (.*)$", last, re.M).group(1).strip().lower()
-        pred = re.search(r"^Predicted answer: (.*)$", last, re.M).group(1).strip().lower()
-        return completion("CORRECT" if gold in pred else "INCORRECT")
+        pred = json.loads(re.search(r"^<predicted_answer>\n(.*)$", last, re.M).group(1)).strip().lower()
+        return completion("VERDICT: CORRECT" if gold in pred else "VERDICT: INCORRECT")
     return web.json_response({"error": {"message": f"unknown model {model}"}}, status=400)
 
 

@@ -35,7 +35,7 @@ Layers, by their `sandbox_capabilities()` names, with what each stops and what i
   uid_drop          root only. A fresh uid/gid per run, no supplementary groups, workdir chowned
                     to it. Stops writes to anything not world-writable, signals/ptrace to other
                     processes, and makes RLIMIT_NPROC count exactly this run (root ignores it).
-                    Does not stop reads of world-readable files.
+                    Does not stop reads of world-readable files (fs_allowlist hides them).
   user_namespace    not root, where unprivileged user namespaces are allowed: what makes the two
                     namespaces below possible without root; RLIMIT_NPROC then counts per run.
   network_namespace a new, empty network namespace (loopback down): no TCP/UDP anywhere, host
@@ -45,13 +45,21 @@ Layers, by their `sandbox_capabilities()` names, with what each stops and what i
                     does, and the kernel then kills everything left in the namespace, setsid or
                     not. Other processes cannot be
                     seen, signalled or ptraced, even by the same uid (which matters when not root).
-  mount_namespace   a private mount tree in which every mount is re-mounted read-only and nosuid,
-                    except the workdir (nosuid, nodev, noexec); a private tmpfs on /dev/shm (at
-                    most 64 MB, for POSIX semaphores) and an empty read-only one over /run (host
-                    unix sockets). Stops writes to /tmp,
-                    /dev/shm and any other world-writable place, and running binaries or loading
-                    .so files written by the code. Checked after set-up: a writable mount left is
-                    an error.
+  mount_namespace   a private mount tree. With fs_allowlist (below) it is the run's own root;
+                    without, the host's tree, every mount re-mounted read-only and nosuid, with a
+                    private tmpfs on /dev/shm (at most 64 MB, for POSIX semaphores) and an empty
+                    read-only one over /run (host unix sockets). Either way the workdir is the only
+                    writable place (nosuid, nodev, noexec) besides /dev/shm: it stops writes to /tmp
+                    and any other world-writable place, and running binaries or loading .so files
+                    written by the code. Checked after set-up: a writable mount left is an error.
+  fs_allowlist      with the mount namespace: the run's root is a fresh tmpfs (pivot_root, the host's
+                    tree detached) holding only what allowlist.py lists: /usr and the sandbox
+                    interpreter's own folders read-only, a few copied /etc files, /dev/null, zero,
+                    full, random, urandom, a private /dev/shm, its /proc, an empty read-only /tmp and
+                    the workdir at its own path. Task files, run folders, checkpoints, home folders,
+                    the checkout, the service's files and other workdirs are not there at all. False
+                    (no mount namespace: not root without user namespaces): the host's files are NOT
+                    hidden; `python.require_fs_allowlist: true` makes the service refuse to start.
   private_proc      a fresh /proc for the pid namespace (hidepid=2 where allowed): only the run's
                     processes, so no command line or environment of the service or other runs.
   no_new_privs      PR_SET_NO_NEW_PRIVS: setuid binaries (su, mount, ...) gain nothing.
@@ -98,7 +106,10 @@ Other things to know:
   * No seccomp filter: the kernel's syscall surface is the host's (ctypes is refused and the
     workdir is noexec, so new native code cannot be loaded, but installed binaries can run).
   * In the pid namespace the code's own pid is 2; its parent is the sandbox's init.
-  * NEMO_SANDBOX_DISABLE=uid,userns,netns,pidns,mountns,cgroup turns layers off (tests, debugging).
+  * NEMO_SANDBOX_DISABLE=uid,userns,netns,pidns,mountns,allowlist,cgroup turns layers off (tests,
+    debugging).
+  * With fs_allowlist the workdir must not overlap a folder shown read-only (/usr, the interpreter's
+    folders) nor lie in /proc, /dev or /etc (a ValueError); its parent folders appear empty.
   * layers.py, launcher.py, zygote.py and bootstrap.py are programs, not modules: prepare.py
     reads their text and it is passed as `-c` source and argv, so the sandbox uid never has to
     read a file in the repository (the checkout may live under a 0700 home).
@@ -110,7 +121,8 @@ Other things to know:
   * At exit the code's C stdio buffers are not flushed (the bootstrap ends with `_exit`).
 
 Files: runner.py (run_python: one run from start to end), limits.py, plan.py and probe.py (what
-this host allows, probed once), prepare.py (uid, workdir, launch spec), output.py (capture and
+this host allows, probed once), allowlist.py (what a run's own root holds), prepare.py (uid,
+workdir, launch spec), output.py (capture and
 SandboxResult), cleanup.py and cgroup.py (killing every process of a run), warm.py (the zygote
 from the service's side: start, check, restart, one run's pipes); the programs: layers.py (the
 isolation layers), launcher.py (cold), zygote.py (warm) and bootstrap.py (the code's first code).
