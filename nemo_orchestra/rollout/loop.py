@@ -28,14 +28,10 @@ are the same however its tool calls interleave.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import hashlib
-import heapq
-import itertools
 import json
 import logging
 import math
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -53,76 +49,13 @@ from nemo_orchestra.prompting.chat import (
     tool_message,
 )
 from nemo_orchestra.prompting.prompts import task_messages, with_default_preference
+from nemo_orchestra.rollout import scheduler
 from nemo_orchestra.rollout.engines.base import GenerationEngine
+from nemo_orchestra.rollout.scheduler import EngineWeights
 from nemo_orchestra.types import StopReason, TaskRecord, Trajectory
 from tools_env.tools.base import ToolArgumentError, check_arguments
 
 log = logging.getLogger(__name__)
-
-
-class EngineThread:
-    """The one thread that drives the generation engines (vLLM's client sockets are not thread-safe).
-
-    Work waits in order of ``priority`` (lower first), then of submission; work already running is
-    never interrupted. Calls someone is blocked on right now (a weight load, held-out evaluation)
-    come first, then the rollouts of the oldest step: with rollouts ahead of training, step s + 1's
-    next turn would otherwise queue behind step s + 2's call, and the trainer, waiting for s + 1,
-    for both."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self._queue: list = []
-        self._order = itertools.count()
-        self._wake = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._busy = False  # a call is running
-
-    def submit(self, fn, priority: float = -math.inf) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        with self._wake:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name=self.name, daemon=True)
-                self._thread.start()
-            heapq.heappush(self._queue, (priority, next(self._order), fn, future))
-            self._wake.notify()
-        return future
-
-    def _work(self) -> None:
-        while True:
-            with self._wake:
-                while not self._queue:
-                    self._wake.wait()
-                _, _, fn, future = heapq.heappop(self._queue)
-                if not future.set_running_or_notify_cancel():  # its caller gave up on it while it waited
-                    continue
-                self._busy = True
-            try:
-                future.set_result(fn())
-            except BaseException as e:
-                future.set_exception(e)
-            finally:
-                with self._wake:
-                    self._busy = False
-                    self._wake.notify_all()
-
-    def cancel_and_wait(self, timeout: float) -> bool:
-        """Cancel the calls still waiting and wait for the one running to return (its engine closed, it
-        ends soon). False if it is still running after ``timeout`` seconds. A process must not exit
-        while an engine call runs on this (daemon) thread: torch's threads then abort the process."""
-        with self._wake:
-            for *_, future in self._queue:
-                future.cancel()
-            self._queue.clear()
-            return self._wake.wait_for(lambda: not self._busy, timeout)
-
-
-_ENGINE_THREAD = EngineThread("rollout-engine")
-
-
-def stop_engine_calls(timeout: float = 30.0) -> bool:
-    """After the engine's ``close``: drop the engine calls still waiting and wait for the running one
-    to return; False if it has not after ``timeout`` seconds."""
-    return _ENGINE_THREAD.cancel_and_wait(timeout)
 
 
 # the seed of evaluation episodes (a run's held-out report, evaluate.py): the service's draws for the
@@ -233,25 +166,6 @@ class TurnPolicy(Protocol):
     async def aclose(self) -> None: ...
 
 
-class EngineWeights:
-    """The version of the weights a generation engine holds (the policy's optimizer steps when they
-    were loaded). Loads run on the engine thread, between generate calls: rollouts in flight go on
-    with the new weights from their next turn, and each turn records the version that wrote it."""
-
-    def __init__(self, version: int = 0):
-        self.version = version
-
-    def load(self, engine: GenerationEngine, state: dict, version: int) -> None:
-        """``engine.load_weights(state)`` after the generate call running now, before any that waits;
-        the version then becomes ``version``."""
-
-        def load():
-            engine.load_weights(state)
-            self.version = version
-
-        _ENGINE_THREAD.submit(load).result()
-
-
 @dataclass
 class EnginePolicy:
     """A generation engine as the policy: continues each episode's token ids (training, held-out
@@ -263,8 +177,8 @@ class EnginePolicy:
     temperature: float
     top_p: float = 1.0
     name: str = "engine"
-    weights: "EngineWeights | None" = None  # the version of the engine's weights, read with each call
-    # place of this policy's calls on the engine thread (EngineThread): -inf for a caller that waits
+    weights: EngineWeights | None = None  # the version of the engine's weights, read with each call
+    # place of this policy's calls on the engine thread (scheduler.EngineThread): -inf for a caller that waits
     # now; the step, for rollouts ahead of training
     priority: float = -math.inf
     seed: str = ""  # mixed into every turn's sampling seed (turn_seed): another seed, other draws
@@ -284,7 +198,7 @@ class EnginePolicy:
                 seeds,
             )
 
-        version, gens = await asyncio.wrap_future(_ENGINE_THREAD.submit(generate, self.priority))
+        version, gens = await asyncio.wrap_future(scheduler.submit(generate, self.priority))
         turns = []
         for e, g in zip(episodes, gens):
             ids = g.token_ids[:-1] if g.finished and g.token_ids[-1:] == [self.chat.end_of_turn_id] else g.token_ids

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from nemo_orchestra.rollout.engines.base import GenerationEngine
-from nemo_orchestra.rollout.loop import EngineWeights, stop_engine_calls
+from nemo_orchestra.rollout.scheduler import EngineWeights, stop_engine_calls
 
 log = logging.getLogger(__name__)
 

@@ -22,15 +22,8 @@ from nemo_orchestra.prompting.chat import (
 )
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 from nemo_orchestra.rollout.engines.base import Generation
-from nemo_orchestra.rollout.loop import (
-    _ENGINE_THREAD,
-    EnginePolicy,
-    EngineThread,
-    EngineWeights,
-    Episode,
-    LoopLimits,
-    run_episodes,
-)
+from nemo_orchestra.rollout.loop import EnginePolicy, Episode, LoopLimits, run_episodes
+from nemo_orchestra.rollout.scheduler import _ENGINE_THREAD, EngineThread, EngineWeights
 from nemo_orchestra.train.async_rollouts import AsyncRollouts
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.step import grpo_loss_fn
@@ -187,7 +180,7 @@ from types import SimpleNamespace
 import torch
 from nemo_orchestra.config import load_config
 from nemo_orchestra.rollout.engines import EngineContext, start_engine
-from nemo_orchestra.rollout.loop import _ENGINE_THREAD
+from nemo_orchestra.rollout.scheduler import _ENGINE_THREAD
 from nemo_orchestra.rollout.managed_engine import ManagedEngine
 from nemo_orchestra.train.trainer import Trainer
 
