@@ -19,11 +19,12 @@ import yaml
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from nemo_orchestra.rollout.engine_registry import ENGINES  # data only: no engine is imported
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("model", "parallel", "reward", "tools")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "te")
 PARAMS_DTYPES = ("fp32", "bf16", "fp16")  # megatron.model.DTYPES maps each to its torch dtype (asserted there)
-ROLLOUT_ENGINES = ("vllm", "hf", "megatron")  # rollout.engines.ENGINES implements each (a test checks)
 T = TypeVar("T")
 
 
@@ -181,7 +182,7 @@ class RolloutConfig:
     sleep_while_training: bool = MISSING  # vllm on CUDA: weights and KV cache released while training
 
     def validate(self) -> None:
-        _check(self.engine in ROLLOUT_ENGINES, "rollout.engine", f"must be one of {sorted(ROLLOUT_ENGINES)}")
+        _check(self.engine in ENGINES, "rollout.engine", f"must be one of {sorted(ENGINES)}")
         _check(self.group_size >= 2, "rollout.group_size", "must be >= 2 (GRPO compares rollouts within a group)")
         _check(self.max_turns >= 1, "rollout.max_turns", "must be >= 1")
         _check(self.max_new_tokens_per_turn >= 1, "rollout.max_new_tokens_per_turn", "must be >= 1")
@@ -456,10 +457,11 @@ class Config:
             "are corrected by truncated importance sampling (e.g. loss.tis_cap=2.0)",
         )
         _check(
-            r.steps_ahead == 0 or r.engine != "megatron",
+            r.steps_ahead == 0 or not ENGINES[r.engine].capabilities.reads_policy_weights,
             "rollout.steps_ahead",
-            "needs an engine that holds its own copy of the weights (vllm or hf): the megatron engine "
-            "generates with the weights being trained",
+            "needs an engine that holds its own copy of the weights "
+            f"({' or '.join(n for n, e in ENGINES.items() if not e.capabilities.reads_policy_weights)}): "
+            f"the {r.engine} engine generates with the weights being trained",
         )
         _check(
             self.warm_start.max_calls == 1 or self.warm_start.max_calls < r.max_turns,

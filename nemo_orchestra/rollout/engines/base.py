@@ -19,19 +19,16 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from nemo_orchestra.rollout.engine_registry import EngineCapabilities
+
+__all__ = ["EngineCapabilities", "EngineContext", "Generation", "GenerationEngine", "check_seeds"]
+
 
 @dataclass
 class Generation:
     token_ids: list[int]  # generated ids, up to and including the stop token when one was produced
     logprobs: list[float]  # log p(token) under the sampling temperature, one per generated id
     finished: bool  # ended with a stop token (False: hit max_new_tokens)
-
-
-@dataclass(frozen=True)
-class EngineCapabilities:
-    reads_policy_weights: bool = False  # generates with the live policy module: no weights to push
-    spans_tensor_parallel_group: bool = False  # every TP rank joins generate: the others serve() until release()
-    owns_processes: bool = False  # runs processes of its own, which close() shuts down
 
 
 @dataclass

@@ -13,8 +13,8 @@ import torch
 
 from nemo_orchestra.config import ModelConfig
 from nemo_orchestra.export.qwen3 import hf_config, megatron_to_hf
+from nemo_orchestra.rollout.engine_registry import ENGINES
 from nemo_orchestra.rollout.engines.base import (
-    EngineCapabilities,
     EngineContext,
     Generation,
     GenerationEngine,
@@ -24,7 +24,7 @@ from nemo_orchestra.rollout.engines.sampling import row_generators, sample_rows
 
 
 class HFEngine(GenerationEngine):
-    capabilities = EngineCapabilities()
+    capabilities = ENGINES["hf"].capabilities  # registered in rollout/engine_registry.py
 
     def __init__(
         self,

@@ -46,8 +46,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from nemo_orchestra.rollout.engine_registry import ENGINES
 from nemo_orchestra.rollout.engines.base import (
-    EngineCapabilities,
     EngineContext,
     Generation,
     GenerationEngine,
@@ -164,7 +164,7 @@ class MegatronEngine(GenerationEngine):
             self.is_lead = True
 
     # the trainer pushes no weights into it (Trainer.sync_weights); every TP rank runs its forwards
-    capabilities = EngineCapabilities(reads_policy_weights=True, spans_tensor_parallel_group=True)
+    capabilities = ENGINES["megatron"].capabilities  # registered in rollout/engine_registry.py
 
     @classmethod
     def create(cls, ctx: EngineContext, init_state=None) -> "MegatronEngine":

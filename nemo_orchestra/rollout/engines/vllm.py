@@ -61,8 +61,8 @@ from nemo_orchestra.config import ModelConfig
 from nemo_orchestra.export.hf_folder import export_hf
 from nemo_orchestra.export.qwen3 import megatron_to_hf
 from nemo_orchestra.megatron.model import DTYPES
+from nemo_orchestra.rollout.engine_registry import ENGINES
 from nemo_orchestra.rollout.engines.base import (
-    EngineCapabilities,
     EngineContext,
     Generation,
     GenerationEngine,
@@ -146,7 +146,7 @@ def available_memory_bytes() -> int:
 
 
 class VLLMEngine(GenerationEngine):
-    capabilities = EngineCapabilities(owns_processes=True)
+    capabilities = ENGINES["vllm"].capabilities  # registered in rollout/engine_registry.py
 
     @classmethod
     def create(cls, ctx: EngineContext, init_state: dict[str, torch.Tensor] | None) -> "VLLMEngine":
