@@ -125,7 +125,7 @@ def finish(cfg, info, trainer, evals: dict, eval_tasks: list) -> None:
             sampled = f"checkpoint.temperature={r.temperature:g} checkpoint.top_p={r.top_p:g} samples={k}" if k else ""
             log.info("report: %s", write_report(cfg.run.output_dir, evals, "nemo-orchestra GRPO run", sampled))
     if cfg.export.enabled:
-        weights = full_state_dict(trainer.policy.module)  # gathered from the TP/PP shards: every rank joins
+        weights = full_state_dict(trainer.learner.module)  # gathered from the TP/PP shards: every rank joins
         if info.is_main:
             out = cfg.export.dir or os.path.join(cfg.run.output_dir, "hf")
             sampling = (cfg.rollout.temperature, cfg.rollout.top_p)  # the server's default: as trained

@@ -1,4 +1,5 @@
-"""Assembly of a run from its config: tokenizer, tasks, tool service, policy, engine, trainer."""
+"""Assembly of a run from its config: tasks, tool service, warm-start data, tokenizer, learner, engine,
+rollout source, trainer."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from dataclasses import replace
 import torch
 
 from nemo_orchestra.config import Config, save_config, to_dict
-from nemo_orchestra.data.default_tasks import copy_tasks, generate_tasks, plan_phrases
-from nemo_orchestra.data.warm_start import render_text, scripted_episodes, to_trajectory
+from nemo_orchestra.data.default_tasks import generate_tasks, plan_phrases
+from nemo_orchestra.data.warm_start import render_text, to_trajectory
+from nemo_orchestra.grpo.reward import assign_rewards
 from nemo_orchestra.megatron.model import padded_vocab_size
 from nemo_orchestra.megatron.parallel import DistInfo, once_per_node
 from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, resolve_chat_format
@@ -23,9 +25,12 @@ from nemo_orchestra.rollout.managed_engine import ManagedEngine
 from nemo_orchestra.train.flops import slow_half_precision_warning
 from nemo_orchestra.train.memory_plan import memory_check
 from nemo_orchestra.train.metric_logger import MetricLogger
+from nemo_orchestra.train.data_order import DataOrder
+from nemo_orchestra.train.learner import build_learner
+from nemo_orchestra.train.rollout_source import Episodes, RolloutSource
 from nemo_orchestra.train.run_plan import RunPlan
-from nemo_orchestra.train.policy import build_policy
 from nemo_orchestra.train.trainer import Trainer, close_loop
+from nemo_orchestra.train.warm_start import play_warm_start_episodes
 from tools_env.task import load_jsonl
 
 log = logging.getLogger(__name__)
@@ -46,15 +51,6 @@ def load_eval_tasks(cfg: Config):
     if cfg.data.eval_path:
         return load_jsonl(cfg.data.eval_path)
     return generate_tasks(cfg.data.num_eval_tasks, cfg.run.seed + 2)  # disjoint seeds: train, warm start, eval
-
-
-def warm_start_tasks(cfg: Config, tasks: list) -> list:
-    """Tasks for the scripted warm-start episodes: fresh ones for the embedded default (so the
-    model learns to copy tool outputs rather than memorize answers), else cycled training tasks."""
-    n = max(cfg.warm_start.num_episodes, 1)
-    if not cfg.data.train_path:
-        return generate_tasks(n, cfg.run.seed + 1)
-    return [tasks[i % len(tasks)] for i in range(n)]
 
 
 def tool_service(cfg: Config, stack: ExitStack, started: list | None = None) -> list[str]:
@@ -153,33 +149,9 @@ def _build(
     if tokenizer is None and resume_from and os.path.isdir(run_tokenizer):
         tokenizer = load_tokenizer(run_tokenizer)  # the ids the checkpoint was trained with
     chat = resolve_chat_format(tokenizer, *chat_options(cfg)) if tokenizer else None
-    skip = warm_start_reason(cfg, resume_from)
-    if skip is None or tokenizer is None:  # the embedded tokenizer is built from the episodes' text
-        chosen = warm_start_tasks(cfg, tasks)
-        log.info("scripted warm-start episodes: %d%s", len(chosen), f" (tokenizer corpus; {skip})" if skip else "")
-        scripted = loop.run_until_complete(
-            scripted_episodes(
-                chosen,
-                client,
-                cfg.run.seed,
-                paid_experts=cfg.warm_start.endpoint_experts,
-                max_calls=cfg.warm_start.max_calls,
-            )
-        )
-    else:
-        log.info("scripted warm-start episodes: none (%s)", skip)
-        scripted = []
-    # copy lessons: the warm start's, and GRPO's lesson batches (loss.copy_lesson_coef), made again on a resume
-    n = cfg.warm_start.copy_lesson_count(cfg.data.train_path) if skip is None or cfg.loss.copy_lesson_coef > 0 else 0
-    if n:
-        lessons = copy_tasks(n, cfg.run.seed + 3)
-        copies = loop.run_until_complete(
-            scripted_episodes(lessons, client, cfg.run.seed, copy=True, paid_experts=cfg.warm_start.endpoint_experts)
-        )
-        log.info("copy lessons: %d", len(copies))
-    else:
-        copies = []
-
+    plan = RunPlan.make(cfg, info.device, resume_from)
+    # the embedded tokenizer is built from the scripted episodes' text
+    scripted, copies = play_warm_start_episodes(cfg, plan, tasks, client, loop, corpus=tokenizer is None)
     if tokenizer is None:
         corpus = [render_text(ep, QWEN3_CHAT_TEMPLATE, cfg.reward) for ep in scripted]
         tokenizer = build_embedded_tokenizer(corpus, phrases=plan_phrases())
@@ -193,8 +165,7 @@ def _build(
     slow = slow_half_precision_warning(cfg.model.params_dtype, info.device)
     if slow and info.is_main:
         log.warning(slow)
-    policy = build_policy(cfg, vocab, info.device)
-    plan = RunPlan.make(cfg, info.device)
+    learner = build_learner(cfg, vocab, info.device)
 
     ctx = EngineContext(
         cfg.model,
@@ -203,7 +174,7 @@ def _build(
         info.device,
         rollout=cfg.rollout,
         seed=cfg.run.seed,
-        model=policy.module,
+        model=learner.module,
         kv_cache_bytes=kv_cache_bytes,
         live_sequences=plan.live_sequences,
     )
@@ -224,38 +195,43 @@ def _build(
         engine_factory, reads_policy_weights=capabilities(cfg.rollout.engine).reads_policy_weights
     )
     logger = MetricLogger(cfg.run.output_dir, enabled=info.is_main, cfg=cfg.logger, run_config=to_dict(cfg))
+    order = DataOrder(tasks, cfg.data.prompts_per_step, cfg.run.seed, info.dp, info.rank // (info.tp * info.pp))
     return Trainer(
         cfg,
-        policy,
+        plan,
+        learner,
         generation,
-        client,
-        chat,
-        tasks,
+        rollout_source(cfg, plan, generation, chat, client, loop, order),
         logger,
         tokenizer=tokenizer,
         vocab_size=vocab,
         warm_start_trajectories=[to_trajectory(ep, chat, cfg.reward) for ep in scripted],
         copy_lessons=[to_trajectory(ep, chat, cfg.reward) for ep in copies],
         rank=info.rank,
-        dp_rank=info.rank // (info.tp * info.pp),
-        dp_size=info.dp,
-        loop=loop,
-        plan=plan,
+    )
+
+
+def rollout_source(
+    cfg: Config, plan: RunPlan, generation: ManagedEngine, chat, client, loop: asyncio.AbstractEventLoop, order
+) -> RolloutSource:
+    """The run's rollouts: its engine through the agent loop, on the prompts of ``order``, each group
+    rewarded by ``assign_rewards`` as it comes back; ahead of training by ``plan.rollouts_ahead`` steps."""
+    assert plan.rollouts_ahead == 0 or not generation.reads_policy_weights, (
+        "rollout.steps_ahead > 0 needs an engine with its own weights (checked by the config)"
+    )
+    episodes = Episodes(cfg.rollout, cfg.reward.default_preference, generation, chat, client, loop, cfg.run.output_dir)
+    return RolloutSource(
+        episodes,
+        order,
+        lambda trajs: assign_rewards(trajs, cfg.reward),
+        cfg.advantage.min_group_std,
+        cfg.run.seed,
+        plan.rollouts_ahead,
+        cfg.trainer.max_steps,
+        background=plan.rollouts_ahead > 0,
     )
 
 
 def chat_options(cfg: Config) -> tuple:
     """``resolve_chat_format``'s arguments after the tokenizer: the model's chat settings."""
     return cfg.model.chat_template, cfg.model.enable_thinking, cfg.model.reasoning_parser
-
-
-def warm_start_reason(cfg: Config, resume_from: str | None) -> str | None:
-    """Why this run has no warm start (None: it has one): ``warm_start.steps=0``, ``model.init_from``, or a
-    resume past it."""
-    if cfg.warm_start.steps == 0:
-        return "warm_start.steps=0"
-    if cfg.model.init_from:
-        return f"the policy starts from model.init_from={cfg.model.init_from}"
-    if resume_from:
-        return f"resuming from {resume_from}"
-    return None

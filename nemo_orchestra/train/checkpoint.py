@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 def save_checkpoint(
     root: str,
     step: int,
-    policy,
+    learner,
     extra: dict,
     keep: int,
     rank: int,
@@ -72,7 +72,7 @@ def save_checkpoint(
     before anything is written (``check_finite``)."""
     final = os.path.join(root, f"step_{step:08d}")
     tmp = final + ".tmp"
-    check_finite(policy, f"{final}: not written, and {os.path.join(root, 'latest')} left as it was")
+    check_finite(learner, f"{final}: not written, and {os.path.join(root, 'latest')} left as it was")
     check_free_space(root)
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -80,9 +80,9 @@ def save_checkpoint(
     _barrier()
     try:
         common = {"step": step, **extra}
-        if hasattr(policy, "guard"):  # train/steps_skipped_total counts on across a resume
-            common["steps_skipped_total"] = policy.guard.total
-        dist_ckpt.save(tmp, policy=policy, common=common)  # needs an empty folder
+        if hasattr(learner, "guard"):  # train/steps_skipped_total counts on across a resume
+            common["steps_skipped_total"] = learner.guard.total
+        dist_ckpt.save(tmp, policy=learner, common=common)  # needs an empty folder
         torch.save(rng if rng is not None else rng_state(), os.path.join(tmp, f"rng_rank_{rank:05d}.pt"))
         _barrier()
         if rank == 0:
@@ -193,17 +193,16 @@ def _prune(root: str, keep: int) -> None:
             shutil.rmtree(os.path.join(root, d), ignore_errors=True)
 
 
-def load_checkpoint(folder: str, policy, rank: int) -> dict:
+def load_checkpoint(folder: str, learner, rank: int) -> dict:
     """Restore the policy in place; returns the common state (``step``, data position, ...).
     Raises ``CheckpointError`` if the folder does not match its manifest, and ``NonFiniteCheckpoint``
     if what it holds is not finite (written by a diverged run, before saves refused that)."""
     if os.path.realpath(folder) not in _VERIFIED:
         verify_checkpoint(folder)
-    common = dist_ckpt.load(folder, policy)
-    check_finite(policy, f"{folder}: not loaded (saved by a run that had diverged; resume from an earlier one)")
-    if hasattr(policy, "guard"):
-        policy.guard.step = int(common.get("step", 0))
-        policy.guard.total = int(common.get("steps_skipped_total", 0))
+    common = dist_ckpt.load(folder, learner)
+    check_finite(learner, f"{folder}: not loaded (saved by a run that had diverged; resume from an earlier one)")
+    if hasattr(learner, "guard"):
+        learner.guard.total = int(common.get("steps_skipped_total", 0))
     meta = dist_ckpt.read_meta(folder) if os.path.isfile(os.path.join(folder, dist_ckpt.META)) else {}
     rng_file = os.path.join(folder, f"rng_rank_{rank:05d}.pt")
     if meta.get("layout") == _layout() and os.path.isfile(rng_file):
@@ -275,15 +274,15 @@ class NonFiniteCheckpoint(CheckpointError):
     """Weights or optimizer state holding a NaN or an infinity, refused at save and at load."""
 
 
-def policy_tensors(policy):
+def learner_tensors(learner):
     """(name, tensor) of what a checkpoint holds of the policy: weights, reference, optimizer state
     (moments and the fp32 main copies of low-precision weights)."""
     names = {}
-    for prefix, module in (("model.", policy.module), ("reference.", policy.reference)):
+    for prefix, module in (("model.", learner.module), ("reference.", learner.reference)):
         for name, p in module.named_parameters():
             names.setdefault(id(p), prefix + name)
             yield prefix + name, p
-    for opt in getattr(policy.optimizer, "chained_optimizers", [policy.optimizer]):
+    for opt in getattr(learner.optimizer, "chained_optimizers", [learner.optimizer]):
         inner = getattr(opt, "optimizer", None)
         main = _main_param_names(opt, names)
         for i, p in enumerate(q for group in getattr(inner, "param_groups", []) for q in group["params"]):
@@ -315,13 +314,13 @@ def _main_param_names(opt, names: dict[int, str]) -> dict[int, str]:
     return out
 
 
-def check_finite(policy, context: str) -> None:
+def check_finite(learner, context: str) -> None:
     """Raise ``NonFiniteCheckpoint`` on every rank when the policy's weights or optimizer state hold a
     NaN or an infinity on any rank, naming the first such tensor (one ``isfinite`` pass per tensor;
     collective when torch.distributed is up)."""
     from nemo_orchestra.train.divergence import any_rank, first_non_finite
 
-    bad = first_non_finite(policy_tensors(policy)) if policy is not None else None
+    bad = first_non_finite(learner_tensors(learner)) if learner is not None else None
     if not any_rank(bad is not None)[0]:
         return
     if dist.is_initialized() and dist.get_world_size() > 1:

@@ -40,6 +40,41 @@ class DataPosition:
         return cls().advance(int(step if value is None else value), n_tasks, per_step)
 
 
+@dataclass
+class DataOrder:
+    """The training prompts of each step on this data-parallel rank: the step's position is ``start``
+    (a fresh run's step 0, or the resumed checkpoint's step and position) advanced by the steps since."""
+
+    tasks: list  # the training task records
+    prompts_per_step: int  # data.prompts_per_step, per rank
+    seed: int  # run.seed
+    dp_size: int = 1
+    dp_rank: int = 0
+    start: tuple[int, DataPosition] = (0, DataPosition())
+
+    def position(self, step: int) -> DataPosition:
+        """Where step ``step`` draws its prompts."""
+        n = self.prompts_per_step
+        if len(self.tasks) < n * self.dp_size:
+            raise ValueError(
+                f"data: {len(self.tasks)} tasks are fewer than one step's "
+                f"{n} prompts x {self.dp_size} data-parallel ranks"
+            )
+        base_step, base = self.start
+        return base.advance(step - base_step, len(self.tasks), n * self.dp_size)
+
+    def tasks_at(self, step: int) -> list:
+        """This rank's prompts of step ``step``."""
+        idx = rank_indices(
+            self.position(step), len(self.tasks), self.prompts_per_step, self.dp_size, self.dp_rank, self.seed
+        )
+        return [self.tasks[i] for i in idx]
+
+    def resume(self, step: int, saved) -> None:
+        """Continue from a checkpoint of step ``step`` whose data position was ``saved``."""
+        self.start = (step, DataPosition.saved(saved, step, len(self.tasks), self.prompts_per_step * self.dp_size))
+
+
 def check_fits(n_tasks: int, per_step: int) -> None:
     if n_tasks < per_step:
         raise ValueError(

@@ -37,12 +37,12 @@ class TrainingDiverged(RuntimeError):
 
 @dataclass
 class StepGuard:
-    """The divergence bookkeeping of one policy (``Policy.guard``)."""
+    """The divergence bookkeeping of one learner (``Learner.guard``)."""
 
     max_skipped: int = 3  # trainer.max_skipped_steps: skipped optimizer steps in a row before the run stops
     kl_warn: float | None = 100.0  # trainer.kl_warn; None: no warning
     lrs: dict[str, float] = field(default_factory=dict)  # the configured rates, by key ("optim.lr", "warm_start.lr")
-    step: int = 0  # GRPO steps begun: the step under way (set from the checkpoint on resume)
+    step: int = 0  # the GRPO step under way, as the trainer counts it (given by ``grpo_update``)
     warm_start_steps: int = 0  # warm-start (SFT) optimizer steps begun
     in_a_row: int = 0  # optimizer steps skipped since the last one taken
     total: int = 0  # optimizer steps skipped in this process
@@ -144,21 +144,21 @@ def grad_tensors(model) -> list[torch.Tensor]:
     return [g for g in grads if g is not None]
 
 
-def skip_optimizer_step(policy) -> None:
+def skip_optimizer_step(learner) -> None:
     """Drop the step's gradients without touching weights or optimizer state; a dynamic loss scale
     (fp16) backs off as Megatron's own skip does."""
-    policy.model.zero_grad_buffer()
-    policy.optimizer.zero_grad()
-    for opt in getattr(policy.optimizer, "chained_optimizers", [policy.optimizer]):
+    learner.model.zero_grad_buffer()
+    learner.optimizer.zero_grad()
+    for opt in getattr(learner.optimizer, "chained_optimizers", [learner.optimizer]):
         scaler = getattr(opt, "grad_scaler", None)
         if scaler is not None:
             scaler.update(True)
 
 
-def loss_scale_search(policy) -> bool:
+def loss_scale_search(learner) -> bool:
     """Whether a dynamic loss scale (fp16) can still back off: an overflow of its scaled gradients is
     then Megatron's search for the scale, not divergence."""
-    for opt in getattr(policy.optimizer, "chained_optimizers", [policy.optimizer]):
+    for opt in getattr(learner.optimizer, "chained_optimizers", [learner.optimizer]):
         scaler = getattr(opt, "grad_scaler", None)
         if scaler is not None and hasattr(scaler, "min_scale") and bool(scaler.scale > scaler.min_scale):
             return True

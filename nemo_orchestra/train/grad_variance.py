@@ -63,7 +63,7 @@ def credit_views(
 
 
 def policy_gradient_variance(
-    policy,
+    learner,
     trajectories: Sequence[Trajectory],
     adv_cfg: AdvantageConfig,
     reward_cfg: RewardConfig | None,
@@ -75,16 +75,16 @@ def policy_gradient_variance(
     """``grad/pg_variance_<credit>``, ``grad/pg_sq_norm_<credit>`` and ``grad/pg_signal_<credit>`` for both
     credits on this step's trained rollouts (module docstring); ``peers``: see ``credit_views``.
     Collective over the model- and data-parallel groups; leaves the model's gradient buffers as they were."""
-    params = [p for p in policy.module.parameters() if p.requires_grad]
+    params = [p for p in learner.module.parameters() if p.requires_grad]
     out: dict[str, float] = {}
     for credit, trajs in credit_views(trajectories, adv_cfg, reward_cfg, peers).items():
-        stats = group_gradient_stats(policy, params, trajs, parallel, share_prompts, temperature)
+        stats = group_gradient_stats(learner, params, trajs, parallel, share_prompts, temperature)
         out.update({f"grad/{k}_{credit}": v for k, v in stats.items()})
     return out
 
 
 def group_gradient_stats(
-    policy, params: list[torch.Tensor], trajs: Sequence[Trajectory], parallel, share_prompts: bool, temperature: float
+    learner, params: list[torch.Tensor], trajs: Sequence[Trajectory], parallel, share_prompts: bool, temperature: float
 ) -> dict[str, float]:
     """tr Var(g), |g|^2 and their difference for ``trajs`` as they are (their ``token_advantages``)."""
     groups: dict[int, list[Trajectory]] = {}
@@ -95,10 +95,10 @@ def group_gradient_stats(
     for group in groups.values():
         surrogate, n = None, 0.0
         for batch in pack(group, parallel.microbatch_tokens, pad_to_multiple=parallel.tp, share_prompts=share_prompts):
-            rows = loss_rows(batch, policy.device)
+            rows = loss_rows(batch, learner.device)
             if not rows.numel():
                 continue
-            logits = packed_forward(policy.model, batch, policy.device, rows)
+            logits = packed_forward(learner.model, batch, learner.device, rows)
             lp_T, _ = pack_logprobs(logits, batch, rows, temperature, with_entropy=False)
             mask = batch.loss_mask_T.to(lp_T.device)
             term = (batch.advantages_T.to(lp_T.device) * mask * lp_T).sum()

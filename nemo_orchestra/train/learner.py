@@ -1,4 +1,5 @@
-"""The trainable policy: Megatron-Core model, frozen reference copy and optimizer.
+"""The learner: the trainable Megatron-Core model (the policy being trained), its frozen reference copy
+and optimizer.
 
 The frozen reference (for the KL term) is sharded like the policy. With ``reference.offload``
 its weights live in CPU memory and are swapped into the policy's model for its forward.
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Policy:
+class Learner:
     model: torch.nn.Module  # Megatron DDP-wrapped GPTModel (this rank's pipeline stage and TP shard)
     optimizer: object  # Megatron (distributed) optimizer
     reference: torch.nn.Module  # frozen copy for the KL term, sharded like the model
@@ -66,7 +67,7 @@ class Policy:
                     p.copy_(s, non_blocking=True)
 
 
-def build_policy(cfg: Config, vocab_size: int, device: torch.device) -> Policy:
+def build_learner(cfg: Config, vocab_size: int, device: torch.device) -> Learner:
     from megatron.core.distributed import (
         DistributedDataParallel,
         DistributedDataParallelConfig,
@@ -103,7 +104,7 @@ def build_policy(cfg: Config, vocab_size: int, device: torch.device) -> Policy:
         kl_warn=cfg.trainer.kl_warn,
         lrs={"optim.lr": cfg.optim.lr, "warm_start.lr": cfg.warm_start.lr},
     )
-    return Policy(ddp, optimizer, reference, device, reference_offloaded=cfg.reference.offload, guard=guard)
+    return Learner(ddp, optimizer, reference, device, reference_offloaded=cfg.reference.offload, guard=guard)
 
 
 def load_pretrained(gpt, folder: str, model_cfg, run_tokenizer: str | None = None) -> None:

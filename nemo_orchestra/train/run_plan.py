@@ -19,16 +19,22 @@ class RunPlan:
     live_sequences: int  # the most sequences the engine holds at once (``live_sequences``)
     engine_cpus: tuple[int, ...] | None  # the engine worker's cores, the trainer's the rest (``engine_cpus``)
     overlap_reference: bool  # reference logprobs on a thread beside the update (``overlap_reference``)
+    warm_start_skip: str | None = None  # why the run has no warm start; None: it has one (``warm_start_reason``)
+    copy_lessons: int = 0  # copy lessons to make: for the warm start, or GRPO's lesson batches (``copy_lessons``)
 
     @classmethod
-    def make(cls, cfg: Config, device: torch.device) -> RunPlan:
+    def make(cls, cfg: Config, device: torch.device, resume_from: str | None = None) -> RunPlan:
+        """``resume_from``: the checkpoint the run resumes from (``run_control.check_resume``), if any."""
         cpus = engine_cpus(cfg, device)
+        skip = warm_start_reason(cfg, resume_from)
         return cls(
             reference_pass=cfg.loss.kl_coef > 0,
             rollouts_ahead=cfg.rollout.steps_ahead,
             live_sequences=live_sequences(cfg),
             engine_cpus=tuple(cpus) if cpus else None,
             overlap_reference=overlap_reference(cfg, device),
+            warm_start_skip=skip,
+            copy_lessons=copy_lessons(cfg, skip),
         )
 
     @property
@@ -81,3 +87,23 @@ def overlap_reference(cfg: Config, device) -> bool:
     return (
         cfg.parallel.tp == 1 and cfg.parallel.pp == 1 and not cfg.reference.offload and bool(engine_cpus(cfg, device))
     )
+
+
+def warm_start_reason(cfg: Config, resume_from: str | None) -> str | None:
+    """Why this run has no warm start (None: it has one): ``warm_start.steps=0``, ``model.init_from``, or a
+    resume past it."""
+    if cfg.warm_start.steps == 0:
+        return "warm_start.steps=0"
+    if cfg.model.init_from:
+        return f"the policy starts from model.init_from={cfg.model.init_from}"
+    if resume_from:
+        return f"resuming from {resume_from}"
+    return None
+
+
+def copy_lessons(cfg: Config, warm_start_skip: str | None) -> int:
+    """How many copy lessons the run makes: the warm start's (``warm_start.copy_lessons``), also for GRPO's
+    lesson batches (``loss.copy_lesson_coef`` > 0, made again on a resume); none when neither trains."""
+    if warm_start_skip is None or cfg.loss.copy_lesson_coef > 0:
+        return cfg.warm_start.copy_lesson_count(cfg.data.train_path)
+    return 0

@@ -1,4 +1,4 @@
-"""One training step of the policy: the step's packs, reference logprobs, the GRPO and SFT losses,
+"""One training step of the learner: the step's packs, reference logprobs, the GRPO and SFT losses,
 forward/backward through the pipeline and the optimizer step, metrics reduced over the step; the
 GRPO update of a batch of rollouts as ``loss.minibatches`` such steps."""
 
@@ -32,7 +32,7 @@ from nemo_orchestra.train.divergence import (
     skip_optimizer_step,
 )
 from nemo_orchestra.train.packing import pack, padding_pack
-from nemo_orchestra.train.policy import Policy
+from nemo_orchestra.train.learner import Learner
 from nemo_orchestra.types import PackedBatch, Trajectory
 
 log = logging.getLogger(__name__)
@@ -68,9 +68,9 @@ def pack_for_step(trajs: list[Trajectory], parallel: ParallelConfig, share_promp
     return broadcast_in_model_parallel_group(batches or [padding_pack(length or parallel.tp, parallel.tp)])
 
 
-def reference_logprobs(policy: Policy, batches: list[PackedBatch], temperature: float = 1.0) -> list[torch.Tensor]:
-    with policy.reference_model() as model:
-        return forward_logprobs(model, batches, policy.device, temperature, only_loss_tokens=True)
+def reference_logprobs(learner: Learner, batches: list[PackedBatch], temperature: float = 1.0) -> list[torch.Tensor]:
+    with learner.reference_model() as model:
+        return forward_logprobs(model, batches, learner.device, temperature, only_loss_tokens=True)
 
 
 class ReferenceAhead:
@@ -88,9 +88,14 @@ class ReferenceAhead:
     ahead of the trainer (see ``Trainer.reference_ahead``)."""
 
     def __init__(
-        self, policy: Policy, batches: list[PackedBatch], temperature: float = 1.0, threads: int = 1, idle: bool = True
+        self,
+        learner: Learner,
+        batches: list[PackedBatch],
+        temperature: float = 1.0,
+        threads: int = 1,
+        idle: bool = True,
     ):
-        self.policy, self.batches, self.temperature, self.threads = policy, batches, temperature, threads
+        self.learner, self.batches, self.temperature, self.threads = learner, batches, temperature, threads
         self.idle = idle
         self.error: BaseException | None = None
         self.seconds = 0.0
@@ -108,11 +113,11 @@ class ReferenceAhead:
         if self.idle:
             idle_priority()
         try:
-            with torch.no_grad(), self.policy.reference_model() as model:
+            with torch.no_grad(), self.learner.reference_model() as model:
                 for b, ready in zip(self.batches, self.ready):
                     if self.cancelled.is_set():
                         break
-                    b.ref_logprobs_T = forward_logprobs(model, b, self.policy.device, self.temperature, True)
+                    b.ref_logprobs_T = forward_logprobs(model, b, self.learner.device, self.temperature, True)
                     ready.set()
         except BaseException as e:  # re-raised by the waiting loss and by join()
             self.error = e
@@ -209,10 +214,16 @@ def minibatch_packs(
 
 
 def grpo_update(
-    policy: Policy, minibatches: list[list[PackedBatch]], loss_cfg: LossConfig, temperature: float = 1.0
+    learner: Learner,
+    minibatches: list[list[PackedBatch]],
+    loss_cfg: LossConfig,
+    temperature: float = 1.0,
+    *,
+    step: int,
 ) -> dict:
-    """The GRPO update of one batch of rollouts: one optimizer step per minibatch of packs
-    (``minibatch_packs``; reference logprobs filled).
+    """The GRPO update of one batch of rollouts, GRPO step ``step`` (the trainer's count, from 1; the step
+    a divergence message names): one optimizer step per minibatch of packs (``minibatch_packs``;
+    reference logprobs filled).
 
     One minibatch (``loss.minibatches=1``): old logprobs = the step's own forward, detached (ratio 1:
     the clip never binds, the loss is the policy gradient plus the KL term). Several: first a
@@ -227,20 +238,20 @@ def grpo_update(
     above ``trainer.kl_warn`` is reported once (``StepGuard.check_kl``).
     """
     loss_fn = grpo_loss_fn(loss_cfg)
-    policy.guard.step += 1
+    learner.guard.step = step
     if len(minibatches) == 1:
-        out = {**train_step(policy, minibatches[0], loss_fn, temperature), "train/optimizer_steps": 1.0}
+        out = {**train_step(learner, minibatches[0], loss_fn, temperature), "train/optimizer_steps": 1.0}
     else:
         t0 = time.perf_counter()
         packs = [b for mb in minibatches for b in mb]
-        olds = forward_logprobs(policy.model, packs, policy.device, temperature, only_loss_tokens=True)
+        olds = forward_logprobs(learner.model, packs, learner.device, temperature, only_loss_tokens=True)
         for b, lp in zip(packs, olds, strict=True):
             b.old_logprobs_T = lp
         t_old = time.perf_counter() - t0
-        steps = [train_step(policy, mb, loss_fn, temperature) for mb in minibatches]
+        steps = [train_step(learner, mb, loss_fn, temperature) for mb in minibatches]
         out = {**mean_over_steps(steps), "time/old_logprobs_s": t_old}
-    out["train/steps_skipped_total"] = float(policy.guard.total)
-    policy.guard.check_kl(out.get("loss/kl"))
+    out["train/steps_skipped_total"] = float(learner.guard.total)
+    learner.guard.check_kl(out.get("loss/kl"))
     return out
 
 
@@ -277,15 +288,15 @@ def _loss_func(batch: PackedBatch, loss_fn, temperature: float, rows, logits):
     return loss_sum, n.to(torch.int), metrics
 
 
-def forward_backward(policy: Policy, batches: list[PackedBatch], loss_fn, temperature: float = 1.0) -> list[dict]:
+def forward_backward(learner: Learner, batches: list[PackedBatch], loss_fn, temperature: float = 1.0) -> list[dict]:
     """Gradients of the step's summed loss / its global token count, in the DDP grad buffers.
 
     Returns the last stage's per-microbatch metrics (an empty list on other stages).
     """
-    model, device = policy.model, policy.device
+    model, device = learner.model, learner.device
     model.train()
     model.zero_grad_buffer()
-    policy.optimizer.zero_grad()
+    learner.optimizer.zero_grad()
 
     def forward_step(data_iterator, m):
         batch = next(data_iterator)
@@ -295,7 +306,7 @@ def forward_backward(policy: Policy, batches: list[PackedBatch], loss_fn, temper
     return run_schedule(model, forward_step, batches, forward_only=False)
 
 
-def train_step(policy: Policy, batches: list[PackedBatch], loss_fn, temperature: float = 1.0) -> dict:
+def train_step(learner: Learner, batches: list[PackedBatch], loss_fn, temperature: float = 1.0) -> dict:
     """One optimizer step over all microbatches (gradients summed, scaled by 1/global tokens).
 
     A non-finite loss or gradient on any rank skips the step on every rank, in every precision:
@@ -303,15 +314,15 @@ def train_step(policy: Policy, batches: list[PackedBatch], loss_fn, temperature:
     skipped in a row, or a step that leaves non-finite weights, raise ``TrainingDiverged``."""
     from nemo_orchestra.megatron.cpu_compat import cuda_type_names
 
-    guard = policy.guard
+    guard = learner.guard
     guard.begin("warm start" if loss_fn is warm_start_loss_fn else "grpo")
-    losses = forward_backward(policy, batches, loss_fn, temperature)
+    losses = forward_backward(learner, batches, loss_fn, temperature)
     out = reduce_metrics(losses)
     loss_finite = all(math.isfinite(v) for k, v in out.items() if k.startswith("loss/"))
-    bad_loss, bad_grads = any_rank(not loss_finite, not all_finite(grad_tensors(policy.model)))
+    bad_loss, bad_grads = any_rank(not loss_finite, not all_finite(grad_tensors(learner.model)))
     if bad_loss or bad_grads:
-        scale_search = not bad_loss and loss_scale_search(policy)  # fp16: Megatron's loss scale backs off
-        skip_optimizer_step(policy)
+        scale_search = not bad_loss and loss_scale_search(learner)  # fp16: Megatron's loss scale backs off
+        skip_optimizer_step(learner)
         ok, grad_norm = False, math.nan
         if scale_search:
             guard.total += 1
@@ -320,11 +331,11 @@ def train_step(policy: Policy, batches: list[PackedBatch], loss_fn, temperature:
             guard.skipped("loss" if bad_loss else "gradients")
     else:
         with cuda_type_names():
-            ok, grad_norm, _ = policy.optimizer.step()
+            ok, grad_norm, _ = learner.optimizer.step()
         if not ok:  # Megatron's own check (a loss-scale overflow)
             guard.total += 1
             log.warning("optimizer step skipped (non-finite gradients)")
-        elif any_rank(not all_finite(policy.module.parameters()))[0]:
+        elif any_rank(not all_finite(learner.module.parameters()))[0]:
             raise guard.diverged("the optimizer step made the weights non-finite")
         else:
             guard.taken()

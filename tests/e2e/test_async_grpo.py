@@ -20,7 +20,6 @@ import torch
 from nemo_orchestra.config import load_config
 from nemo_orchestra.megatron.parallel import init_distributed
 from nemo_orchestra.megatron.sharding import model_state
-from nemo_orchestra.train.async_rollouts import AsyncRollouts
 from nemo_orchestra.train.build import build_trainer
 
 pytestmark = pytest.mark.slow
@@ -56,20 +55,20 @@ def run(tmp_path, name: str, overrides: list[str], steps: int, k0_async: bool = 
         ckpt = os.path.join(out, "checkpoints")
         if not trainer.resume(ckpt):
             trainer.warm_start()
-        produce = trainer.step_rollouts
+        produce = trainer.rollouts.produce
 
         async def recording(step):
             trajs, stats = await produce(step)
             versions[step] = [list(t.turn_versions) for t in trajs]
             return trajs, stats
 
-        trainer.step_rollouts = recording
+        trainer.rollouts.produce = recording
         if k0_async:
-            trainer.rollouts = AsyncRollouts(trainer.loop, recording, 0, cfg.trainer.max_steps)
+            trainer.rollouts.background = True  # the rollouts-ahead thread, at K = 0
         trainer.fit(ckpt)
-        weights = {k: v.clone() for k, v in model_state(trainer.policy.module).items()}
+        weights = {k: v.clone() for k, v in model_state(trainer.learner.module).items()}
         if reference is not None:
-            reference.update({k: v.clone() for k, v in model_state(trainer.policy.reference).items()})
+            reference.update({k: v.clone() for k, v in model_state(trainer.learner.reference).items()})
     with open(os.path.join(out, "metrics.jsonl")) as f:
         metrics = [json.loads(line) for line in f]
     return weights, metrics, versions
@@ -117,16 +116,16 @@ def test_resume_mid_async_run_keeps_the_data_order(tmp_path):
 
 def test_fill_informative_groups_draws_extra_prompts_within_its_cap(tmp_path, monkeypatch):
     """... and every trajectory's reward is computed once."""
-    import nemo_orchestra.train.trainer as trainer_module
+    import nemo_orchestra.train.build as build_module
 
     rewarded: list = []  # every trajectory each call rewards (kept alive: no id is reused)
-    assign = trainer_module.assign_rewards
+    assign = build_module.assign_rewards
 
     def counting(trajs, cfg):
         rewarded.extend(trajs)
         assign(trajs, cfg)
 
-    monkeypatch.setattr(trainer_module, "assign_rewards", counting)
+    monkeypatch.setattr(build_module, "assign_rewards", counting)
     # min_group_std high: no group is informative, so every step draws its cap of extra prompts
     _, metrics, _ = run(
         tmp_path,

@@ -4,7 +4,7 @@ command each time, it ends with the weights of an uninterrupted run of the same 
 (the in-process hf engine on CPU), every step recorded once with the uninterrupted run's figures,
 and no process or temporary folder of any launch left behind.
 
-The data order of an uninterrupted run is ``Trainer.batch_tasks(step)``; every step logs the task
+The data order of an uninterrupted run is ``DataOrder.tasks_at(step)``; every step logs the task
 ids it used (``data/task_ids``), checked against it.
 """
 
@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -135,14 +134,11 @@ def _expected_order(steps: int) -> list[list[str]]:
     """What an uninterrupted run feeds each step (the trainer's own function)."""
     from nemo_orchestra.config import load_config
     from nemo_orchestra.data.default_tasks import generate_tasks
-    from nemo_orchestra.train.data_order import DataPosition
-    from nemo_orchestra.train.trainer import Trainer
+    from nemo_orchestra.train.data_order import DataOrder
 
     cfg = load_config(ARGS)
-    fake = SimpleNamespace(cfg=cfg, tasks=generate_tasks(cfg.data.num_train_tasks, cfg.run.seed), dp_rank=0, dp_size=1)
-    fake.data_start = (0, DataPosition())
-    fake.data_position = lambda step: Trainer.data_position(fake, step)
-    return [[t.id for t in Trainer.batch_tasks(fake, s)] for s in range(steps)]
+    order = DataOrder(generate_tasks(cfg.data.num_train_tasks, cfg.run.seed), cfg.data.prompts_per_step, cfg.run.seed)
+    return [[t.id for t in order.tasks_at(s)] for s in range(steps)]
 
 
 def _interrupt(cmd, out, env, tmp, log, at_step, sig):

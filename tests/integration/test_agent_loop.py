@@ -24,7 +24,7 @@ from nemo_orchestra.prompting.chat import (
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 from nemo_orchestra.rollout.engines.base import Generation
 from nemo_orchestra.rollout.loop import EnginePolicy, LoopLimits, Turn, format_error_observation, run_episodes
-from nemo_orchestra.train.trainer import Trainer
+from nemo_orchestra.train.rollout_source import Episodes
 from nemo_orchestra.rollout.managed_engine import ManagedEngine
 from tools_env.client import ToolsEnvClient
 from tools_env.supervisor import start_service
@@ -174,13 +174,16 @@ def test_training_and_evaluation_agree_on_malformed_calls_and_missing_preference
     cfg = load_config(["rollout.max_turns=3", "rollout.max_context=4096"])
     chat = ChatFormat(TOKENIZERS["embedded"]())
     client = ToolsEnvClient(service)
-    trainer = Trainer(cfg, None, ManagedEngine(engine=ScriptedEngine(chat)), client, chat, [], None)
-    trained = trainer.run_loop([NO_PREFERENCE], 1, temperature=1.0)[0]
+    generation = ManagedEngine(engine=ScriptedEngine(chat))
+    episodes = Episodes(
+        cfg.rollout, cfg.reward.default_preference, generation, chat, client, asyncio.new_event_loop(), ""
+    )
+    trained = episodes.run([NO_PREFERENCE], 1, 1.0, "", step=0)[0]
     run = PolicyRun(ScriptedMessages(), LoopLimits(max_turns=3), _evaluate_recipe().EvalConfig().default_preference)
-    evaluated = trainer.loop.run_until_complete(
+    evaluated = episodes.loop.run_until_complete(
         run_all(client, [run], [NO_PREFERENCE], {"record": None}, progress=False)
     )
-    trainer.loop.run_until_complete(client.aclose())
+    episodes.loop.run_until_complete(client.aclose())
     assert evaluated[0].format_errors == trained.format_errors == 1
     assert evaluated[0].correct and trained.correct
     assert evaluated[0].messages == trained.messages

@@ -1,6 +1,6 @@
 """Rollouts that run ahead of training: weights reach the engine between generate calls, each turn
 records the version that wrote it and carries that version's logprobs into the loss's importance
-weights, and ``AsyncRollouts`` starts step j's rollouts only within K versions of it."""
+weights, and ``RolloutsAhead`` starts step j's rollouts only within K versions of it."""
 
 import asyncio
 import os
@@ -24,7 +24,7 @@ from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 from nemo_orchestra.rollout.engines.base import Generation
 from nemo_orchestra.rollout.loop import EnginePolicy, Episode, LoopLimits, run_episodes
 from nemo_orchestra.rollout.scheduler import _ENGINE_THREAD, EngineThread, EngineWeights
-from nemo_orchestra.train.async_rollouts import AsyncRollouts
+from nemo_orchestra.train.rollout_source import RolloutsAhead
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.step import grpo_loss_fn
 from nemo_orchestra.types import Trajectory
@@ -196,7 +196,7 @@ class Client:
     async def aclose(self):
         pass
 
-trainer = SimpleNamespace(stop_rollouts_ahead=lambda: None, logger=SimpleNamespace(close=lambda: None),
+trainer = SimpleNamespace(rollouts=SimpleNamespace(stop=lambda: None), logger=SimpleNamespace(close=lambda: None),
                           loop=asyncio.new_event_loop(), client=Client(), generation=ManagedEngine(engine=engine))
 t0 = time.perf_counter()
 Trainer.close(trainer)
@@ -208,8 +208,8 @@ print(f"closed in {{time.perf_counter() - t0:.2f}} s", flush=True)
 MODEL_SETUP = {  # hf builds its own model; megatron generates with the policy's
     "hf": "model = None",
     "megatron": "from nemo_orchestra.megatron.parallel import init_distributed\n"
-    "from nemo_orchestra.train.policy import build_policy\n"
-    "model = build_policy(cfg, 256, init_distributed(cfg.parallel, 0).device).module",
+    "from nemo_orchestra.train.learner import build_learner\n"
+    "model = build_learner(cfg, 256, init_distributed(cfg.parallel, 0).device).module",
 }
 
 
@@ -296,7 +296,7 @@ def test_async_rollouts_start_within_k_versions_and_drop_nothing_on_close():
             await gate.wait()  # still running when the run closes: cancelled
         return f"rollouts of step {j}"
 
-    ahead = AsyncRollouts(loop, rollout, steps_ahead=2, last_step=5)
+    ahead = RolloutsAhead(loop, rollout, steps_ahead=2, last_step=5)
     results = []
     for s in range(4):
         value, waited = ahead.take(s)
@@ -324,7 +324,7 @@ def test_k0_starts_each_step_only_when_it_is_taken():
         started.append((j, taken[0]))
         return j
 
-    ahead = AsyncRollouts(loop, rollout, steps_ahead=0, last_step=3)
+    ahead = RolloutsAhead(loop, rollout, steps_ahead=0, last_step=3)
     for s in range(3):
         assert ahead.take(s)[0] == s
         taken[0] += 1

@@ -15,7 +15,7 @@ from nemo_orchestra.train.checkpoint import (
     save_checkpoint,
 )
 from nemo_orchestra.train.packing import pack
-from nemo_orchestra.train.policy import build_policy
+from nemo_orchestra.train.learner import build_learner
 from nemo_orchestra.train.step import warm_start_loss_fn, train_step
 from tests.helpers import TINY_MODEL, traj
 
@@ -46,7 +46,7 @@ def _weights(policy):
 
 
 def test_keeps_the_newest_and_points_latest_at_it(cfg, tmp_path):
-    policy = build_policy(cfg, VOCAB, torch.device("cpu"))
+    policy = build_learner(cfg, VOCAB, torch.device("cpu"))
     for step in (1, 2, 3):
         _step(policy)
         _save(tmp_path, step, policy, 2, cfg)
@@ -55,7 +55,7 @@ def test_keeps_the_newest_and_points_latest_at_it(cfg, tmp_path):
 
 
 def test_a_crash_mid_write_leaves_the_previous_checkpoint(cfg, tmp_path):
-    policy = build_policy(cfg, VOCAB, torch.device("cpu"))
+    policy = build_learner(cfg, VOCAB, torch.device("cpu"))
     _step(policy)
     _save(tmp_path, 1, policy, 2, cfg)
     saved = _weights(policy)
@@ -63,7 +63,7 @@ def test_a_crash_mid_write_leaves_the_previous_checkpoint(cfg, tmp_path):
     partial.mkdir()
     (partial / "__0_0.distcp").write_bytes(b"\0" * 100)
     assert latest_checkpoint(str(tmp_path)) == str(tmp_path / "step_00000001")
-    fresh = build_policy(cfg, VOCAB, torch.device("cpu"))
+    fresh = build_learner(cfg, VOCAB, torch.device("cpu"))
     common = load_checkpoint(latest_checkpoint(str(tmp_path)), fresh, rank=0)
     assert common["step"] == 1 and common["data_position"] == 1
     assert all(torch.equal(saved[k], v) for k, v in _weights(fresh).items())
@@ -73,7 +73,7 @@ def test_a_crash_mid_write_leaves_the_previous_checkpoint(cfg, tmp_path):
 
 
 def test_restore_gives_back_weights_optimizer_reference_and_rng(cfg, tmp_path):
-    policy = build_policy(cfg, VOCAB, torch.device("cpu"))
+    policy = build_learner(cfg, VOCAB, torch.device("cpu"))
     _step(policy)
     policy.reset_reference()
     _step(policy)
@@ -82,7 +82,7 @@ def test_restore_gives_back_weights_optimizer_reference_and_rng(cfg, tmp_path):
     after_a = _step(policy)
     weights_a = _weights(policy)
 
-    other = build_policy(cfg, VOCAB, torch.device("cpu"))
+    other = build_learner(cfg, VOCAB, torch.device("cpu"))
     load_checkpoint(folder, other, rank=0)
     draws = (torch.rand(3), random.random())
     assert torch.equal(draws[0], first_draws[0]) and draws[1] == first_draws[1]

@@ -122,7 +122,7 @@ def test_policy_starts_from_an_hf_folder_or_its_import_with_transformers_logits(
     from nemo_orchestra.export.convert import import_hf
     from nemo_orchestra.megatron.forward import forward_logprobs
     from nemo_orchestra.train.packing import pack
-    from nemo_orchestra.train.policy import build_policy
+    from nemo_orchestra.train.learner import build_learner
     from tests.helpers import traj
 
     hf = _hf_folder(tmp_path / "hf", arch, tied=False, seed=4)
@@ -150,18 +150,18 @@ def test_policy_starts_from_an_hf_folder_or_its_import_with_transformers_logits(
     want = want.gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
     for source in ("hf", "ckpt"):
         run_cfg = load_config([*arch_overrides, f"model.init_from={tmp_path / source}"])
-        policy = build_policy(run_cfg, VOCAB, torch.device("cpu"))
+        policy = build_learner(run_cfg, VOCAB, torch.device("cpu"))
         got = forward_logprobs(policy.model, pack([traj(ids=ids)], 64)[0], torch.device("cpu"))
         torch.testing.assert_close(got[:-1], want, atol=2e-5, rtol=1e-5)
 
 
 def test_init_from_a_different_architecture_names_the_keys(dist_init, tmp_path):
-    from nemo_orchestra.train.policy import build_policy
+    from nemo_orchestra.train.learner import build_learner
 
     _hf_folder(tmp_path / "hf", "qwen3", tied=False)
     cfg = load_config([f"model.init_from={tmp_path / 'hf'}"])  # the tiny default: hidden 128, not 64
     with pytest.raises(ValueError, match="model.hidden_size=128"):
-        build_policy(cfg, VOCAB, torch.device("cpu"))
+        build_learner(cfg, VOCAB, torch.device("cpu"))
 
 
 def test_export_shards_with_an_index_that_transformers_loads(dist_init, tmp_path, monkeypatch):

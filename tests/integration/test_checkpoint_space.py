@@ -36,7 +36,7 @@ def _plain_rng(monkeypatch):
 
 
 def _save(root, step):
-    return save_checkpoint(str(root), step, policy=None, extra={}, keep=3, rank=0)
+    return save_checkpoint(str(root), step, learner=None, extra={}, keep=3, rank=0)
 
 
 def test_running_out_of_space_mid_save_is_one_line_and_leaves_the_previous_checkpoint(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ from nemo_orchestra.export.qwen3 import full_state_dict
 from nemo_orchestra.rollout.engines import EngineContext, GenerationEngine, capabilities, start_engine
 from nemo_orchestra.rollout.engines.megatron import MegatronEngine
 from nemo_orchestra.train.packing import pack
-from nemo_orchestra.train.policy import build_policy, set_lr
+from nemo_orchestra.train.learner import build_learner, set_lr
 from nemo_orchestra.train.step import warm_start_loss_fn, train_step
 from tests.helpers import generated_logprobs, traj
 
@@ -49,7 +49,7 @@ def new_policy():
 
     cfg = load_config([])  # the tiny default: 2 layers, 4 heads x 64, a KV group per head
     info = init_distributed(cfg.parallel, seed=7)
-    policy = build_policy(cfg, VOCAB, info.device)
+    policy = build_learner(cfg, VOCAB, info.device)
     sharpen(policy.module)
     return cfg, policy
 
@@ -199,6 +199,8 @@ def test_trainer_pushes_no_weights_into_it(setup, monkeypatch):
 
     import nemo_orchestra.train.trainer as trainer_module
     from nemo_orchestra.train.trainer import Trainer
+    from nemo_orchestra.train.rollout_source import on_rollout_rank
+    from nemo_orchestra.train.run_plan import RunPlan
     from nemo_orchestra.rollout.managed_engine import ManagedEngine
 
     def no_gather(gpt):
@@ -211,13 +213,13 @@ def test_trainer_pushes_no_weights_into_it(setup, monkeypatch):
     def no_factory(state):
         raise AssertionError("the megatron engine is built with the policy, not at a weight sync")
 
-    trainer = Trainer(cfg, s.policy, ManagedEngine(no_factory, engine=s.engine), None, None, [], None)
+    plan = RunPlan.make(cfg, s.policy.device)
+    trainer = Trainer(cfg, plan, s.policy, ManagedEngine(no_factory, engine=s.engine), rollouts=None, logger=None)
     trainer.sync_weights(0)
     trainer.sync_weights(1)
     assert trainer.generation.weights.version == 1
-    assert trainer.engine is s.engine
-    assert trainer.on_rollout_rank(lambda: 42) == 42  # one rank: it is the rollout rank
-    trainer.loop.close()
+    assert trainer.generation.engine is s.engine
+    assert on_rollout_rank(trainer.generation, lambda: 42) == 42  # one rank: it is the rollout rank
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,7 @@ def _rollout_cfg(**kw):
 
 
 def run_rollouts(tasks, group_size, engine, client, chat, cfg, reward, stats=None):
-    """Training's rollouts: the engine as the policy of the agent loop (as ``Trainer.run_loop``)."""
+    """Training's rollouts: the engine as the policy of the agent loop (as ``Episodes.run``)."""
     policy = EnginePolicy(engine, chat, cfg.max_new_tokens_per_turn, cfg.temperature, cfg.top_p)
     return run_episodes(
         tasks,

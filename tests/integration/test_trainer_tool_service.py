@@ -1,10 +1,9 @@
-"""The trainer's episodes survive the tool service dying: ``Trainer.run_loop`` restarts a service the
+"""The trainer's episodes survive the tool service dying: ``Episodes.run`` restarts a service the
 run started and redoes the batch, or stops in one line naming the service and how to resume."""
 
 import asyncio
 import os
 import signal
-from types import SimpleNamespace
 
 import pytest
 
@@ -19,7 +18,7 @@ from nemo_orchestra.prompting.chat import (
 from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
 from nemo_orchestra.rollout.engines.base import Generation
 from nemo_orchestra.rollout.managed_engine import ManagedEngine
-from nemo_orchestra.train.trainer import Trainer
+from nemo_orchestra.train.rollout_source import Episodes
 from nemo_orchestra.types import StopReason
 from tools_env.client import ToolsEnvClient
 from tools_env.supervisor import start_service
@@ -50,37 +49,34 @@ class KillingEngine:
         return [Generation(ids, [0.0] * len(ids), True) for _ in prompts]
 
 
-def trainer(chat, engine, client, tmp_path):
+def episodes(chat, engine, client, tmp_path):
     cfg = load_config([f"run.output_dir={tmp_path}", "rollout.max_context=65536"])  # room for the tool schemas
     generation = ManagedEngine(engine=engine)
-    t = SimpleNamespace(
-        cfg=cfg, engine=engine, generation=generation, chat=chat, client=client, loop=asyncio.new_event_loop(), step=2
-    )
-    t.episodes = lambda *args: Trainer.episodes(t, *args)
-    return t
+    loop = asyncio.new_event_loop()
+    return Episodes(cfg.rollout, cfg.reward.default_preference, generation, chat, client, loop, str(tmp_path))
 
 
-def test_run_loop_restarts_the_service_it_started_and_redoes_the_batch(chat, tmp_path):
+def test_episodes_restart_the_service_it_started_and_redoes_the_batch(chat, tmp_path):
     task = TaskRecord.from_dict(
         {"problem": "What is 6 * 7?", "answer": "42", "category": "arithmetic", "tools": ["calculator", "answer"]}
     )
     with start_service() as svc:
         engine = KillingEngine(chat, svc)
-        t = trainer(chat, engine, ToolsEnvClient(svc.urls, service=svc), tmp_path)
-        trajs = Trainer.run_loop(t, [task], 2, 1.0, seed="s")
+        t = episodes(chat, engine, ToolsEnvClient(svc.urls, service=svc), tmp_path)
+        trajs = t.run([task], 2, 1.0, "s", step=2)
         assert svc.restarts == 1 and engine.calls == 2 and t.client.urls == svc.urls
         assert [(x.stop_reason, x.correct) for x in trajs] == [(StopReason.ANSWER, True)] * 2
         t.loop.run_until_complete(t.client.aclose())
 
 
-def test_run_loop_stops_in_one_line_when_the_service_is_not_its_own(chat, tmp_path):
+def test_episodes_stop_in_one_line_when_the_service_is_not_its_own(chat, tmp_path):
     task = TaskRecord.from_dict(
         {"problem": "What is 6 * 7?", "answer": "42", "category": "arithmetic", "tools": ["answer"]}
     )
     with start_service() as svc:
-        t = trainer(chat, KillingEngine(chat, svc), ToolsEnvClient(svc.urls), tmp_path)
+        t = episodes(chat, KillingEngine(chat, svc), ToolsEnvClient(svc.urls), tmp_path)
         with pytest.raises(ToolServiceDown) as e:
-            Trainer.run_loop(t, [task], 2, 1.0, seed="s")
+            t.run([task], 2, 1.0, "s", step=2)
         t.loop.run_until_complete(t.client.aclose())
     line = str(e.value)
     assert "\n" not in line and f"tool service {svc.urls[0]} stopped answering during step 3's rollouts" in line

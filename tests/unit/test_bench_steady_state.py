@@ -1,6 +1,6 @@
 """The GRPO benchmark measures rollouts ahead of training in their steady state.
 
-A fake trainer takes its rollouts from ``AsyncRollouts`` (each one R seconds: R/2 of it in a
+A fake trainer takes its rollouts from ``RolloutsAhead`` (each one R seconds: R/2 of it in a
 "generate call", R/2 waiting on "tools", any number at once) and trains T seconds a step. A step's
 rollouts start when step s - K begins, so the step beginnings b follow
 
@@ -22,7 +22,7 @@ import pytest
 
 from benchmarks.grpo import plan_steps, run_steps, summarize
 from nemo_orchestra.rollout.managed_engine import GenerateCalls
-from nemo_orchestra.train.async_rollouts import AsyncRollouts
+from nemo_orchestra.train.rollout_source import RolloutsAhead
 
 K, R, T = 4, 0.4, 0.02
 OVERRUN_S = 0.03
@@ -35,7 +35,7 @@ class FakeTrainer:
         self.step = 0
         self.generation = SimpleNamespace(calls=GenerateCalls())
         self.loop = asyncio.new_event_loop()
-        self.rollouts = AsyncRollouts(self.loop, self.rollout, K, last_step)
+        self.rollouts = RolloutsAhead(self.loop, self.rollout, K, last_step)
         self.rollout_s: list[float] = []
         self.generate_s: list[float] = []
 

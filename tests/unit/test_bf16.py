@@ -10,7 +10,7 @@ from nemo_orchestra.megatron.forward import forward_logprobs
 from nemo_orchestra.megatron.parallel import init_distributed
 from nemo_orchestra.megatron.sharding import load_full_state, model_state
 from nemo_orchestra.train.packing import pack
-from nemo_orchestra.train.policy import build_policy
+from nemo_orchestra.train.learner import build_learner
 from nemo_orchestra.train.step import grpo_loss_fn, train_step
 from tests.helpers import loss_cfg, traj
 
@@ -32,8 +32,8 @@ MAX_ABS_TOLERANCE = 0.15
 def policies():
     cfg32 = load_config(TINY)
     init_distributed(cfg32.parallel, seed=11)
-    p32 = build_policy(cfg32, VOCAB, torch.device("cpu"))
-    p16 = build_policy(load_config([*TINY, "model.params_dtype=bf16"]), VOCAB, torch.device("cpu"))
+    p32 = build_learner(cfg32, VOCAB, torch.device("cpu"))
+    p16 = build_learner(load_config([*TINY, "model.params_dtype=bf16"]), VOCAB, torch.device("cpu"))
     full = model_state(p32.module)
     load_full_state(p16.module, lambda n: full[n], list(full))  # the same weights, rounded to bf16
     for opt in p16.optimizer.chained_optimizers:  # the fp32 master copies follow the loaded weights

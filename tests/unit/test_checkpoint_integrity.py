@@ -85,7 +85,7 @@ def test_no_intact_checkpoint_stops_with_one_line_naming_the_file(tmp_path):
 def test_a_checkpoint_without_a_valid_manifest_is_never_loaded(tmp_path):
     folder = make(tmp_path, 1, seal=False)
     with pytest.raises(CheckpointError, match="seal"):
-        load_checkpoint(str(folder), policy=None, rank=0)  # refused before the policy is touched
+        load_checkpoint(str(folder), learner=None, rank=0)  # refused before the policy is touched
     assert main(["verify", str(folder)]) == 1
     assert main(["seal", str(folder)]) == 0 and main(["verify", str(folder)]) == 0
     assert latest_checkpoint(str(tmp_path)) == str(folder)
@@ -109,7 +109,7 @@ def test_save_writes_the_manifest_over_every_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ckpt.dist_ckpt, "save", fake_save)
     monkeypatch.setattr(ckpt, "rng_state", lambda: {"seed": 1})
-    final = ckpt.save_checkpoint(str(tmp_path), 3, policy=None, extra={}, keep=2, rank=0)
+    final = ckpt.save_checkpoint(str(tmp_path), 3, learner=None, extra={}, keep=2, rank=0)
     files = json.loads(open(os.path.join(final, MANIFEST)).read())["files"]
     assert sorted(files) == ["__0_0.distcp", "common/state.json", "rng_rank_00000.pt"]
     ckpt._VERIFIED.clear()

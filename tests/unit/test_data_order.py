@@ -2,12 +2,10 @@
 prompt drawn twice and none skipped."""
 
 import random
-from types import SimpleNamespace
 
 import pytest
 
-from nemo_orchestra.train.data_order import DataPosition, rank_indices
-from nemo_orchestra.train.trainer import Trainer
+from nemo_orchestra.train.data_order import DataOrder, DataPosition, rank_indices
 
 SEED = 1234
 
@@ -22,22 +20,14 @@ def _step_based(step, n_tasks, per_rank, dp, rank):
     return order[start : start + per_rank]
 
 
-def _trainer(n_tasks, per_rank, dp, rank, start=(0, DataPosition())):
-    t = SimpleNamespace(
-        cfg=SimpleNamespace(data=SimpleNamespace(prompts_per_step=per_rank), run=SimpleNamespace(seed=SEED)),
-        tasks=list(range(n_tasks)),
-        dp_size=dp,
-        dp_rank=rank,
-        data_start=start,
-    )
-    t.data_position = lambda step: Trainer.data_position(t, step)
-    return t
+def _order(n_tasks, per_rank, dp, rank, start=(0, DataPosition())):
+    return DataOrder(list(range(n_tasks)), per_rank, SEED, dp, rank, start)
 
 
 def _drawn(n_tasks, per_rank, dp, steps, start_step=0, start=DataPosition()):
     """Every rank's prompts, step by step, from ``start`` at ``start_step``."""
-    ranks = [_trainer(n_tasks, per_rank, dp, r, (start_step, start)) for r in range(dp)]
-    return [[i for t in ranks for i in Trainer.batch_tasks(t, s)] for s in range(start_step, start_step + steps)]
+    ranks = [_order(n_tasks, per_rank, dp, r, (start_step, start)) for r in range(dp)]
+    return [[i for t in ranks for i in t.tasks_at(s)] for s in range(start_step, start_step + steps)]
 
 
 @pytest.mark.parametrize("dp", [1, 2, 3])
@@ -45,8 +35,8 @@ def test_an_uninterrupted_run_draws_as_the_step_alone_decided(dp):
     n_tasks, per_rank = 50, 4  # 50 is no multiple of a step: each epoch drops its remainder
     for step in range(30):
         for rank in range(dp):
-            t = _trainer(n_tasks, per_rank, dp, rank)
-            assert Trainer.batch_tasks(t, step) == _step_based(step, n_tasks, per_rank, dp, rank)
+            t = _order(n_tasks, per_rank, dp, rank)
+            assert t.tasks_at(step) == _step_based(step, n_tasks, per_rank, dp, rank)
 
 
 @pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2), (2, 3)])
@@ -54,7 +44,7 @@ def test_a_resume_at_another_data_parallel_size_continues_the_epoch(before, afte
     n_tasks, per_rank = 48, 4
     saved_at = 3  # steps run at the first size
     first = _drawn(n_tasks, per_rank, before, saved_at)
-    pos = _trainer(n_tasks, per_rank, before, 0).data_position(saved_at)  # what the checkpoint records
+    pos = _order(n_tasks, per_rank, before, 0).position(saved_at)  # what the checkpoint records
     pos = DataPosition.saved(pos.to_dict(), saved_at, n_tasks, per_rank * after)
     rest_of_epoch = (n_tasks - pos.offset) // (per_rank * after)
     *second, next_step = _drawn(n_tasks, per_rank, after, rest_of_epoch + 1, saved_at, pos)
@@ -78,6 +68,6 @@ def test_a_checkpoint_that_recorded_the_step_is_read_as_that_many_steps():
 
 def test_too_few_tasks_for_a_step_is_a_clear_error():
     with pytest.raises(ValueError, match="fewer than one step's 4 prompts x 3 data-parallel ranks"):
-        Trainer.batch_tasks(_trainer(10, 4, 3, 0), 0)
+        _order(10, 4, 3, 0).tasks_at(0)
     with pytest.raises(ValueError, match="fewer than one step's 12 prompts"):
         rank_indices(DataPosition(), 10, 4, 3, 0, SEED)

@@ -17,7 +17,7 @@ from nemo_orchestra.train import step as step_module
 from nemo_orchestra.train.checkpoint import NonFiniteCheckpoint, save_checkpoint
 from nemo_orchestra.train.divergence import StepGuard, TrainingDiverged, first_non_finite
 from nemo_orchestra.train.packing import pack
-from nemo_orchestra.train.policy import build_policy, set_lr
+from nemo_orchestra.train.learner import build_learner, set_lr
 from nemo_orchestra.train.step import grpo_update, reference_logprobs, warm_start_loss_fn, train_step
 from tests.helpers import TINY_MODEL, loss_cfg, traj
 
@@ -31,7 +31,7 @@ def _distributed():
 
 
 def _policy(dtype="fp32", *overrides):
-    return build_policy(load_config([*TINY, f"model.params_dtype={dtype}", *overrides]), VOCAB, torch.device("cpu"))
+    return build_learner(load_config([*TINY, f"model.params_dtype={dtype}", *overrides]), VOCAB, torch.device("cpu"))
 
 
 def _packs():
@@ -131,7 +131,7 @@ def test_a_step_that_makes_the_weights_non_finite_stops_at_once():
         train_step(policy, _packs(), warm_start_loss_fn)
 
 
-def test_grpo_update_counts_the_step_and_reports_the_total():
+def test_grpo_update_names_the_trainers_step_and_reports_the_total():
     policy = _policy()
     g = torch.Generator().manual_seed(0)
     trajs = []
@@ -142,9 +142,9 @@ def test_grpo_update_counts_the_step_and_reports_the_total():
     (b,) = pack(trajs, capacity=128)
     b.ref_logprobs_T = reference_logprobs(policy, [b])[0]
     before = _state(policy)
-    out = grpo_update(policy, [[b]], loss_cfg())
+    out = grpo_update(policy, [[b]], loss_cfg(), step=5)
     assert out["train/step_skipped"] == 1.0 and out["train/steps_skipped_total"] == 1.0
-    assert policy.guard.step == 1 and _same(before, _state(policy))
+    assert policy.guard.step == 5 and _same(before, _state(policy))
 
 
 def test_kl_above_the_bound_is_said_once(caplog):

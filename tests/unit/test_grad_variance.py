@@ -12,7 +12,7 @@ from nemo_orchestra.config import ConfigError, load_config
 from nemo_orchestra.megatron.parallel import init_distributed
 from nemo_orchestra.train.grad_variance import policy_gradient_variance
 from nemo_orchestra.train.packing import pack
-from nemo_orchestra.train.policy import build_policy
+from nemo_orchestra.train.learner import build_learner
 from nemo_orchestra.train.step import forward_backward, grpo_loss_fn, reference_logprobs
 from tests.helpers import TINY_MODEL, loss_cfg, traj
 
@@ -24,7 +24,7 @@ GROUPS, PER_GROUP = 4, 3
 def setup():
     cfg = load_config(TINY_MODEL)
     init_distributed(cfg.parallel, seed=11)
-    return cfg, build_policy(cfg, VOCAB, torch.device("cpu"))
+    return cfg, build_learner(cfg, VOCAB, torch.device("cpu"))
 
 
 def _rollouts(two_turns: bool = True, seed: int = 0):

@@ -101,7 +101,7 @@ def test_pack_shifts_targets_and_masks_within_sequences():
 
 
 def test_rollout_metrics_report_expert_choice_per_preference_profile():
-    from nemo_orchestra.train.trainer import rollout_metrics
+    from nemo_orchestra.train.step_metrics import rollout_metrics
 
     def profiled(name, counts):
         t = task()

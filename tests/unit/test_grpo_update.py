@@ -18,7 +18,7 @@ from nemo_orchestra.megatron.forward import forward_logprobs
 from nemo_orchestra.megatron.parallel import init_distributed
 from nemo_orchestra.megatron.sharding import model_state
 from nemo_orchestra.train.packing import pack
-from nemo_orchestra.train.policy import build_policy, reset_optimizer_state, set_lr
+from nemo_orchestra.train.learner import build_learner, reset_optimizer_state, set_lr
 from nemo_orchestra.train import step as step_module
 from nemo_orchestra.train.step import (
     ReferenceAhead,
@@ -38,7 +38,7 @@ TINY = [*TINY_MODEL]
 def policy():
     cfg = load_config(TINY)
     info = init_distributed(cfg.parallel, seed=7)
-    p = build_policy(cfg, VOCAB, info.device)  # the GPU where there is one
+    p = build_learner(cfg, VOCAB, info.device)  # the GPU where there is one
     with torch.no_grad():  # a reference that differs from the policy, so the KL term has a gradient
         for w in p.reference.parameters():
             w.add_(0.01 * torch.randn_like(w))
@@ -186,7 +186,7 @@ def test_one_minibatch_is_todays_on_policy_update(policy):
     _restore(policy, start)  # fresh Adam moments for both updates
     cfg = loss_cfg(minibatches=1)
     (packs,) = _minibatches(policy, 1)
-    m = grpo_update(policy, [packs], cfg)
+    m = grpo_update(policy, [packs], cfg, step=1)
     after_update = _weights(policy)
     _restore(policy, start)
     train_step(policy, _minibatches(policy, 1)[0], grpo_loss_fn(cfg))
@@ -210,7 +210,7 @@ def test_two_minibatches_take_two_steps_and_the_clip_binds(policy):
     minibatches = _minibatches(policy, 2)
     assert len(minibatches) == 2
     before = forward_logprobs(policy.model, [b for mb in minibatches for b in mb], policy.device)
-    m = grpo_update(policy, minibatches, loss_cfg(minibatches=2))
+    m = grpo_update(policy, minibatches, loss_cfg(minibatches=2), step=1)
     _restore(policy, start)
     assert m["train/optimizer_steps"] == 2
     packs = [b for mb in minibatches for b in mb]
@@ -293,7 +293,7 @@ def test_the_reference_thread_is_idle_only_when_the_trainer_waited_for_its_rollo
     from nemo_orchestra.train.trainer import ENGINE_BEHIND_S, Trainer
 
     cfg = SimpleNamespace(loss=loss_cfg(tis_cap=2.0, kl_coef=0.1), rollout=SimpleNamespace(temperature=1.0))
-    trainer = SimpleNamespace(plan=SimpleNamespace(overlap_reference=True), cfg=cfg, policy=policy)
+    trainer = SimpleNamespace(plan=SimpleNamespace(overlap_reference=True), cfg=cfg, learner=policy)
     for waited, idle in ((0.0, False), (ENGINE_BEHIND_S / 2, False), (2 * ENGINE_BEHIND_S, True), (3.0, True)):
         ahead = Trainer.reference_ahead(trainer, _packs(), waited)
         ahead.join()

@@ -57,7 +57,7 @@ def test_a_sampled_evaluation_leaves_trainings_random_draws_as_they_were():
 
     calls = []
 
-    def run_loop(tasks, samples, temperature, seed):
+    def run(tasks, samples, temperature, seed, step):
         calls.append((samples, temperature, seed))
         torch.rand(4)  # what sampling does to the generator
         return [_t("lookup", "accuracy_first", "expert-large") for _ in range(len(tasks) * samples)]
@@ -65,8 +65,8 @@ def test_a_sampled_evaluation_leaves_trainings_random_draws_as_they_were():
     trainer = SimpleNamespace(
         cfg=SimpleNamespace(evaluation=SimpleNamespace(temperature=0.0)),
         step=80,
-        run_loop=run_loop,
-        on_rollout_rank=lambda f: f(),
+        rollouts=SimpleNamespace(episodes=SimpleNamespace(run=run)),
+        generation=SimpleNamespace(spans_tensor_parallel_group=False),
     )
     tasks = [task(category="lookup") for _ in range(3)]
     torch.manual_seed(0)

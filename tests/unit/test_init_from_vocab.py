@@ -12,7 +12,7 @@ import pytest
 from nemo_orchestra.config import load_config
 from nemo_orchestra.megatron import dist_ckpt
 from nemo_orchestra.megatron.model import check_vocab
-from nemo_orchestra.train.policy import load_pretrained, same_tokenizer, source_tokenizer
+from nemo_orchestra.train.learner import load_pretrained, same_tokenizer, source_tokenizer
 from tests.helpers import TINY_MODEL
 
 TINY = [*TINY_MODEL]

@@ -1,19 +1,17 @@
 """Copy lessons in GRPO steps (loss.copy_lesson_coef): which lessons a step draws, where they go in the
 update's batch, and the config keys."""
 
-from types import SimpleNamespace
-
 import pytest
 
 from nemo_orchestra.config import ConfigError, load_config
 from nemo_orchestra.train.packing import pack
-from nemo_orchestra.train.trainer import Trainer, interleave
+from nemo_orchestra.train.warm_start import interleave, step_lessons
 from tests.helpers import traj
 
 
-def _trainer(coef, n, lessons, seed=1234, dp_rank=0):
+def _drawn(coef, n, lessons, step, seed=1234, dp_rank=0):
     cfg = load_config([f"loss.copy_lesson_coef={coef}", f"loss.copy_lessons_per_step={n}", f"run.seed={seed}"])
-    return SimpleNamespace(cfg=cfg, dp_rank=dp_rank, copy_lessons=lessons)
+    return step_lessons(lessons, cfg, step, dp_rank)
 
 
 def _lessons(k=40):
@@ -22,7 +20,7 @@ def _lessons(k=40):
 
 def test_a_step_draws_its_lessons_from_seed_step_and_rank_with_the_coefficient_as_advantage():
     lessons = _lessons()
-    step = lambda s, **kw: Trainer.step_lessons(_trainer(0.5, 8, lessons, **kw), s)  # noqa: E731
+    step = lambda s, **kw: _drawn(0.5, 8, lessons, s, **kw)  # noqa: E731
     drawn = step(3)
     assert len(drawn) == 8 and all(t.advantage == 0.5 and t.meta["lesson"] for t in drawn)
     assert [t.token_ids for t in drawn] == [t.token_ids for t in step(3)]  # a resumed run draws the same
@@ -35,11 +33,11 @@ def test_a_step_draws_its_lessons_from_seed_step_and_rank_with_the_coefficient_a
 
 @pytest.mark.parametrize("coef,n,lessons", [(0.0, 8, _lessons()), (1.0, 0, _lessons()), (1.0, 8, [])])
 def test_no_lessons_when_off_or_when_the_run_has_none(coef, n, lessons):
-    assert Trainer.step_lessons(_trainer(coef, n, lessons), 1) == []
+    assert _drawn(coef, n, lessons, 1) == []
 
 
 def test_at_most_the_lessons_there_are():
-    assert len(Trainer.step_lessons(_trainer(1.0, 8, _lessons(3)), 1)) == 3
+    assert len(_drawn(1.0, 8, _lessons(3), 1)) == 3
 
 
 def test_lessons_are_spread_over_the_batch_so_every_minibatch_gets_some():

@@ -265,7 +265,7 @@ def _trainer_failing(step: int, touch_weights: bool):
 
     fake = SimpleNamespace(
         step=step,
-        policy=SimpleNamespace(module=module),
+        learner=SimpleNamespace(module=module),
         grpo_step=grpo_step,
         save=lambda root, rng=None: saved.append((root, fake.step, rng)),
     )

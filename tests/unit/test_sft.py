@@ -56,7 +56,7 @@ def test_a_task_with_nothing_usable_is_a_clear_error():
 
 
 def test_warm_start_lr_decays_along_a_cosine_to_its_floor():
-    from nemo_orchestra.train.trainer import cosine_lr
+    from nemo_orchestra.train.warm_start import cosine_lr
 
     lrs = [cosine_lr(3e-3, 0.1, i, 400) for i in range(400)]
     assert lrs[0] == pytest.approx(3e-3) and lrs[-1] == pytest.approx(3e-4)

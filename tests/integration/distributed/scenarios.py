@@ -286,7 +286,7 @@ def compare_lps(ref_lps, ours: dict) -> float:
 def run_parallel(tp, pp, full, trajs, ref, share=None, dist_opt=True, offload=False, extra=(), share_prompts=False):
     """Loss, metrics, grads and logprobs of the trainer's policy under a layout."""
     from nemo_orchestra.megatron.forward import forward_logprobs
-    from nemo_orchestra.train.policy import build_policy
+    from nemo_orchestra.train.learner import build_learner
     from nemo_orchestra.train.step import (
         forward_backward,
         grpo_loss_fn,
@@ -296,7 +296,7 @@ def run_parallel(tp, pp, full, trajs, ref, share=None, dist_opt=True, offload=Fa
 
     layout(tp, pp)
     cfg = config(tp, pp, dist_opt, f"reference.offload={str(offload).lower()}", *extra)
-    policy = build_policy(cfg, VOCAB, torch.device("cpu"))
+    policy = build_learner(cfg, VOCAB, torch.device("cpu"))
     load_into(policy, full)
     mine = share if share is not None else list(range(len(trajs)))
     batches = packed([trajs[i] for i in mine], cfg.parallel, mine, share_prompts)
@@ -370,14 +370,14 @@ def adam_step(full, grads, optim):
 
 def scenario_packed(full, trajs, ref):
     """At TP=2: one pack of all documents vs one pack per document (same loss and grads)."""
-    from nemo_orchestra.train.policy import build_policy
+    from nemo_orchestra.train.learner import build_learner
     from nemo_orchestra.train.step import forward_backward, grpo_loss_fn, reduce_metrics
 
     results = {}
     for name in ("packed", "per_document"):
         layout(2, 1)
         cfg = config(2, 1, True, "parallel.microbatch_tokens=4096")
-        policy = build_policy(cfg, VOCAB, torch.device("cpu"))
+        policy = build_learner(cfg, VOCAB, torch.device("cpu"))
         load_into(policy, full)
         batches = packed(trajs, cfg.parallel) if name == "packed" else per_document(trajs, multiple=2)
         metrics = reduce_metrics(forward_backward(policy, batches, grpo_loss_fn(cfg.loss)))
@@ -454,13 +454,13 @@ def scenario_turn(full, trajs, ref):
 def scenario_checkpoint(full, trajs, ref, folder):
     """Save at TP=2 after a step, resume at DP=2 (another layout): the next step matches."""
     from nemo_orchestra.train.checkpoint import load_checkpoint, save_checkpoint
-    from nemo_orchestra.train.policy import build_policy
+    from nemo_orchestra.train.learner import build_learner
     from nemo_orchestra.train.step import grpo_loss_fn, train_step
 
     rank = dist.get_rank()
     layout(2, 1)
     cfg = config(2, 1)
-    policy = build_policy(cfg, VOCAB, torch.device("cpu"))
+    policy = build_learner(cfg, VOCAB, torch.device("cpu"))
     load_into(policy, full)
     train_step(policy, packed(trajs[:3], cfg.parallel), grpo_loss_fn(cfg.loss))
     saved = save_checkpoint(folder, 1, policy, {"data_position": 1}, 2, rank, cfg.model, VOCAB)
@@ -470,7 +470,7 @@ def scenario_checkpoint(full, trajs, ref, folder):
 
     layout(1, 1)
     cfg = config(1, 1)
-    policy = build_policy(cfg, VOCAB, torch.device("cpu"))
+    policy = build_learner(cfg, VOCAB, torch.device("cpu"))
     common = load_checkpoint(saved, policy, rank)
     w1_dp = snapshot(policy.module)
     mine = [trajs[3:][i] for i in range(rank, len(trajs) - 3, 2)]
@@ -493,7 +493,7 @@ def scenario_hf_tp2(folder):
     from nemo_orchestra.export.qwen3 import full_state_dict, hf_config, megatron_to_hf
     from nemo_orchestra.megatron.forward import forward_logprobs
     from nemo_orchestra.train.packing import pack
-    from nemo_orchestra.train.policy import build_policy
+    from nemo_orchestra.train.learner import build_learner
     from tests.helpers import traj
 
     layout(2, 1)
@@ -508,7 +508,7 @@ def scenario_hf_tp2(folder):
         hf.save_pretrained(folder)
     dist.barrier()
     hf = Qwen3ForCausalLM.from_pretrained(folder).eval()
-    policy = build_policy(cfg, VOCAB, torch.device("cpu"))
+    policy = build_learner(cfg, VOCAB, torch.device("cpu"))
     g = torch.Generator().manual_seed(9)
     docs = [traj(ids=torch.randint(0, VOCAB, (n,), generator=g).tolist()) for n in (23, 9)]
     batches = pack(docs, 64, pad_to_multiple=2)

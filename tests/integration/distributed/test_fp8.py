@@ -48,7 +48,7 @@ def test_fp8_needs_bf16_weights():
 def test_one_fp8_training_step(recipe):
     from nemo_orchestra.megatron.parallel import init_distributed
     from nemo_orchestra.train.packing import pack
-    from nemo_orchestra.train.policy import build_policy
+    from nemo_orchestra.train.learner import build_learner
     from nemo_orchestra.train.step import warm_start_loss_fn, train_step
     from tests.helpers import traj
 
@@ -63,7 +63,7 @@ def test_one_fp8_training_step(recipe):
         ]
     )
     info = init_distributed(cfg.parallel, seed=0)
-    policy = build_policy(cfg, 256, info.device)
+    policy = build_learner(cfg, 256, info.device)
     ids = torch.randint(1, 256, (60,)).tolist()
     batches = pack(
         [traj(ids=ids, mask=[0] * 10 + [1] * 50), traj(ids=ids[:40], mask=[1] * 40)], 128, pad_to_multiple=16
