@@ -116,7 +116,7 @@ def main(args) -> int:
     episodes = [ep for ep in writer.prompt_lengths.values()]
     one = [len(t.token_ids) for t in trajs]
     per_turn = [sum(p) + sum(t.loss_mask) for p, t in zip(episodes, trajs)]
-    turns = sum(t.turns for t in trajs)
+    turns = sum(len(t.turns) for t in trajs)
     report = {
         "benchmark": "chat",
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "processor": platform.processor()},
@@ -124,7 +124,7 @@ def main(args) -> int:
         "correct": sum(t.correct for t in trajs),
         "format_errors": sum(t.format_errors for t in trajs),
         "turns_mean": turns / len(trajs),
-        "turns_max": max(t.turns for t in trajs),
+        "turns_max": max(len(t.turns) for t in trajs),
         "probe_s": probe_s,
         "transcript_ms_per_turn": 1000 * spent[0] / turns,
         "wall_s": wall_s,

@@ -12,7 +12,7 @@ import torch
 
 from tools_env.task import TaskRecord
 
-__all__ = ["TaskRecord", "Trajectory", "PackedBatch", "StopReason"]
+__all__ = ["TaskRecord", "Trajectory", "TurnRecord", "PackedBatch", "StopReason"]
 
 
 class StopReason:
@@ -21,6 +21,18 @@ class StopReason:
     CONTEXT = "context_limit"
     SERVICE_GUARD = "service_guard"  # the service ended the episode (turn, cost or time guard)
     POLICY_ERROR = "policy_error"  # the policy could not produce a turn (an unreachable endpoint)
+
+
+@dataclass
+class TurnRecord:
+    """One assistant turn of an episode, as the agent loop recorded it."""
+
+    version: int = 0  # the policy version (weight syncs) that wrote it
+    # its action (its calls, canonical; grpo/advantages.py: rollout.loop.turn_key); "": not recorded (a lesson)
+    key: str = ""
+    start: int | None = None  # where its generated ids start in token_ids; None: a policy on messages (no ids)
+    cost: float = 0.0  # $: its calls' and its own tokens'
+    calls: int = 0  # the calls it made (its slice of Trajectory.call_latencies_s)
 
 
 @dataclass
@@ -38,7 +50,7 @@ class Trajectory:
     loss_mask: list[int]
     gen_logprobs: list[float]
     prompt_len: int
-    turns: int = 0
+    turns: list[TurnRecord] = field(default_factory=list)  # one record per assistant turn
     stop_reason: str = ""
     correct: bool = False
     tool_cost: float = 0.0  # $ reported by the service (experts, code, search)
@@ -51,12 +63,6 @@ class Trajectory:
     schema_errors: int = 0  # turns whose call parsed but does not fit the offered tools
     retokenized_turns: int = 0  # turns whose generated ids are not the tokenizer's encoding of their text
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation, OpenAI format
-    turn_versions: list[int] = field(default_factory=list)  # the policy version (weight syncs) that wrote each turn
-    # each turn's action (its calls, canonical; grpo/advantages.py: turn_key) and where its generated ids start
-    turn_keys: list[str] = field(default_factory=list)
-    turn_starts: list[int] = field(default_factory=list)
-    turn_costs: list[float] = field(default_factory=list)  # $ of each turn: its calls and its own tokens
-    turn_call_counts: list[int] = field(default_factory=list)  # calls each turn made (slices of call_latencies_s)
     # a task judged per user turn (BFCL): the turn index whose answer ended each user turn, and each user
     # turn's verdict (the service's ``outcome.turn_passed``, unreached turns failed); empty: judged as a whole
     user_turn_ends: list[int] = field(default_factory=list)
@@ -73,7 +79,7 @@ class Trajectory:
         if self.turn_advantages is None:
             return [self.advantage] * n
         out = [self.turn_advantages[0] if self.turn_advantages else self.advantage] * n
-        bounds = [*self.turn_starts, n]
+        bounds = [*(r.start for r in self.turns if r.start is not None), n]
         for a, start, end in zip(self.turn_advantages, bounds, bounds[1:]):
             out[start:end] = [a] * (end - start)
         return out

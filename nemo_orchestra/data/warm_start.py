@@ -41,7 +41,7 @@ from nemo_orchestra.prompting.chat import (
     tool_message,
 )
 from nemo_orchestra.prompting.prompts import task_messages, with_default_preference
-from nemo_orchestra.types import TaskRecord, Trajectory
+from nemo_orchestra.types import TaskRecord, Trajectory, TurnRecord
 
 _EXPR_RE = re.compile(r"What is (-?\d+ [-+*] -?\d+)\?")
 _ANSWER_RE = re.compile(r"The answer is (.+?)\.?\s*$", re.DOTALL)
@@ -205,6 +205,7 @@ def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfi
         turn = chat.encode(text) + [chat.end_of_turn_id]
         # a copy lesson trains the call, not what comes before it
         untrained = chat.plan_length(text, turn) if ep.copy else 0
+        traj.turns.append(TurnRecord(start=len(traj.token_ids), calls=1))  # no action key: no per-turn credit
         traj.token_ids += turn
         traj.loss_mask += [0] * untrained + [1] * (len(turn) - untrained)
         if i + 1 < len(ep.turns):
@@ -213,5 +214,4 @@ def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfi
             traj.token_ids += suffix
             traj.loss_mask += [0] * len(suffix)
     traj.gen_logprobs = [0.0] * len(traj.token_ids)
-    traj.turns = len(ep.turns)
     return traj

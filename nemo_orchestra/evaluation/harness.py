@@ -72,7 +72,7 @@ def to_result(traj: Trajectory, policy: str, preference: str, alpha: float | Non
     if traj.stop_reason == StopReason.POLICY_ERROR:
         reason = traj.meta.get("failure", "policy failed")
     else:
-        reason = outcome.get("reason") or f"no answer ({traj.stop_reason} after {traj.turns} policy turns)"
+        reason = outcome.get("reason") or f"no answer ({traj.stop_reason} after {len(traj.turns)} policy turns)"
     return EpisodeResult(
         task_id=traj.task.id,
         category=traj.task.category,
@@ -86,7 +86,7 @@ def to_result(traj: Trajectory, policy: str, preference: str, alpha: float | Non
         tool_cost=traj.tool_cost,
         policy_cost=traj.policy_cost,
         latency_s=traj.latency_s,
-        turns=traj.turns,
+        turns=len(traj.turns),
         tool_counts=dict(status.get("tool_counts", {})),
         model_counts=dict(status.get("model_counts", {})),
         format_errors=traj.format_errors,

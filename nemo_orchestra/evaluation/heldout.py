@@ -27,9 +27,9 @@ def summarize(trajs: list[Trajectory]) -> dict[str, float]:
         "cost_mean": total_cost / len(trajs),
         "cost_per_correct": total_cost / correct if correct else float("nan"),
         "latency_mean": statistics.fmean(t.latency_s for t in trajs),
-        "turns_mean": statistics.fmean(t.turns for t in trajs),
-        "format_error_rate": sum(t.format_errors for t in trajs) / max(sum(t.turns for t in trajs), 1),
-        "tool_error_rate": sum(t.tool_errors for t in trajs) / max(sum(t.turns for t in trajs), 1),
+        "turns_mean": statistics.fmean(len(t.turns) for t in trajs),
+        "format_error_rate": sum(t.format_errors for t in trajs) / max(sum(len(t.turns) for t in trajs), 1),
+        "tool_error_rate": sum(t.tool_errors for t in trajs) / max(sum(len(t.turns) for t in trajs), 1),
     }
     for k, v in sorted(calls.items()):
         share = v / (n_expert if k.startswith("expert-") else n_calls)

@@ -3,7 +3,7 @@ to learn).
 
 Per-turn credit (``advantage.credit=turn``; the derivation is in docs/credit_assignment.md): turn t of
 rollout i gets A_it = lam * (R_i - b_it) / s, where b_it is the mean reward of the OTHER rollouts of the
-group that took the same actions before turn t (``Trajectory.turn_keys``), or, when none did, of those
+group that took the same actions before turn t (each ``TurnRecord.key`` of ``Trajectory.turns``), or, when none did, of those
 that share the longest shorter prefix (at turn 1: all the others). The baseline never reads rollout i's
 own reward or its actions from turn t on, so the estimator stays unbiased whatever the rollouts' numbers
 of turns. s and lam are the episode credit's (s: the group's reward std for ``mode=std``, else 1; lam =
@@ -117,15 +117,20 @@ def assign_turn_advantages(
     for t in trajectories:
         groups.setdefault(t.group, []).append(t)
     for group in groups.values():
-        if not all(t.turn_keys and len(t.turn_keys) == len(t.turn_starts) == len(t.turn_costs) for t in group):
+        if not all(_has_turn_records(t) for t in group):
             continue
         rewards = [t.reward for t in group]
         per_turn = turn_advantages(
-            rewards, [t.turn_keys for t in group], cfg.mode, cfg.eps, _counterfactual(group, reward_cfg)
+            rewards, [[r.key for r in t.turns] for t in group], cfg.mode, cfg.eps, _counterfactual(group, reward_cfg)
         )
         for t, advs in zip(group, per_turn):
             t.turn_advantages = [max(-cfg.clip, min(cfg.clip, a)) if cfg.clip else a for a in advs]
     return turn_metrics(trajectories)
+
+
+def _has_turn_records(t: Trajectory) -> bool:
+    """Each turn's action and first generated id are recorded (not a lesson's, nor a policy's on messages)."""
+    return bool(t.turns) and all(r.key and r.start is not None for r in t.turns)
 
 
 def _counterfactual(group: Sequence[Trajectory], reward_cfg: RewardConfig | None):
@@ -135,8 +140,8 @@ def _counterfactual(group: Sequence[Trajectory], reward_cfg: RewardConfig | None
     if value is None:
         return None
     res = reward_cfg.latency_resolution_s
-    costs = [list(itertools.accumulate(t.turn_costs, initial=0.0)) for t in group]  # cumulative, per turn
-    calls = [list(itertools.accumulate(t.turn_call_counts, initial=0)) for t in group]
+    costs = [list(itertools.accumulate((r.cost for r in t.turns), initial=0.0)) for t in group]  # cumulative
+    calls = [list(itertools.accumulate((r.calls for r in t.turns), initial=0)) for t in group]
 
     def latency(k: int, start: int, end: int) -> float:
         return latency_at_resolution(group[k].call_latencies_s[calls[k][start] : calls[k][end]], res)
@@ -152,7 +157,7 @@ def _counterfactual(group: Sequence[Trajectory], reward_cfg: RewardConfig | None
         return all(group[i].user_turn_passed[:done]) and all(group[j].user_turn_passed[done:])
 
     def counterfactual(i: int, j: int, t: int) -> float:
-        tj = len(group[j].turn_costs)
+        tj = len(group[j].turns)
         t_j = min(t, tj)
         cost = costs[i][t] + costs[j][tj] - costs[j][t_j]
         lat = latency(i, 0, t) + latency(j, t_j, tj)
@@ -184,7 +189,7 @@ def turn_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
 
 def _turn_tokens(t: Trajectory) -> list[int]:
     """Trained tokens of each turn."""
-    bounds = [*t.turn_starts, len(t.token_ids)]
+    bounds = [*(r.start for r in t.turns), len(t.token_ids)]
     return [sum(t.loss_mask[s:e]) for s, e in zip(bounds, bounds[1:])]
 
 

@@ -52,7 +52,7 @@ from nemo_orchestra.prompting.prompts import task_messages, with_default_prefere
 from nemo_orchestra.rollout import scheduler
 from nemo_orchestra.rollout.engines.base import GenerationEngine
 from nemo_orchestra.rollout.scheduler import EngineWeights
-from nemo_orchestra.types import StopReason, TaskRecord, Trajectory
+from nemo_orchestra.types import StopReason, TaskRecord, Trajectory, TurnRecord
 from tools_env.tools.base import ToolArgumentError, check_arguments
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ class Episode:
 
     @property
     def turn(self) -> int:
-        return self.traj.turns
+        return len(self.traj.turns)
 
     def tool_names(self) -> list[str]:
         return [t["function"]["name"] for t in self.tools]
@@ -351,7 +351,7 @@ class _Run:
 
     async def turn(self, ep: Episode, t: Turn) -> None:
         done = await _apply(ep, t, self.client, self.policy.chat)
-        if not done and ep.traj.turns >= self.limits.turn_budget(ep.task):
+        if not done and len(ep.traj.turns) >= self.limits.turn_budget(ep.task):
             ep.traj.stop_reason, done = StopReason.MAX_TURNS, True
         if done:
             await self.finish(ep)
@@ -406,15 +406,13 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
     if turn.failure is not None:
         t.stop_reason, t.meta["failure"] = StopReason.POLICY_ERROR, turn.failure
         return True
-    t.turns += 1
-    t.turn_versions.append(turn.version)
+    record = TurnRecord(version=turn.version)  # its cost: its calls' (here) and its own tokens' (_settle)
+    t.turns.append(record)
     ep.prompt_tokens += turn.prompt_tokens
     ep.completion_tokens += turn.completion_tokens
     ep.turn_tokens.append((turn.prompt_tokens, turn.completion_tokens))
-    t.turn_costs.append(0.0)  # its calls' (here) and its own tokens' (_settle)
-    t.turn_call_counts.append(0)
     if chat is not None:
-        t.turn_starts.append(len(t.token_ids))
+        record.start = len(t.token_ids)
         t.token_ids += turn.token_ids
         t.loss_mask += [1] * len(turn.token_ids)
         t.gen_logprobs += turn.logprobs
@@ -427,12 +425,12 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
         )
         if chat.encode(turn.text) != written:  # a server re-tokenizes the text: other ids, same text
             t.retokenized_turns += 1
-    parsed = _parse(turn, f"call_{t.turns}", chat)
+    parsed = _parse(turn, f"call_{len(t.turns)}", chat)
     if ep.transcript is not None:  # the message a server renders back to the ids kept, or the text verbatim
         parsed = ep.transcript.assistant(ep.messages, parsed, turn.text)
 
     ep.messages.append(parsed.message)
-    t.turn_keys.append(turn_key(parsed.calls, ep.tools) if parsed.error is None else FORMAT_ERROR_TURN)
+    record.key = turn_key(parsed.calls, ep.tools) if parsed.error is None else FORMAT_ERROR_TURN
     if parsed.error is not None:
         t.format_errors += 1
         t.tool_errors += 1
@@ -442,10 +440,10 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
     for call, spec in zip(parsed.calls, parsed.message.get("tool_calls") or []):
         result = await client.step(ep.episode_id, call.name, call.arguments)
         t.call_latencies_s.append(float(result.get("latency_s", 0.0)))
-        t.turn_costs[-1] += float(result.get("cost", 0.0))
-        t.turn_call_counts[-1] += 1
+        record.cost += float(result.get("cost", 0.0))
+        record.calls += 1
         if call.name == "answer" and not result.get("error"):  # ended a user turn (the last: the episode)
-            t.user_turn_ends.append(t.turns - 1)
+            t.user_turn_ends.append(len(t.turns) - 1)
         if result.get("error"):
             t.tool_errors += 1
         if result.get("done"):
@@ -499,8 +497,8 @@ async def _settle(ep: Episode, client, limits: LoopLimits) -> None:
     t.latency_s = float(status["total_latency_s"])
     t.tool_counts = {**status.get("tool_counts", {}), **status.get("model_counts", {})}  # tools and expert aliases
     t.policy_cost = (ep.prompt_tokens * limits.price_in + ep.completion_tokens * limits.price_out) / 1e6
-    for k, (p, c) in enumerate(ep.turn_tokens):
-        t.turn_costs[k] += (p * limits.price_in + c * limits.price_out) / 1e6
+    for record, (p, c) in zip(t.turns, ep.turn_tokens):
+        record.cost += (p * limits.price_in + c * limits.price_out) / 1e6
     t.meta["episode"] = status
     t.meta["sample"] = ep.sample
     outcome = status.get("outcome") or {}

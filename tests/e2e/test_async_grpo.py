@@ -59,7 +59,7 @@ def run(tmp_path, name: str, overrides: list[str], steps: int, k0_async: bool = 
 
         async def recording(step):
             trajs, stats = await produce(step)
-            versions[step] = [list(t.turn_versions) for t in trajs]
+            versions[step] = [[r.version for r in t.turns] for t in trajs]
             return trajs, stats
 
         trainer.rollouts.produce = recording

@@ -221,7 +221,7 @@ def test_the_server_renders_every_turn_to_the_trained_ids(served):
                 await client.aclose()
 
         trajs = asyncio.run(play())
-    assert sum(t.turns for t in trajs) > len(trajs)  # episodes went on past their first turn
+    assert sum(len(t.turns) for t in trajs) > len(trajs)  # episodes went on past their first turn
     kwargs = {} if settings.enable_thinking is None else {"enable_thinking": settings.enable_thinking}
     for messages, tools, ids in seen:
         body = {

@@ -91,8 +91,8 @@ def test_weights_load_between_calls_and_each_turn_keeps_its_version_and_logprobs
         loop.run_until_complete(client.aclose())
         loop.close()
     engine.loader.join()
-    assert traj.correct and traj.turns == 2 and weights.version == 1
-    assert traj.turn_versions == [0, 1]
+    assert traj.correct and len(traj.turns) == 2 and weights.version == 1
+    assert [r.version for r in traj.turns] == [0, 1]
     generated = [lp for lp, m in zip(traj.gen_logprobs, traj.loss_mask) if m]
     first = len(chat.encode(TURNS[0])) + 1
     assert generated == pytest.approx([-0.1] * first + [-0.2] * (len(generated) - first))

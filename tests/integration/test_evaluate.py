@@ -105,7 +105,7 @@ def test_an_endpoint_gets_each_turn_its_own_seed():
     for sample, turns in ((0, 3), (1, 3)):
         ep.sample, ep.seed = sample, f"heldout/{sample}"
         for turn in range(turns):
-            ep.traj = type("T", (), {"turns": turn})()
+            ep.traj = type("T", (), {"turns": [None] * turn})()  # turn records: only their number counts
             body = policy.request(ep)
             assert body["seed"] == turn_seed(ep)
             seeds.append(body["seed"])
@@ -353,7 +353,7 @@ def test_a_served_policy_renders_with_the_runs_thinking_switch(monkeypatch):
     evaluate = _recipe()
     _fake_checkpoint(monkeypatch, enable_thinking=False)
     ep = _input({"a": {"input": 1.0, "output": 1.0}})
-    ep.traj = type("T", (), {"turns": 0})()
+    ep.traj = type("T", (), {"turns": []})()
     both = "openai:http://127.0.0.1:9/v1:m,checkpoint:run"
     served = evaluate.policy_runs(evaluate.EvalConfig(policies=both), [])[0].policy
     assert served.request(ep)["chat_template_kwargs"] == {"enable_thinking": False}

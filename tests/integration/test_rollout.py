@@ -139,7 +139,7 @@ def test_token_ids_are_prompt_plus_generated_plus_observations(service, chat):
     tools, trajs = asyncio.run(go())
     assert len(trajs) == 2
     for t in trajs:
-        assert t.stop_reason == "answer" and t.correct and t.turns == 2
+        assert t.stop_reason == "answer" and t.correct and len(t.turns) == 2
         prompt = chat.prompt_ids(task_messages(with_default_preference(task, reward_cfg().default_preference)), tools)
         turn1 = engine._ids(format_tool_call("calculator", {"expression": "12 + 30"})) + [chat.end_of_turn_id]
         obs = chat.encode(chat.observation_suffix("42"))
@@ -172,7 +172,7 @@ def test_generation_overlaps_slow_tool_calls(service, chat):
             await client.aclose()
 
     trajs = asyncio.run(go())
-    assert all(t.stop_reason == "answer" and t.turns == 2 for t in trajs)
+    assert all(t.stop_reason == "answer" and len(t.turns) == 2 for t in trajs)
     fast_answer = max(t for t, slow, second in engine.calls if not slow and second)
     slow_answer = min(t for t, slow, second in engine.calls if slow and second)
     slow_call_latency = min(t.latency_s for t in trajs if SLOW in t.task.problem) * 0.05

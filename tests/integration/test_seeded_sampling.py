@@ -178,9 +178,9 @@ def test_a_runs_rollouts_do_not_depend_on_how_its_episodes_are_batched(service):
     assert max(map(len, wide)) > 2 and max(map(len, narrow)) <= 2  # the batches did differ
     assert [t.token_ids for t in all_at_once] == [t.token_ids for t in two_at_a_time]
     assert [t.reward for t in all_at_once] == [t.reward for t in two_at_a_time]
-    assert max(t.turns for t in all_at_once) > 1
+    assert max(len(t.turns) for t in all_at_once) > 1
     for t in all_at_once:  # each call's latency as its step reported it, summing to the service's total
-        assert len(t.call_latencies_s) == t.turns - t.format_errors
+        assert len(t.call_latencies_s) == len(t.turns) - t.format_errors
         assert sum(t.call_latencies_s) == pytest.approx(t.latency_s, abs=1e-9)
     seeds = [s for batch in wide for s in batch]
     assert len(set(seeds)) == len(seeds)  # every (episode, turn) its own seed: samples and turns differ

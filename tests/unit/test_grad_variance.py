@@ -14,6 +14,7 @@ from nemo_orchestra.train.grad_variance import policy_gradient_variance
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.learner import build_learner
 from nemo_orchestra.train.step import forward_backward, grpo_loss_fn, reference_logprobs
+from nemo_orchestra.types import TurnRecord
 from tests.helpers import TINY_MODEL, loss_cfg, traj
 
 VOCAB = 256
@@ -39,10 +40,10 @@ def _rollouts(two_turns: bool = True, seed: int = 0):
             t = traj(group=k, ids=torch.randint(1, VOCAB, (len(mask),), generator=g).tolist(), mask=mask)
             t.advantage = float(torch.randn((), generator=g))
             if two_turns:
-                t.turn_starts = [5, 5 + n1 + 3]
+                t.turns = [TurnRecord(start=5), TurnRecord(start=5 + n1 + 3)]
                 t.turn_advantages = [t.advantage, float(torch.randn((), generator=g))]
             else:
-                t.turn_starts, t.turn_advantages = [5], [t.advantage]
+                t.turns, t.turn_advantages = [TurnRecord(start=5)], [t.advantage]
             out.append(t)
     return out
 

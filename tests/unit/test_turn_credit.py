@@ -10,6 +10,7 @@ import pytest
 from nemo_orchestra.config import load_config
 from nemo_orchestra.grpo.advantages import assign_advantages, turn_advantages
 from nemo_orchestra.rollout.loop import FORMAT_ERROR_TURN, turn_key
+from nemo_orchestra.types import TurnRecord
 from tests.helpers import traj
 
 # ---- a small orchestration problem whose policy gradient is computed exactly -------------------------------
@@ -142,8 +143,7 @@ def _group(rewards, keys, group=0):
     for r, k in zip(rewards, keys):
         t = traj(group=group)
         t.reward = r
-        t.turn_keys, t.turn_starts = list(k), [3 * j for j in range(len(k))]
-        t.turn_costs, t.turn_call_counts = [0.0] * len(k), [0] * len(k)
+        t.turns = [TurnRecord(key=key, start=3 * j) for j, key in enumerate(k)]
         t.token_ids, t.loss_mask = [1] * (3 * len(k)), [1] * (3 * len(k))
         t.gen_logprobs = [0.0] * len(t.token_ids)
         out.append(t)
@@ -159,7 +159,7 @@ def test_a_single_turn_group_gets_the_episodes_advantages(mode):
     turned, metrics = assign_advantages(_group(rewards, keys), replace(cfg, credit="turn"))
     assert metrics["advantage/turn_credited_share"] == 1.0
     lesson = _group([0.5], [["a"]], group=0)[0]
-    lesson.turn_keys = []  # no per-turn records (a warm-start lesson): its group keeps the episode's credit
+    lesson.turns = []  # no per-turn records (a warm-start lesson): its group keeps the episode's credit
     _, partial = assign_advantages([*_group(rewards, keys, group=1), lesson], replace(cfg, credit="turn"))
     assert partial["advantage/turn_credited_share"] == 5 / 6
     assert [t.turn_advantages for t in episode] == [None] * 5
@@ -181,7 +181,8 @@ def test_the_same_rollouts_get_the_same_turn_advantages_at_any_staleness():
     rewards, keys = [1.0, 0.0, 0.6, 0.2], [["x", "a"], ["x", "b"], ["y", "a", "a"], ["y"]]
     fresh, stale = _group(rewards, keys), _group(rewards, keys)
     for t in stale:
-        t.turn_versions = [5, 6, 6][: len(t.turn_keys)]  # written one and two versions back
+        for r, version in zip(t.turns, [5, 6, 6]):  # written one and two versions back
+            r.version = version
     assign_advantages(fresh, cfg)
     assign_advantages(stale, cfg)
     assert [t.turn_advantages for t in fresh] == [t.turn_advantages for t in stale]
@@ -195,7 +196,7 @@ def test_each_turns_advantage_lands_on_its_own_targets():
     t.token_ids = list(range(10, 20))
     t.loss_mask = [0, 0, 0, 1, 1, 0, 0, 1, 1, 1]
     t.gen_logprobs = [0.0] * 10
-    t.prompt_len, t.turn_starts, t.turn_keys = 3, [3, 7], ["a", "b"]
+    t.prompt_len, t.turns = 3, [TurnRecord(key="a", start=3), TurnRecord(key="b", start=7)]
     t.advantage, t.turn_advantages = 0.5, [2.0, -1.0]
     (batch,) = pack([t], 64)
     trained = batch.loss_mask_T.bool()

@@ -113,6 +113,7 @@ def turn_group(k: int, group: int, seed=4):
     made it): a 20-token prompt, then per turn generated tokens (in the loss) and, before the answer, the
     call's observation (not); each turn's key, first generated token, cost and calls; old/reference
     logprobs. Rewards and advantages are not set. The same ``k`` gives the same rollouts on every rank."""
+    from nemo_orchestra.types import TurnRecord
     from tests.helpers import traj
 
     g = torch.Generator().manual_seed(seed + k)
@@ -122,21 +123,20 @@ def turn_group(k: int, group: int, seed=4):
         t = traj(correct=correct, group=group, ids=prompt, mask=[0] * 20)
         for key in keys:
             n = int(torch.randint(3, 7, (1,), generator=g))
-            t.turn_keys.append(key)
-            t.turn_starts.append(len(t.token_ids))
+            start = len(t.token_ids)
             t.token_ids += torch.randint(1, VOCAB, (n,), generator=g).tolist()
             t.loss_mask += [1] * n
             calls = 0 if key == "answer" else 1
-            t.turn_costs.append(CALL_COST[key] + 1e-4 * n)  # the call's price and the turn's own tokens
-            t.turn_call_counts.append(calls)
+            # its cost: the call's price and the turn's own tokens
+            t.turns.append(TurnRecord(key=key, start=start, cost=CALL_COST[key] + 1e-4 * n, calls=calls))
             if calls:
                 t.call_latencies_s.append(0.5 + float(torch.rand(1, generator=g)))
                 obs = int(torch.randint(2, 6, (1,), generator=g))
                 t.token_ids += torch.randint(1, VOCAB, (obs,), generator=g).tolist()
                 t.loss_mask += [0] * obs
         t.gen_logprobs = [0.0] * len(t.token_ids)
-        t.turns, t.stop_reason = len(keys), "answer"
-        t.tool_cost, t.latency_s = sum(t.turn_costs), sum(t.call_latencies_s)
+        t.stop_reason = "answer"
+        t.tool_cost, t.latency_s = sum(r.cost for r in t.turns), sum(t.call_latencies_s)
         # old/reference logprobs near the tiny model's own (about log 1/256): ratios near 1, so no clip
         # zeroes a token's term and every turn's advantage reaches the gradient
         n = len(t.token_ids)
@@ -413,11 +413,11 @@ def scenario_turn(full, trajs, ref):
     for t in episode:
         t.turn_advantages = None
     episode_ref = reference(full, episode, loss_cfg)
-    # the reference's advantage on each trained target, against the target's turn read off turn_starts
+    # the reference's advantage on each trained target, against the target's turn read off its turns' starts
     worst = 0.0
     for t, b in zip(whole, turned["docs"]):
         for p in torch.nonzero(b.loss_mask_T)[:, 0].tolist():
-            turn = max(k for k, s in enumerate(t.turn_starts) if s <= p + 1)
+            turn = max(k for k, r in enumerate(t.turns) if r.start <= p + 1)
             worst = max(worst, abs(float(b.advantages_T[p]) - t.turn_advantages[turn]))
 
     rank = dist.get_rank()

@@ -81,7 +81,7 @@ def test_per_turn_credit_reaches_the_reference_and_changes_its_gradients(results
     r = _ok(results, "turn")
     assert r["kept"] == 6 and r["turn_credited_share"] == 1.0, r
     assert r["min_spread"] > 0.05, r  # no rollout's turns share one advantage
-    assert r["reference_turn_advantages"] < 1e-6, r  # each target's advantage is its turn's (turn_starts)
+    assert r["reference_turn_advantages"] < 1e-6, r  # each target's advantage is its turn's (its start)
     assert r["episode_vs_turn_grads"] > 1000 * GRAD_TOL, r
 
 
