@@ -166,7 +166,6 @@ def _build(
     if slow and info.is_main:
         log.warning(slow)
     learner = build_learner(cfg, vocab, info.device)
-
     ctx = EngineContext(
         cfg.model,
         vocab,
@@ -178,22 +177,7 @@ def _build(
         kv_cache_bytes=kv_cache_bytes,
         live_sequences=plan.live_sequences,
     )
-
-    def engine_factory(state):  # when the engine starts: ManagedEngine
-        if plan.engine_cpus:
-            torch.set_num_threads(plan.trainer_threads)
-            if info.is_main:
-                log.info(
-                    "rollouts ahead of training on CPU: the engine's worker on cores %s, the trainer on %d thread(s)",
-                    ",".join(map(str, plan.engine_cpus)),
-                    plan.trainer_threads,
-                )
-        cpus = list(plan.engine_cpus) if plan.engine_cpus else None
-        return start_engine(cfg.rollout.engine, replace(ctx, cpus=cpus), state)
-
-    generation = ManagedEngine(
-        engine_factory, reads_policy_weights=capabilities(cfg.rollout.engine).reads_policy_weights
-    )
+    generation = managed_engine(cfg, info, plan, ctx)
     logger = MetricLogger(cfg.run.output_dir, enabled=info.is_main, cfg=cfg.logger, run_config=to_dict(cfg))
     order = DataOrder(tasks, cfg.data.prompts_per_step, cfg.run.seed, info.dp, info.rank // (info.tp * info.pp))
     return Trainer(
@@ -209,6 +193,25 @@ def _build(
         copy_lessons=[to_trajectory(ep, chat, cfg.reward) for ep in copies],
         rank=info.rank,
     )
+
+
+def managed_engine(cfg: Config, info: DistInfo, plan: RunPlan, ctx: EngineContext) -> ManagedEngine:
+    """The run's generation engine, started at its first weight sync (``ManagedEngine``) on the cores the
+    plan gives it."""
+
+    def engine_factory(state):  # when the engine starts: ManagedEngine
+        if plan.engine_cpus:
+            torch.set_num_threads(plan.trainer_threads)
+            if info.is_main:
+                log.info(
+                    "rollouts ahead of training on CPU: the engine's worker on cores %s, the trainer on %d thread(s)",
+                    ",".join(map(str, plan.engine_cpus)),
+                    plan.trainer_threads,
+                )
+        cpus = list(plan.engine_cpus) if plan.engine_cpus else None
+        return start_engine(cfg.rollout.engine, replace(ctx, cpus=cpus), state)
+
+    return ManagedEngine(engine_factory, reads_policy_weights=capabilities(cfg.rollout.engine).reads_policy_weights)
 
 
 def rollout_source(

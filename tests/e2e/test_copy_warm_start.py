@@ -55,16 +55,17 @@ def test_the_warm_start_alone_copies_a_number_from_an_observation(tmp_path):
         trainer = build_trainer(cfg, info, stack)
         stack.callback(trainer.close)
         trainer.warm_start()
+        chat = trainer.rollouts.episodes.chat
         tasks = [t for t in copy_tasks(96, seed=777) if t.category == "arithmetic"]  # unseen results
         episodes = trainer.loop.run_until_complete(scripted_episodes(tasks, trainer.client, seed=1, copy=True))
         prompts, values = [], []
         for ep in episodes:
             assert ep.turns[0][0] == "calculator" and ep.turns[-1][1] == {"answer": ep.turns[0][2]}
             ep.copy = False  # the real episode format: the prompt carries the tool schemas
-            ids, value = _answer_prefix(trainer.chat, to_trajectory(ep, trainer.chat, cfg.reward), ep)
+            ids, value = _answer_prefix(chat, to_trajectory(ep, chat, cfg.reward), ep)
             prompts.append(ids)
             values.append(value)
-        gens = trainer.engine.generate(prompts, 16, 0.0, 1.0, [trainer.chat.end_of_turn_id])
-    written = [re.match(r"-?\d*", trainer.chat.decode(g.token_ids)).group(0) for g in gens]
+        gens = trainer.generation.engine.generate(prompts, 16, 0.0, 1.0, [chat.end_of_turn_id])
+    written = [re.match(r"-?\d*", chat.decode(g.token_ids)).group(0) for g in gens]
     copied = sum(w == v for w, v in zip(written, values))
     assert len(values) == 32 and copied >= 4, list(zip(values, written))

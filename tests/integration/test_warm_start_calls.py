@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 
 import pytest
 
-import nemo_orchestra.train.build as build_module
+import nemo_orchestra.train.warm_start as warm_start_module
 from nemo_orchestra.config import load_config
 from nemo_orchestra.megatron.parallel import init_distributed
 from nemo_orchestra.train.build import build_trainer
@@ -67,13 +67,13 @@ def test_a_run_without_a_warm_start_runs_none_of_its_episodes(tmp_path, monkeypa
     run = tmp_path / "run"
     _, _, vocab = _build(load_config([*SHORT, f"run.output_dir={run}"]))  # a fresh run: tokenizer/ saved
     made = []
-    episodes = build_module.scripted_episodes
+    episodes = warm_start_module.scripted_episodes
 
     async def counting(tasks, *args, **kwargs):
         made.append((len(tasks), kwargs.get("copy", False)))
         return await episodes(tasks, *args, **kwargs)
 
-    monkeypatch.setattr(build_module, "scripted_episodes", counting)
+    monkeypatch.setattr(warm_start_module, "scripted_episodes", counting)
     # a resume past the warm start: the run's own tokenizer, and only GRPO's copy lessons (loss.copy_lesson_coef)
     scripted, copies, resumed_vocab = _build(load_config([*SHORT, f"run.output_dir={run}"]), "checkpoints/step_1")
     assert scripted == 0 and resumed_vocab == vocab and made == [(16, True)]
