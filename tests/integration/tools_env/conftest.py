@@ -8,6 +8,7 @@ import shutil
 import tempfile
 
 import pytest
+from sandbox_helpers import copy_package
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -45,3 +46,20 @@ def new_workdir(tmp_path, caps):
 @pytest.fixture
 def workdir(new_workdir) -> str:
     return new_workdir()
+
+
+@pytest.fixture(scope="module")
+def readable_package() -> str:
+    """A copy of the package that `nobody` can import, in a fresh folder below /tmp (pytest's
+    own tmp folders are 0700)."""
+    parent = tempfile.mkdtemp(prefix="nemo-sandbox-package-")
+    try:
+        os.chmod(parent, 0o755)
+        root = copy_package(parent)
+        for dirpath, _, filenames in os.walk(root):
+            os.chmod(dirpath, 0o755)
+            for name in filenames:
+                os.chmod(os.path.join(dirpath, name), 0o644)
+        yield root
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)

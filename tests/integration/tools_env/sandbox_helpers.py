@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
+import subprocess
 
 from tools_env.sandbox import SandboxLimits
 
@@ -61,3 +64,30 @@ def live_pids_of_uid(uid: int) -> list[int]:
         if st["Uid"].split()[0] == str(uid) and st["State"][0] not in "ZX":
             found.append(int(name))
     return found
+
+
+def copy_package(parent: str) -> str:
+    """Copy the tools_env package to `parent`/checkout; returns the folder to put on sys.path."""
+    root = os.path.join(parent, "checkout")
+    shutil.copytree(
+        os.path.join(REPO, "tools_env"),
+        os.path.join(root, "tools_env"),
+        ignore=shutil.ignore_patterns("__pycache__", "corpus"),
+    )
+    return root
+
+
+def run_as_nobody(python: str, driver: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """``python -I -c driver`` as the user ``nobody`` (no supplementary groups), from /, with only ``env``."""
+    nobody = pwd.getpwnam("nobody")
+    return subprocess.run(
+        [python, "-I", "-c", driver],
+        user=nobody.pw_uid,
+        group=nobody.pw_gid,
+        extra_groups=[],
+        env=env,
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

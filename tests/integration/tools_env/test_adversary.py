@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
 import subprocess
 import tempfile
 
 import pytest
 
-from test_sandbox_not_root import readable_package  # noqa: F401, F811  (a fixture)
+from sandbox_helpers import run_as_nobody
 from tools_env.adversary import ATTACKS, _WRAP, plant, reached, run_attacks
 from tools_env.supervisor import start_service
 
@@ -98,24 +97,9 @@ def test_not_root(planted, readable_package, allowlist):  # noqa: F811
     for name in names:
         body = "\n".join("    " + line for line in ATTACKS[name].format(**fill).splitlines())
         codes[name] = _WRAP.format(body=body)
-    nobody = pwd.getpwnam("nobody")
     env = {"PATH": "/usr/bin:/bin", "NEMO_SANDBOX_DISABLE": "" if allowlist else "allowlist"}
-    run = subprocess.run(
-        [
-            shutil.which("python3", path="/usr/bin:/bin"),
-            "-I",
-            "-c",
-            DRIVER.format(package_root=readable_package, codes=codes),
-        ],
-        user=nobody.pw_uid,
-        group=nobody.pw_gid,
-        extra_groups=[],
-        env=env,
-        cwd="/",
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    run = run_as_nobody(python, DRIVER.format(package_root=readable_package, codes=codes), env, timeout=120)
     assert run.returncode == 0, run.stderr
     r = json.loads(run.stdout.splitlines()[-1])
     if not r["caps"]["user_namespace"]:

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import uuid
 
 import pytest
 
-from sandbox_helpers import REPO, live_pids_holding
+from sandbox_helpers import copy_package, live_pids_holding, run_as_nobody
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an unprivileged user")
 
@@ -64,39 +62,10 @@ print(json.dumps({{"stdout": r.stdout, "stderr": r.stderr, "caps": sandbox_capab
 """
 
 
-def copy_package(parent: str) -> str:
-    """Copy the tools_env package to `parent`/checkout; returns the folder to put on sys.path."""
-    root = os.path.join(parent, "checkout")
-    shutil.copytree(
-        os.path.join(REPO, "tools_env"),
-        os.path.join(root, "tools_env"),
-        ignore=shutil.ignore_patterns("__pycache__", "corpus"),
-    )
-    return root
-
-
-@pytest.fixture(scope="module")
-def readable_package() -> str:
-    """A copy of the package that `nobody` can import, in a fresh folder below /tmp (pytest's
-    own tmp folders are 0700)."""
-    parent = tempfile.mkdtemp(prefix="nemo-sandbox-package-")
-    try:
-        os.chmod(parent, 0o755)
-        root = copy_package(parent)
-        for dirpath, _, filenames in os.walk(root):
-            os.chmod(dirpath, 0o755)
-            for name in filenames:
-                os.chmod(os.path.join(dirpath, name), 0o644)
-        yield root
-    finally:
-        shutil.rmtree(parent, ignore_errors=True)
-
-
 @pytest.mark.parametrize("mode", ["userns", "hook-only"])
 @pytest.mark.parametrize("attack", list(NOT_ROOT_ATTACKS))
 def test_not_root(readable_package, warm, mode, attack):
     python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
-    nobody = pwd.getpwnam("nobody")
     token = uuid.uuid4().hex
     code, expected = NOT_ROOT_ATTACKS[attack]
     listener = socket.create_server(("127.0.0.1", 0))
@@ -106,17 +75,7 @@ def test_not_root(readable_package, warm, mode, attack):
     env = {"PATH": "/usr/bin:/bin", "SECRET": token, "NEMO_SANDBOX_DISABLE": "userns" if mode == "hook-only" else ""}
     driver = DRIVER.format(package_root=readable_package, code=code, warm=warm)
     try:
-        out = subprocess.run(
-            [python, "-I", "-c", driver],
-            user=nobody.pw_uid,
-            group=nobody.pw_gid,
-            extra_groups=[],
-            env=env,
-            cwd="/",
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        out = run_as_nobody(python, driver, env, timeout=60)
         with pytest.raises(BlockingIOError):
             listener.accept()
     finally:
