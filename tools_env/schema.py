@@ -175,9 +175,24 @@ _KNOWN = {
 def _is(value: Any, typ: str) -> bool:
     if typ == "number":
         return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if typ == "integer":
+    if typ == "integer":  # JSON Schema: any number with a zero fractional part (3 and 3.0 alike)
+        if isinstance(value, float):
+            return value.is_integer()
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, {"string": str, "boolean": bool, "object": dict, "array": list}[typ])
+
+
+def integers(value: Any, schema: dict[str, Any]) -> Any:
+    """``value`` (which fits ``schema``) with each integral float where the schema says integer made an int."""
+    typ = schema.get("type")
+    if typ == "integer" and isinstance(value, float):
+        return int(value)
+    if typ == "array" and isinstance(value, list):
+        return [integers(v, schema.get("items", ANY)) for v in value]
+    if typ == "object" and isinstance(value, dict):
+        props, extra = schema.get("properties", {}), schema.get("additionalProperties", True)
+        return {k: integers(v, props.get(k, extra if isinstance(extra, dict) else ANY)) for k, v in value.items()}
+    return value
 
 
 def _json_type(value: Any) -> str:

@@ -22,7 +22,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tools_env.schema import check, task_record_schema  # noqa: F401  (re-exported)
+from tools_env.schema import check, integers, task_record_schema  # noqa: F401  (re-exported)
 
 TASK_RECORD_SCHEMA = task_record_schema()
 
@@ -59,7 +59,7 @@ class TaskRecord:
         error = check(d, TASK_RECORD_SCHEMA, "task record")
         if error:
             raise TaskRecordError(error)
-        return cls(**d)
+        return cls(**integers(d, TASK_RECORD_SCHEMA))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

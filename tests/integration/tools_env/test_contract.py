@@ -48,6 +48,20 @@ def test_the_task_schema_refuses_and_names_the_field(record, words):
         TaskRecord.from_dict(record)
 
 
+def test_an_integral_number_is_an_integer_as_json_schema_says():
+    """``3.0`` is an integer by JSON Schema (what the published document promises and Schemathesis
+    sends); the record holds the int, and a live service creates the episode (it refused it before)."""
+    record = qa_task(["answer"], max_turns=3.0)
+    assert check(record, task_record_schema(), "task record") is None
+    task = TaskRecord.from_dict(record)
+    assert task.max_turns == 3 and type(task.max_turns) is int
+    assert TaskRecord.from_dict(qa_task(["answer"], max_turns=4)).max_turns == 4
+    with start_service({}, workers=1) as svc:
+        headers = {"Authorization": f"Bearer {svc.token}"} if svc.token else None
+        status, body = http(f"{svc.urls[0]}/v1/episodes", "POST", record, headers=headers)
+        assert status == 200 and body["episode_id"], body
+
+
 def test_the_service_schema_lists_the_registered_verifier_types():
     """A task file may name a verifier type a plug-in registers; the service's own schema (and its
     /openapi.json) enumerates the types registered in it, and refuses the others at creation."""
