@@ -35,6 +35,7 @@ from tools_env.episodes import EpisodeStore, ServiceError
 from tools_env.prometheus import Metrics
 from tools_env.openapi import NO_AUTH_PATHS, openapi_document
 from tools_env.schema import STEP_REQUEST, check
+from tools_env.domains.tau2.package import available as tau2_available
 from tools_env.tools.base import TOOL_REGISTRY, Tool
 
 try:
@@ -177,8 +178,12 @@ def build_tools(cfg: ServiceConfig) -> dict[str, Tool]:
     typed = {
         "expert": {"experts": cfg.experts, "seed": cfg.seed},
         "python": {"python": cfg.python},
-        "answer": {"judge": cfg.judge, "experts": cfg.experts, "seed": cfg.seed},
+        "answer": {"judge": cfg.judge, "experts": cfg.experts, "seed": cfg.seed, "user": cfg.user},
     }
+    if cfg.user is not None and tau2_available()[0]:  # conversational tasks: tau2's domain tools
+        from tools_env.domains.tau2.tools import register_all
+
+        register_all()
     check_tool_sections(cfg)
     return {name: cls(typed.get(name, cfg.tools.get(name, {}))) for name, cls in TOOL_REGISTRY.items()}
 

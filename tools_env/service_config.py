@@ -21,6 +21,8 @@ experts:                          # sleep/sleep_scale alone keep the default exp
 python: {cpu_time_s: 10, wall_time_s: 15, memory_mb: 512, max_concurrency: 0, warm: true,
          require_fs_allowlist: false}  # true: refuse to start unless the sandbox hides the host's files
 judge: null                       # or {base_url, model, api_key_env, max_answer_chars: 2000}
+user: null                        # the simulated user of conversational (tau2) tasks: an endpoint like an expert's
+                                  # ({base_url, model, price_in, price_out, ...}), or "replay" (the task's gold script)
 tools: {}                         # free-form sections for other plug-ins, by tool name
 ```
 """
@@ -299,6 +301,7 @@ class ServiceConfig:
     experts: ExpertsConfig = field(default_factory=ExpertsConfig)
     python: PythonConfig = field(default_factory=PythonConfig)
     judge: JudgeConfig | None = None
+    user: EndpointExpertConfig | str | None = None  # an endpoint, "replay", or None (no conversational tasks)
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
@@ -313,6 +316,8 @@ class ServiceConfig:
             kw["python"] = PythonConfig.from_dict(d["python"])
         if d.get("judge") is not None:
             kw["judge"] = JudgeConfig.from_dict(d["judge"])
+        if d.get("user") is not None:
+            kw["user"] = "replay" if d["user"] == "replay" else EndpointExpertConfig.from_dict(d["user"], "user")
         if "tools" in d:
             kw["tools"] = _check_map(d["tools"], "tools")
         return cls(**kw)

@@ -168,15 +168,19 @@ def register_unavailable(kind: str, reason: str) -> None:
     UNAVAILABLE[kind] = reason
 
 
-def register_turn_hook(kind: str, hook: Callable[[str, TaskRecord, Any], Union[str, None]]) -> None:
-    """``hook(answer, task, ctx)`` runs when ``answer`` is called in a ``kind`` task: the next user turn or None."""
+def register_turn_hook(kind: str, hook: Callable[..., Any]) -> None:
+    """``hook(answer, task, ctx, user)`` runs when ``answer`` is called in a ``kind`` task: the next user
+    turn or None (``user``: the service's ``user`` config; the hook may be a coroutine function)."""
     TURN_HOOKS[kind] = hook
 
 
-def next_user_turn(answer: str, task: TaskRecord, ctx: Any) -> str | None:
+async def next_user_turn(answer: str, task: TaskRecord, ctx: Any, user: Any = None) -> str | None:
     """The next user turn of a multi-turn task, after checking the turn ``answer`` ended; None: the episode ends."""
     hook = TURN_HOOKS.get(verifier_type(task))
-    return None if hook is None else hook(answer, task, ctx)
+    if hook is None:
+        return None
+    out = hook(answer, task, ctx, user)
+    return await out if inspect.isawaitable(out) else out
 
 
 def get_verifier(kind: str) -> Verifier:

@@ -29,6 +29,7 @@ from tools_env.domains import (
     weather,
 )
 from tools_env.domains import bfcl  # noqa: F401  (registers the bfcl verifier, or why it is unavailable)
+from tools_env.domains import tau2  # noqa: F401  (registers the tau2 verifier, or why it is unavailable)
 from tools_env.domains.base import DB, Domain, DomainError, diff_state, dump_state, open_copy
 from tools_env.verify import Outcome, exact_match, numeric_match, parse_number, register_verifier
 

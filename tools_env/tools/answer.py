@@ -151,7 +151,7 @@ class Answer(Tool):
         else:
             answer = arguments["answer"]
         ctx.state["final_answer"] = answer
-        follow_up = next_user_turn(answer, ctx.task, ctx)
+        follow_up = await next_user_turn(answer, ctx.task, ctx, self.config.get("user"))
         if follow_up is not None:  # a multi-turn task: the user's next turn, the episode goes on
             return ToolResult(
                 observation=follow_up,

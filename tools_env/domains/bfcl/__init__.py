@@ -40,7 +40,7 @@ def bfcl_verifier(answer: str, task: Any, ctx: Any, judge: Any) -> Outcome:
     return Outcome(correct, 1.0 if correct else 0.0, f"bfcl: {reason}", turn_passed=passed)
 
 
-def bfcl_turn_hook(answer: str, task: Any, ctx: Any) -> str | None:
+def bfcl_turn_hook(answer: str, task: Any, ctx: Any, user: Any = None) -> str | None:
     """``answer`` ended a user turn: check it; the next user turn's text, or None after the last."""
     return end_turn(ctx)
 
