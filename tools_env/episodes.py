@@ -40,7 +40,7 @@ from tools_env.prometheus import UNKNOWN_TOOL, Metrics
 from tools_env.schema import EPISODE_ID_PATTERN
 from tools_env.task import TaskRecord, TaskRecordError
 from tools_env.tools.base import EpisodeContext, Tool, ToolArgumentError, ToolResult
-from tools_env.verify import Outcome, UnknownVerifierError, get_verifier, verifier_type
+from tools_env.verify import USER_REQUIRED, Outcome, UnknownVerifierError, get_verifier, verifier_type
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,8 @@ class EpisodeStore:
             get_verifier(verifier_type(task))
         except UnknownVerifierError as e:
             raise ServiceError(400, "unknown_verifier", str(e)) from None
+        if verifier_type(task) in USER_REQUIRED and self.cfg.user is None:
+            raise ServiceError(400, "no_user", USER_REQUIRED[verifier_type(task)])
         for name in task.tools:
             if name not in self.tools:
                 raise ServiceError(

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from tools_env import schema as S
-from tools_env.verify import VERIFIERS
+from tools_env.verify import USER_REQUIRED, VERIFIERS
 
 NO_AUTH_PATHS = frozenset({"/healthz", "/openapi.json"})
 _COMPONENTS = {
@@ -166,11 +166,11 @@ def _paths(auth: bool) -> dict[str, Any]:
     }
 
 
-def openapi_document(tool_names: list[str], auth: bool) -> dict[str, Any]:
-    """The document a service with these tools (and a token, when ``auth``) serves at ``/openapi.json``."""
-    components: dict[str, Any] = {
-        "schemas": {"TaskRecord": S.task_record_schema(tool_names, sorted(VERIFIERS)), **_COMPONENTS}
-    }
+def openapi_document(tool_names: list[str], auth: bool, user: bool = False) -> dict[str, Any]:
+    """The document a service with these tools (and a token, when ``auth``) serves at ``/openapi.json``.
+    Verifier types whose tasks need a simulated user are listed only when the service has one (``user``)."""
+    kinds = sorted(k for k in VERIFIERS if user or k not in USER_REQUIRED)
+    components: dict[str, Any] = {"schemas": {"TaskRecord": S.task_record_schema(tool_names, kinds), **_COMPONENTS}}
     doc: dict[str, Any] = {
         "openapi": "3.0.3",
         "info": {"title": "nemo-orchestra tool environment", "version": "1"},

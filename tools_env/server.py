@@ -197,7 +197,7 @@ def build_app(cfg: ServiceConfig, *, token: str | None = None, worker_index: int
     app[METRICS] = metrics_
     app[TOOLS] = tools
     app[STORE] = EpisodeStore(cfg, tools, metrics_, worker_index)
-    app[OPENAPI] = dumps(openapi_document(list(tools), auth=bool(token)))
+    app[OPENAPI] = dumps(openapi_document(list(tools), auth=bool(token), user=cfg.user is not None))
     app.router.add_post("/v1/episodes", create_episode)
     app.router.add_post("/v1/episodes/{episode_id}/step", step)
     app.router.add_get("/v1/episodes/{episode_id}", get_episode, allow_head=False)

@@ -168,10 +168,16 @@ def register_unavailable(kind: str, reason: str) -> None:
     UNAVAILABLE[kind] = reason
 
 
-def register_turn_hook(kind: str, hook: Callable[..., Any]) -> None:
+USER_REQUIRED: dict[str, str] = {}  # verifier type -> why its tasks need the service's ``user``
+
+
+def register_turn_hook(kind: str, hook: Callable[..., Any], needs_user: str = "") -> None:
     """``hook(answer, task, ctx, user)`` runs when ``answer`` is called in a ``kind`` task: the next user
-    turn or None (``user``: the service's ``user`` config; the hook may be a coroutine function)."""
+    turn or None (``user``: the service's ``user`` config; the hook may be a coroutine function).
+    ``needs_user``: why such a task cannot run without a configured user (the service then refuses it)."""
     TURN_HOOKS[kind] = hook
+    if needs_user:
+        USER_REQUIRED[kind] = needs_user
 
 
 async def next_user_turn(answer: str, task: TaskRecord, ctx: Any, user: Any = None) -> str | None:

@@ -9,7 +9,10 @@ The ``ToolResult`` carries ``done=True`` and ``meta["outcome"]`` (an ``Outcome``
 episode store turns that into the step response's ``outcome``. The final answer is also left in
 ``ctx.state["final_answer"]`` for verifiers (db_state) that grade what was communicated. In a
 multi-turn task (a verifier type with a turn hook, ``tools_env.verify.next_user_turn``) an
-answer before the last user turn ends that turn only: its observation is the next user turn.
+answer before the last user turn ends that turn only: its observation is the next user turn. A
+hook whose user is simulated leaves that user's time and tokens in ``ctx.state["user_turn"]``
+(``latency_s``, ``usage``, ``cost``): they are the user's, so the call's latency leaves them out
+and its ``meta["user"]`` carries them.
 """
 
 from __future__ import annotations
@@ -151,18 +154,27 @@ class Answer(Tool):
         else:
             answer = arguments["answer"]
         ctx.state["final_answer"] = answer
+        ctx.state.pop("user_turn", None)
         follow_up = await next_user_turn(answer, ctx.task, ctx, self.config.get("user"))
+        user_turn = ctx.state.pop("user_turn", None)  # a simulated user's time and tokens: not the policy's
+        user_s = user_turn["latency_s"] if user_turn else 0.0
         if follow_up is not None:  # a multi-turn task: the user's next turn, the episode goes on
+            meta: dict[str, Any] = {"turn_ended": True}
+            if user_turn:
+                meta["user"] = user_turn
             return ToolResult(
                 observation=follow_up,
                 cost=0.0 if written is None else written.cost,
-                latency_s=time.perf_counter() - t0,
-                meta={"turn_ended": True},
+                latency_s=max(0.0, time.perf_counter() - t0 - user_s),
+                meta=meta,
             )
         outcome = await verify(answer, ctx.task, ctx, self.judge)
-        meta: dict[str, Any] = {"outcome": outcome}
+        meta = {"outcome": outcome}
+        if user_turn:
+            meta["user"] = user_turn
         if written is None:
-            return ToolResult(observation="Answer submitted.", latency_s=time.perf_counter() - t0, done=True, meta=meta)
+            latency_s = max(0.0, time.perf_counter() - t0 - user_s)
+            return ToolResult(observation="Answer submitted.", latency_s=latency_s, done=True, meta=meta)
         meta.update(model=arguments["model"], answer=answer)
         return ToolResult(
             observation=f"Answer submitted ({arguments['model']} wrote: {answer}).",

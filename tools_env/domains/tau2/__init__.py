@@ -54,6 +54,8 @@ def tau2_turn_hook(answer: str, task: Any, ctx: Any, user: Any = None) -> Any:
 _ok, _why = available()
 if _ok:
     register_verifier("tau2", tau2_verifier)
-    register_turn_hook("tau2", tau2_turn_hook)
+    from tools_env.domains.tau2.episode import USER_NOT_CONFIGURED
+
+    register_turn_hook("tau2", tau2_turn_hook, needs_user=USER_NOT_CONFIGURED)
 else:
     register_unavailable("tau2", _why)

