@@ -165,15 +165,17 @@ def enter_mountns():
 
 def seal(private):
     """Every mount but `private` (and what lies below the workdir) read-only and nosuid; the
-    workdir nosuid, nodev, noexec; an error if a writable mount is left."""
-    for path, fstype in list(mountpoints()):
+    workdir nosuid, nodev, noexec; an error if a writable mount is left. The namespace is private
+    (no propagation in) and only this process is in it, so the mounts listed once are all there are."""
+    mounts = list(mountpoints())
+    for path, fstype in mounts:
         if path not in private and not path.startswith(wd + "/"):
             try:
                 remount(path, RDONLY | NOSUID)
             except OSError:
                 pass  # hidden under another mount, or pseudo: checked below
     remount(wd, NOSUID | NODEV | NOEXEC, drop=RDONLY)
-    for path, fstype in mountpoints():
+    for path, fstype in mounts:
         if fstype not in PSEUDO and path not in private and not path.startswith(wd + "/"):
             try:
                 writable = not os.statvfs(path).f_flag & RDONLY
@@ -181,6 +183,15 @@ def seal(private):
                 continue  # hidden under another mount
             if writable:
                 raise OSError(f"{path} is still writable")
+
+def mkdirs(path):
+    """os.makedirs(path) in the root being built (a fresh tmpfs, this process's alone): mkdir, the
+    missing parents first."""
+    try:
+        os.mkdir(path)
+    except FileNotFoundError:
+        mkdirs(path.rpartition("/")[0])
+        os.mkdir(path)
 
 def build_root(allow):
     """The run's root, built in a tmpfs mounted over the workdir (which is reached through an fd
@@ -190,7 +201,7 @@ def build_root(allow):
     r = new_root = wd
     mount("tmpfs", r, "tmpfs", NOSUID | NODEV, "size=1m,mode=755")
     for path in allow["ro"]:
-        os.makedirs(r + path)
+        mkdirs(r + path)
         mount(path, r + path, None, BIND | REC)
     for path, target in allow["links"]:
         os.symlink(target, r + path)
@@ -208,7 +219,7 @@ def build_root(allow):
     os.mkdir(r + "/proc")
     os.mkdir(r + "/tmp")
     mount("tmpfs", r + "/tmp", "tmpfs", NOSUID | NODEV | NOEXEC, "size=16k,mode=755")
-    os.makedirs(r + wd)
+    mkdirs(r + wd)
     mount(f"/proc/self/fd/{fd}", r + wd, None, BIND)  # not REC: the root being built is mounted on it
     os.close(fd)
 

@@ -48,13 +48,13 @@ def clone3():
     as os.fork() does; -errno on failure. Unlike glibc's fork() it leaves glibc's cached thread id
     stale in the child, which only forks (glibc's fork sets it right in its own children), waits,
     writes and exits."""
-    ctypes.pythonapi.PyOS_BeforeFork()
+    before_fork()
     pid = pylibc.syscall(SYS_CLONE3, args_ref, args_size)
     if pid == 0:
-        ctypes.pythonapi.PyOS_AfterFork_Child()
+        after_fork_child()
         return 0
     err = ctypes.get_errno()
-    ctypes.pythonapi.PyOS_AfterFork_Parent()
+    after_fork_parent()
     return pid if pid > 0 else -err
 
 def serve(sock, parent):
@@ -137,8 +137,12 @@ def become_code(job, stdio, keep):
                 os.close(fd)
             except OSError:
                 pass
-    os.environ.clear()
-    os.environ.update(job["env"])
+    env = job["env"]  # os.environ becomes exactly `env`: only the variables that differ are set
+    for name in [name for name in zygote_env if name not in env]:
+        del os.environ[name]
+    for name, value in env.items():
+        if zygote_env.get(name) != value:
+            os.environ[name] = value
     if job["marker"]:
         show_marker(job["marker"])
 
@@ -174,11 +178,22 @@ if __name__ == "__main__":
             os.open("/dev/null", os.O_RDWR)
     libc, exit_fd, clone3_ok = load_libc(), None, True
     libc.unshare, libc.prctl, libc.syscall, libc.umount2  # ctypes makes a function object at the first use: here, not in every child
+    before_fork, after_fork_child, after_fork_parent = (
+        ctypes.pythonapi.PyOS_BeforeFork, ctypes.pythonapi.PyOS_AfterFork_Child, ctypes.pythonapi.PyOS_AfterFork_Parent)
     pylibc = ctypes.PyDLL(None, use_errno=True)
     pylibc.syscall.restype = ctypes.c_long
     args_ref, args_size = ctypes.byref(clone_args), ctypes.sizeof(clone_args)
     BOOTSTRAP = compile(sys.argv[2], "<sandbox>", "exec")
     sock = socket.socket(fileno=json.loads(sys.argv[3])["sock"])
+    zygote_env = dict(os.environ)  # what become_code compares a run's environment with
+    ctypes_modules = [m for m in sys.modules if m == "_ctypes" or m.partition(".")[0] == "ctypes"]
+    modules_count = len(sys.modules)
+    # every fork copies the zygote's page tables and every child unmaps them: before the first run
+    # start-up garbage is freed and (glibc) the heap's free pages are given back
+    gc.collect()
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
     gc.freeze()  # the children's collections leave the zygote's objects (and their pages) alone
     sock.sendall(b"ready")
     zygote_pid = proc_ids()[0]
@@ -196,7 +211,9 @@ if __name__ == "__main__":
     except Exception as e:
         say(f"error starting the run: {e}")
         fail()
-    for name in [m for m in sys.modules if m == "_ctypes" or m.partition(".")[0] == "ctypes"]:
+    if len(sys.modules) != modules_count:  # something was imported since the list was made
+        ctypes_modules = [m for m in sys.modules if m == "_ctypes" or m.partition(".")[0] == "ctypes"]
+    for name in ctypes_modules:
         del sys.modules[name]  # as in a fresh interpreter, `import ctypes` reaches the audit hook
     sys.argv = ["-c", sys.argv[2], wd, str(status), str(code_fd), spec["flags"]]
     exec(BOOTSTRAP)  # in __main__, as the launcher's exec does; it clears the zygote's globals
