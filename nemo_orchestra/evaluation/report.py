@@ -2,7 +2,9 @@
 
 Per row: accuracy, mean cost ($), mean latency (s), mean turns, mean utility
 u = alpha * 1[correct] - (1 - alpha) * cost, the tool-use distribution (share of all calls
-per tool) and the expert-model distribution. The Pareto front is over the rows' points in the
+per tool) and the expert-model distribution, and pass^k for k = 1 .. the samples every task has
+(tau-bench's metric, Yao et al. 2024, arXiv 2406.12045: over tasks, the chance that k samples drawn
+without replacement from a task's n are all correct, C(c, k) / C(n, k) for c correct). The Pareto front is over the rows' points in the
 accuracy-cost plane: a point is on it when no other point is at most as expensive and at least
 as accurate, and strictly better in one of the two. Reference policies that read the gold
 answer (``oracle``) are shown but never part of the front.
@@ -39,6 +41,7 @@ class Row:
     format_errors: int
     tool_share: dict[str, float] = field(default_factory=dict)
     model_share: dict[str, float] = field(default_factory=dict)
+    pass_hat_k: dict[str, float] = field(default_factory=dict)  # "k" -> pass^k
     pareto: bool = False
 
 
@@ -49,6 +52,20 @@ def _share(counts: list[dict[str, int]]) -> dict[str, float]:
             total[k] = total.get(k, 0) + v
     n = sum(total.values())
     return {k: round(v / n, 4) for k, v in sorted(total.items())} if n else {}
+
+
+def pass_hat_k(results: list[EpisodeResult]) -> dict[str, float]:
+    """pass^k for k = 1 .. the fewest samples any task has, averaged over tasks."""
+    per_task: dict[str, list[bool]] = {}
+    for r in results:
+        per_task.setdefault(r.task_id, []).append(bool(r.correct))
+    if not per_task:
+        return {}
+    kmax = min(len(v) for v in per_task.values())
+    return {
+        str(k): sum(math.comb(sum(v), k) / math.comb(len(v), k) for v in per_task.values()) / len(per_task)
+        for k in range(1, kmax + 1)
+    }
 
 
 def summarize(results: list[EpisodeResult]) -> list[Row]:
@@ -71,6 +88,7 @@ def summarize(results: list[EpisodeResult]) -> list[Row]:
                 format_errors=sum(r.format_errors for r in rs),
                 tool_share=_share([r.tool_counts for r in rs]),
                 model_share=_share([r.model_counts for r in rs]),
+                pass_hat_k=pass_hat_k(rs),
             )
         )
     candidates = [i for i, r in enumerate(rows) if r.policy not in REFERENCE_POLICIES]
@@ -87,6 +105,14 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
         if not dominated:
             front.append(i)
     return sorted(front, key=lambda i: points[i])
+
+
+def pass_hat_k_by_category(results: list[EpisodeResult]) -> dict[str, dict[str, dict[str, float]]]:
+    """pass^k per (policy, preference) and task category (a tau2 domain is its own category)."""
+    groups: dict[str, dict[str, list[EpisodeResult]]] = {}
+    for r in results:
+        groups.setdefault(f"{r.policy}|{r.preference}", {}).setdefault(r.category, []).append(r)
+    return {k: {c: pass_hat_k(v) for c, v in sorted(cats.items())} for k, cats in groups.items()}
 
 
 def by_category(results: list[EpisodeResult]) -> dict[str, dict[str, float]]:
@@ -110,6 +136,7 @@ CSV_FIELDS = [
     "pareto",
     "tool_share",
     "model_share",
+    "pass_hat_k",
 ]
 
 
@@ -126,7 +153,12 @@ def write_report(out_dir: str, rows: list[Row], results: list[EpisodeResult], me
     }
     with open(paths["json"], "w") as f:
         json.dump(
-            {"meta": meta, "rows": [r.__dict__ for r in rows], "accuracy_by_category": by_category(results)},
+            {
+                "meta": meta,
+                "rows": [r.__dict__ for r in rows],
+                "accuracy_by_category": by_category(results),
+                "pass_hat_k_by_category": pass_hat_k_by_category(results),
+            },
             f,
             indent=2,
             sort_keys=True,
@@ -138,6 +170,7 @@ def write_report(out_dir: str, rows: list[Row], results: list[EpisodeResult], me
             d = {k: getattr(r, k) for k in CSV_FIELDS}
             d["tool_share"] = json.dumps(r.tool_share, sort_keys=True)
             d["model_share"] = json.dumps(r.model_share, sort_keys=True)
+            d["pass_hat_k"] = json.dumps(r.pass_hat_k, sort_keys=True)
             w.writerow(d)
     with open(paths["episodes"], "w") as f:
         for r in results:

@@ -183,3 +183,44 @@ def test_import_tau2_writes_each_split_and_the_service_runs_it(tmp_path):
             status, body = http(url, "POST", a, headers=headers, timeout=60)
             assert status == 200, body
         assert body["done"] and body["outcome"]["correct"], body
+
+
+def test_evaluate_reports_pass_hat_k_per_domain_on_tau2_tasks(tmp_path):
+    """recipes/evaluate.py on tau2 records with the replay user: the oracle's pass^k is 1 for every k."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "recipes/import_tau2.py",
+            f"output={tmp_path / 'data'}",
+            "domains=[telecom]",
+            "splits=[small]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    (tmp_path / "service.json").write_text(json.dumps({"user": "replay"}))
+    run = subprocess.run(
+        [
+            sys.executable,
+            "recipes/evaluate.py",
+            f"tasks={tmp_path / 'data' / 'telecom_small.jsonl'}",
+            f"output={tmp_path / 'eval'}",
+            "policies=oracle,random",
+            "samples=2",
+            "limit=6",
+            f"tools_env.config={tmp_path / 'service.json'}",
+            "progress=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "eval" / "results.json").read_text())
+    rows = {r["policy"]: r for r in result["rows"]}
+    assert rows["oracle"]["accuracy"] == 1.0 and rows["oracle"]["pass_hat_k"] == {"1": 1.0, "2": 1.0}
+    assert set(rows["random"]["pass_hat_k"]) == {"1", "2"}
+    assert rows["random"]["pass_hat_k"]["2"] <= rows["random"]["pass_hat_k"]["1"]
+    assert result["pass_hat_k_by_category"]["oracle|record"] == {"tau2_telecom": {"1": 1.0, "2": 1.0}}
