@@ -70,6 +70,12 @@ def task_record_schema(tool_names: list[str] | None = None, verifier_types: list
             "prices": PRICES,
             "preference": PREFERENCE,
             "verifier": verifier_schema(verifier_types),
+            "system": {
+                **_S,
+                "nullable": True,
+                "description": "the task's own instructions (a domain's policy), in the system message after the "
+                "orchestrator's; null: none",
+            },
             "domain": {**_S, "nullable": True},
             "gold_actions": {"type": "array", "items": {"type": "object"}},
             "max_turns": {
@@ -99,6 +105,10 @@ OUTCOME = obj(
         "score": {"type": "number"},
         "reason": _S,
         "turn_passed": {"type": "array", "items": {"type": "boolean"}},  # per user turn, where judged so
+        "record": {
+            "type": "object",
+            "description": "the grader's own record of the episode, where it keeps one (tau2: its SimulationRun)",
+        },
     },
     ["correct", "score", "reason"],
 )

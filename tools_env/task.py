@@ -12,6 +12,8 @@ Optional fields:
 - ``verifier``: ``{"type": "exact" | "numeric" | "db_state" | "judge" | a registered type, ...}``; default exact.
 - ``domain``: ToolScale-style domain name, with ``gold_actions`` for database-state tasks.
 - ``max_turns``: the policy turns the episode may take (>= 1); None: the caller's limit.
+- ``system``: the task's own instructions (a tau2 domain's policy), which the system message carries
+  after the orchestrator's; None (left out of the record): none.
 - ``meta``: free-form, carried through untouched.
 """
 
@@ -44,6 +46,7 @@ class TaskRecord:
     domain: str | None = None
     gold_actions: list[dict[str, Any]] = field(default_factory=list)
     max_turns: int | None = None  # the episode's turn budget; None: the caller's limit
+    system: str | None = None  # instructions of the task's own, after the orchestrator's system prompt
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -62,7 +65,10 @@ class TaskRecord:
         return cls(**integers(d, TASK_RECORD_SCHEMA))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.system is None:
+            del out["system"]
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

@@ -67,7 +67,9 @@ class FixedRouting(Policy):
     def decide(self, inp: Episode) -> ToolCall:
         aliases = inp.expert_aliases()
         if inp.turn == 0 and aliases:
-            return ToolCall("expert", {"model": self.choose(inp), "query": inp.task.problem})
+            task = inp.task
+            query = f"{task.system}\n\n{task.problem}" if task.system else task.problem
+            return ToolCall("expert", {"model": self.choose(inp), "query": query})
         answer = expert_reply_answer(inp.last_observation()) if inp.turn > 0 else "I don't know"
         return ToolCall("answer", {"answer": answer})
 

@@ -32,11 +32,12 @@ def preference_line(pref: dict, name: str | None = None) -> str:
     return f"Preference weights: {weights}.{words}"
 
 
-def orchestrator_messages(problem: str, pref: dict, name: str | None = None) -> list[dict]:
-    """The system prompt, then the problem followed by the preference. The preference closes the
-    prompt, right before the policy's first turn, so even a tiny policy reads it where it decides."""
+def orchestrator_messages(problem: str, pref: dict, name: str | None = None, system: str | None = None) -> list[dict]:
+    """The system prompt (followed by the task's own instructions ``system``, where it has some), then
+    the problem followed by the preference. The preference closes the prompt, right before the
+    policy's first turn, so even a tiny policy reads it where it decides."""
     return [
-        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "system", "content": f"{SYSTEM_PROMPT}\n\n{system}" if system else SYSTEM_PROMPT},
         {"role": "user", "content": f"{problem}\n\n{preference_line(pref, name)}"},
     ]
 
@@ -50,4 +51,4 @@ def with_default_preference(task: TaskRecord, default_preference: dict) -> TaskR
 
 def task_messages(task: TaskRecord) -> list[dict]:
     """The messages an episode of ``task`` starts from (its preference already filled in)."""
-    return orchestrator_messages(task.problem, task.preference, task.meta.get("preference_name"))
+    return orchestrator_messages(task.problem, task.preference, task.meta.get("preference_name"), task.system)

@@ -12,8 +12,8 @@ the extra.
 - ``importer``: tau2 tasks as task records (``recipes/import_tau2.py``).
 
 A tau2 task record has ``verifier: {"type": "tau2"}``, ``domain: "tau2/<domain>"``, the domain's
-policy and how the conversation works in ``problem``, and tau2's task in ``meta["tau2"]``
-(``domain``, ``split``, ``task``). ``answer`` is the agent's message to the user; the user's reply
+policy in ``system`` (the orchestrator's system prompt), how the conversation works in ``problem``,
+and tau2's task in ``meta["tau2"]`` (``domain``, ``split``, ``task``). ``answer`` is the agent's message to the user; the user's reply
 is its observation, and when the conversation ends (a stop from the user or the agent) tau2's
 evaluator grades the episode: the outcome is correct when tau2's reward is 1.
 """

@@ -3,7 +3,9 @@
 One record per task of a domain's split (tau2's ``split_tasks.json``: airline and retail have
 ``train``/``test``/``base``, telecom also ``small`` and ``full``):
 
-- ``problem``: the domain's policy (tau2's ``get_policy()``), then how the conversation works here;
+- ``system``: the domain's policy (tau2's ``get_policy()``) with the agent's instructions, laid out as
+  tau2's own agent has them (``agent_system``);
+- ``problem``: how the conversation works here (``CONVERSATION_NOTE``);
 - ``tools``: the domain's agent tools as service tools (``<domain>_<tool>``), the orchestration
   tools ``ORCHESTRATION_TOOLS`` and ``answer`` (the agent's message to the user);
 - ``meta["tau2"]``: ``domain``, ``split``, ``version`` and tau2's task as it validates
@@ -30,11 +32,15 @@ DOMAINS = ("airline", "retail", "telecom")
 ORCHESTRATION_TOOLS = ("expert", "calculator", "python")
 GREETING = "Hi! How can I help you today?"  # tau2's first agent message (DEFAULT_FIRST_AGENT_MESSAGE)
 CONVERSATION_NOTE = (
-    "You are the agent of this policy, talking with a customer. Call `answer` with a message to say "
-    "something to the customer; their reply comes back as the result of that call. Start by greeting them. "
-    "Use the domain's tools to act on their behalf as the policy allows. When the customer's request is "
-    "fully handled, the customer ends the conversation; you may end it yourself by including ###STOP### "
-    "in a message."
+    "A customer is waiting. Call `answer` with a message to say something to the customer; their reply "
+    "comes back as the result of that call. Start by greeting them. Use the domain's tools to act on their "
+    "behalf as the policy allows. When the customer's request is fully handled, the customer ends the "
+    "conversation; you may end it yourself by including ###STOP### in a message."
+)
+AGENT_INSTRUCTION = (
+    "You are a customer service agent that helps the user according to the <policy> provided below. "
+    "Each turn either says something to the user or calls one tool, never both. Be helpful and always "
+    "follow the policy."
 )
 ASK_USER = "Please do that on your device now, then tell me."
 BUDGET_FACTOR = 3  # policy turns over the oracle's: a conversation takes several turns to learn the request
@@ -65,6 +71,12 @@ def read_tasks(domain: str, split: str) -> list[Any]:
     return [tasks[i] for i in names[split]]
 
 
+def agent_system(policy: str) -> str:
+    """The agent's system instructions: ``AGENT_INSTRUCTION`` and the domain's policy, each in the tags
+    tau2's ``LLMAgent`` puts them in (``<instructions>``, ``<policy>``)."""
+    return f"<instructions>\n{AGENT_INSTRUCTION}\n</instructions>\n<policy>\n{policy}\n</policy>"
+
+
 def to_record(task: Any, domain: str, split: str, policy: str, domain_tools: list[str]) -> TaskRecord:
     from tools_env.domains.tau2.tools import service_name
 
@@ -80,7 +92,8 @@ def to_record(task: Any, domain: str, split: str, policy: str, domain_tools: lis
     said = " ".join((crit.communicate_info or []) if crit else []) or "Your request is done."
     gold.append({"name": "answer", "arguments": {"answer": said}})
     return TaskRecord(
-        problem=f"{policy}\n\n{CONVERSATION_NOTE}",
+        problem=CONVERSATION_NOTE,
+        system=agent_system(policy),
         answer="",
         category=f"tau2_{domain}",
         tools=[*domain_tools, *ORCHESTRATION_TOOLS, "answer"],
