@@ -36,6 +36,21 @@ def test_8b_recipes_plan_by_hand(recipe, world, dp):
     check(p, _cfg(recipe))
 
 
+def test_the_tau2_recipe_fits_full_length_conversations():
+    """32k-token packs and rollouts: recompute keeps the activations in the budget, and the KV cache holds at
+    least four conversations of the full context at once."""
+    cfg = _cfg("qwen3_8b_tau2")
+    p = plan(cfg, V, 8, H100)
+    T2 = cfg.rollout.max_context
+    assert T2 == cfg.parallel.microbatch_tokens == 32768
+    assert p.activations == L * T2 * H * 2 + T2 * H * 22 and p.logits == 2 * T2 * (V // 2) * 4
+    assert p.kv_cache // KV_PER_TOKEN >= 4 * T2
+    check(p, cfg)
+    full = _cfg("qwen3_8b_tau2", "parallel.activation_recompute=false")
+    with pytest.raises(ValueError):  # without recompute the 32k packs' activations do not fit
+        check(plan(full, V, 8, H100), full)
+
+
 def test_the_old_kv_reservation_of_32_full_sequences_is_refused():
     """32 sequences of 16,384 tokens: 72 GiB of KV cache for Qwen3-8B, as the engine reserved before."""
     assert 32 * T * KV_PER_TOKEN == 72 * GiB

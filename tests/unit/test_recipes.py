@@ -22,7 +22,7 @@ from nemo_orchestra.config import (
 ROOT = Path(__file__).resolve().parents[2]
 PINNED = ROOT / "tests" / "fixtures" / "recipes"
 RECIPES = sorted(p.stem for p in (CONF_DIR / "recipes").glob("*.yaml"))
-PRODUCT = ["qwen3_8b_1n8g", "qwen3_8b_2n8g"]
+PRODUCT = ["qwen3_8b_1n8g", "qwen3_8b_2n8g", "qwen3_8b_tau2"]
 # the sections whose every key a recipe sets itself (in its files or in the group files it names)
 TRAINING_SECTIONS = ("data", "rollout", "reward", "advantage", "loss", "optim", "warm_start", "trainer", "reference")
 

@@ -166,6 +166,9 @@ def test_import_tau2_writes_each_split_and_the_service_runs_it(tmp_path):
     assert manifest["counts"]["by_domain_split"] == {"airline/train": 30, "airline/test": 20}
     test = load_jsonl(str(tmp_path / "airline_test.jsonl"))
     assert [r.meta["tau2"]["task"]["id"] for r in test] == [t.id for t in read_tasks("airline", "test")]
+    for split in ("train", "test"):  # a run's data.train_path / eval_path: every domain's records of the split
+        both = (tmp_path / f"{split}.jsonl").read_text()
+        assert both == (tmp_path / f"airline_{split}.jsonl").read_text() and f"{split}.jsonl" in manifest["files"]
     bad = subprocess.run(
         [sys.executable, "recipes/import_tau2.py", f"output={tmp_path}", "domains=[banking]"],
         capture_output=True,

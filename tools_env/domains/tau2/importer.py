@@ -109,12 +109,14 @@ def to_record(task: Any, domain: str, split: str, policy: str, domain_tools: lis
 
 
 def import_tasks(output: str, domains: list[str], split_names: list[str], limit: int = 0) -> dict[str, Any]:
-    """Write ``<output>/<domain>_<split>.jsonl`` for each domain and split, and ``manifest.json``."""
+    """Write ``<output>/<domain>_<split>.jsonl`` for each domain and split, ``<output>/<split>.jsonl`` with
+    every imported domain's records of that split (what a run's ``data.train_path``/``eval_path`` reads),
+    and ``manifest.json``."""
     from tools_env.domains.tau2.episode import environment
     from tools_env.domains.tau2.tools import service_name
 
     os.makedirs(output, exist_ok=True)
-    files, counts, every = {}, {}, []
+    files, counts, every, by_split = {}, {}, [], {}
     for domain in domains:
         env = environment(domain)
         policy = env.get_policy()
@@ -131,8 +133,15 @@ def import_tasks(output: str, domains: list[str], split_names: list[str], limit:
             files[name] = _sha256(os.path.join(output, name))
             counts[f"{domain}/{split}"] = len(records)
             every += records
+            by_split.setdefault(split, []).extend(records)
     if not every:
         raise ValueError(f"splits: none of {split_names} exists in {domains}")
+    for split, records in by_split.items():
+        name = f"{split}.jsonl"
+        with open(os.path.join(output, name), "w") as f:
+            for r in records:
+                f.write(r.to_json() + "\n")
+        files[name] = _sha256(os.path.join(output, name))
     manifest = {
         "format": "nemo-orchestra tasks v1",
         "source": {
