@@ -3,7 +3,8 @@
 Runs every policy under every preference vector on every task (``samples`` times), through a
 tool service it starts itself (or the one at ``tools_env.url``), and writes results.json,
 results.csv (one row per policy x preference), episodes.jsonl and pareto.png (the
-accuracy-cost plane with each row's point and the Pareto front). When the task file sits in a
+accuracy-cost plane with each row's point and the Pareto front); for tau2 tasks also
+tau2_<domain>_<policy>_<preference>.json, in tau2-bench's own Results format. When the task file sits in a
 folder written by synthesize_data.py, the service's search tool is pointed at its corpus.
 
 Policies: strongest, cheapest, random[:SEED], oracle (replays the gold actions: a data check),
@@ -283,6 +284,8 @@ def main(argv: list) -> int:
         "wall_s": time.perf_counter() - t0,
         "title": f"{os.path.basename(cfg.tasks)}: accuracy vs cost",
         "config": asdict(cfg),
+        # the simulated user of tau2 tasks, for the tau2 result files; a service not started here: not known
+        "tau2_user": None if cfg.tools_env.url else service_config(cfg).get("user"),
     }
     paths = write_report(cfg.output, rows, results, meta)
     print(f"{'policy':<24}{'pref':<12}{'n':>5}{'acc':>8}{'cost $':>11}{'lat s':>8}{'utility':>10}  pareto")

@@ -72,6 +72,10 @@ class Episode:
     tool_counts: dict[str, int] = field(default_factory=dict)  # calls of tools in the subset
     model_counts: dict[str, int] = field(default_factory=dict)  # expert calls by alias
     error_count: int = 0
+    # a simulated user's totals (conversational tasks): its time, price and tokens, none of them the policy's
+    user: dict[str, float] = field(
+        default_factory=lambda: {"cost": 0.0, "latency_s": 0.0, "tokens_in": 0, "tokens_out": 0}
+    )
     ended_by: str | None = None  # "answer" or the guard's name
     outcome: Outcome | None = None
 
@@ -86,6 +90,7 @@ class Episode:
             "tool_counts": dict(self.tool_counts),
             "model_counts": dict(self.model_counts),
             "error_count": self.error_count,
+            "user": dict(self.user),
             "ended_by": self.ended_by,
             "outcome": self.outcome.to_dict() if self.outcome else None,
             "age_s": time.monotonic() - self.created,
@@ -272,6 +277,13 @@ class EpisodeStore:
                 ep.model_counts[model] = ep.model_counts.get(model, 0) + 1
         if result.error is not None:
             ep.error_count += 1
+        user = result.meta.get("user")
+        if isinstance(user, dict):  # the simulated user's turn (tools_env.tools.answer)
+            usage = user.get("usage") or {}
+            ep.user["cost"] += float(user.get("cost") or 0.0)
+            ep.user["latency_s"] += float(user.get("latency_s") or 0.0)
+            ep.user["tokens_in"] += int(usage.get("prompt_tokens") or 0)
+            ep.user["tokens_out"] += int(usage.get("completion_tokens") or 0)
         response = {
             "observation": result.observation,
             "cost": result.cost,

@@ -133,6 +133,15 @@ _SUMMARY_PROPS = {
     "tool_counts": _COUNTS,
     "model_counts": _COUNTS,
     "error_count": {"type": "integer", "minimum": 0},
+    "user": obj(  # a simulated user's totals (tau2's conversations); zeros where the task has none
+        {
+            "cost": _N0,
+            "latency_s": _N0,
+            "tokens_in": {"type": "integer", "minimum": 0},
+            "tokens_out": {"type": "integer", "minimum": 0},
+        },
+        ["cost", "latency_s", "tokens_in", "tokens_out"],
+    ),
     "ended_by": {"type": "string", "enum": ["answer", "max_turns", "max_cost", "max_wall_s"], "nullable": True},
     "outcome": {**OUTCOME, "nullable": True},
     "age_s": _N0,

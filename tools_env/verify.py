@@ -43,11 +43,16 @@ class Outcome:
     # a task judged user turn by user turn (BFCL): whether each passed, in order, a turn never reached as
     # failed; None: judged as a whole
     turn_passed: list[bool] | None = None
+    # the grader's own record of the episode, JSON-safe (tau2: its SimulationRun as tau2 serialises it);
+    # None: the grader keeps none
+    record: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The outcome as the service returns it; ``turn_passed`` and ``record`` only where set."""
         out = asdict(self)
-        if self.turn_passed is None:
-            del out["turn_passed"]
+        for key in ("turn_passed", "record"):
+            if out[key] is None:
+                del out[key]
         return out
 
 

@@ -6,7 +6,10 @@ and of records without a preference (``default_preference``, which the reward al
 evaluated preference replaces the record's own, and then the record's profile words are not
 shown (they describe the record's preference, not the evaluated one). A result carries the
 service's outcome, cost (tool cost from the service plus the policy's own tokens), latency
-and per-tool counts.
+and per-tool counts, the grader's own record of the episode (``outcome.record``: tau2's
+``SimulationRun``) and the simulated user's totals, which are not the policy's cost or latency.
+The user's totals are the service's (the episode summary's ``user``: its price, time and tokens
+over the episode's user turns); 0 where the task has no user.
 """
 
 from __future__ import annotations
@@ -42,6 +45,15 @@ class EpisodeResult:
     ended_by: str | None = None
     alpha: float = 1.0  # utility weight of accuracy against cost for this episode
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation, OpenAI format
+    record: dict[str, Any] | None = None  # the grader's record (outcome.record); None: none kept
+    user_cost: float = 0.0  # $: the simulated user's, not in ``cost``
+    user_latency_s: float = 0.0
+    user_tokens_in: int = 0
+    user_tokens_out: int = 0
+    max_turns: int | None = None  # the turn budget the episode ran under
+    # a tau2 record's meta["tau2"] ({domain, split, task}); None: not a tau2 task. Not in to_dict: the
+    # report's tau2 files hold the tasks
+    tau2: dict[str, Any] | None = None
 
     @property
     def utility(self) -> float:
@@ -49,7 +61,20 @@ class EpisodeResult:
         return self.alpha * float(self.correct) - (1.0 - self.alpha) * self.cost
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "utility": self.utility}
+        out = {**asdict(self), "utility": self.utility}
+        del out["tau2"]
+        return out
+
+
+def user_totals(status: dict[str, Any]) -> dict[str, float]:
+    """A simulated user's totals from an episode summary's ``user`` (the service's accounting); 0 without one."""
+    user = status.get("user") or {}
+    return {
+        "user_cost": float(user.get("cost") or 0.0),
+        "user_latency_s": float(user.get("latency_s") or 0.0),
+        "user_tokens_in": int(user.get("tokens_in") or 0),
+        "user_tokens_out": int(user.get("tokens_out") or 0),
+    }
 
 
 def alpha_of(preference: dict[str, Any]) -> float:
@@ -66,9 +91,13 @@ def with_preference(task: TaskRecord, preference: dict[str, Any] | None) -> Task
     return dataclasses.replace(task, preference=dict(preference), meta=meta)
 
 
-def to_result(traj: Trajectory, policy: str, preference: str, alpha: float | None) -> EpisodeResult:
+def to_result(
+    traj: Trajectory, policy: str, preference: str, alpha: float | None, max_turns: int | None = None
+) -> EpisodeResult:
     status = traj.meta.get("episode") or {}
     outcome = status.get("outcome") or {}
+    record = outcome.get("record")
+    tau2 = (traj.task.meta or {}).get("tau2")
     if traj.stop_reason == StopReason.POLICY_ERROR:
         reason = traj.meta.get("failure", "policy failed")
     else:
@@ -93,6 +122,10 @@ def to_result(traj: Trajectory, policy: str, preference: str, alpha: float | Non
         ended_by=status.get("ended_by"),
         alpha=alpha if alpha is not None else alpha_of(traj.task.preference),
         messages=traj.messages,
+        record=record if isinstance(record, dict) else None,
+        **user_totals(status),
+        max_turns=max_turns,
+        tau2=tau2 if isinstance(tau2, dict) and "task" in tau2 else None,
     )
 
 
@@ -142,7 +175,7 @@ async def run_all(
                     concurrency=concurrency,
                     progress=tick,
                 )
-                results += [to_result(t, run.policy.name, name, alpha) for t in trajs]
+                results += [to_result(t, run.policy.name, name, alpha, run.limits.turn_budget(t.task)) for t in trajs]
     finally:
         bar.close()
     return results

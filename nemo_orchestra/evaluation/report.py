@@ -7,7 +7,15 @@ per tool) and the expert-model distribution, and pass^k for k = 1 .. the samples
 without replacement from a task's n are all correct, C(c, k) / C(n, k) for c correct). The Pareto front is over the rows' points in the
 accuracy-cost plane: a point is on it when no other point is at most as expensive and at least
 as accurate, and strictly better in one of the two. Reference policies that read the gold
-answer (``oracle``) are shown but never part of the front.
+answer (``oracle``) are shown but never part of the front. A row's user columns are the simulated
+user's means (cost, latency, tokens in and out), apart from the policy's cost.
+
+Per (policy, preference) whose results hold tau2 tasks, one file per tau2 domain,
+``tau2_<domain>_<policy>_<preference>.json``, in tau2-bench's own ``Results`` format (tau2's
+tooling reads it: ``Results.load``, ``tau2.metrics.agent_metrics.compute_metrics``): its ``tasks``,
+and one ``SimulationRun`` per episode, ``trial`` numbered 0..k-1 per task in sample order. An
+episode the grader recorded is its record; one that ended ungraded (its turn budget or a service
+guard ran out first) is a ``max_steps`` run with reward 0 and no messages.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ import json
 import logging
 import math
 import os
+import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +53,11 @@ class Row:
     model_share: dict[str, float] = field(default_factory=dict)
     pass_hat_k: dict[str, float] = field(default_factory=dict)  # "k" -> pass^k
     pareto: bool = False
+    # the simulated user's means per episode (0 where there is no user): not part of mean_cost/latency
+    mean_user_cost: float = 0.0
+    mean_user_latency_s: float = 0.0
+    mean_user_tokens_in: float = 0.0
+    mean_user_tokens_out: float = 0.0
 
 
 def _share(counts: list[dict[str, int]]) -> dict[str, float]:
@@ -89,6 +104,10 @@ def summarize(results: list[EpisodeResult]) -> list[Row]:
                 tool_share=_share([r.tool_counts for r in rs]),
                 model_share=_share([r.model_counts for r in rs]),
                 pass_hat_k=pass_hat_k(rs),
+                mean_user_cost=sum(r.user_cost for r in rs) / n,
+                mean_user_latency_s=sum(r.user_latency_s for r in rs) / n,
+                mean_user_tokens_in=sum(r.user_tokens_in for r in rs) / n,
+                mean_user_tokens_out=sum(r.user_tokens_out for r in rs) / n,
             )
         )
     candidates = [i for i, r in enumerate(rows) if r.policy not in REFERENCE_POLICIES]
@@ -137,7 +156,94 @@ CSV_FIELDS = [
     "tool_share",
     "model_share",
     "pass_hat_k",
+    "mean_user_cost",
+    "mean_user_latency_s",
+    "mean_user_tokens_in",
+    "mean_user_tokens_out",
 ]
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _file_part(name: str) -> str:
+    """``name`` as part of a file name: runs of characters other than [A-Za-z0-9._-] become one '_'."""
+    return _UNSAFE.sub("_", name).strip("_") or "_"
+
+
+def tau2_user_info(user: Any) -> dict[str, Any]:
+    """tau2's ``UserInfo`` fields for the service config's ``user``: ``"replay"`` (the task's own script),
+    an endpoint config (tau2's ``UserSimulator`` over its model), or None/unknown."""
+    if user == "replay":
+        return {"implementation": "nemo-orchestra/replay", "llm": None}
+    if isinstance(user, dict) and user.get("model"):
+        return {"implementation": "user_simulator", "llm": str(user["model"])}
+    return {"implementation": "unknown", "llm": None}
+
+
+def tau2_results(results: list[EpisodeResult], meta: dict[str, Any]) -> dict[tuple[str, str, str], Any]:
+    """tau2's ``Results`` per (domain, policy, preference) over the results of tau2 tasks (pydantic-validated).
+
+    ``meta``: ``tau2_user`` (the service config's ``user``, for ``info.user_info``), ``git_commit`` and
+    ``seed`` (else ``config.seed``), each optional. ``info.max_steps`` is the episodes' largest turn budget
+    (policy turns, -1: not known); ``agent_cost`` is the orchestrator's cost (tools and its own tokens)."""
+    groups: dict[tuple[str, str, str], list[EpisodeResult]] = {}
+    for r in results:
+        if r.tau2 is not None:
+            groups.setdefault((r.tau2["domain"], r.policy, r.preference), []).append(r)
+    if not groups:
+        return {}
+    from tools_env.domains.tau2.episode import environment
+    from tools_env.domains.tau2.package import require_tau2
+
+    sim = require_tau2("tau2.data_model.simulation")
+    tasks_model = require_tau2("tau2.data_model.tasks")
+    seed = meta.get("seed", (meta.get("config") or {}).get("seed"))
+    out = {}
+    for (domain, policy, pref), rs in groups.items():
+        tasks: dict[str, Any] = {}
+        trials: dict[str, int] = {}
+        simulations = []
+        for r in sorted(rs, key=lambda r: (r.task_id, r.sample)):
+            task = tasks_model.Task.model_validate(r.tau2["task"])
+            tasks.setdefault(task.id, task)
+            trial = trials[task.id] = trials.get(task.id, -1) + 1
+            if r.record is not None:
+                run = sim.SimulationRun.model_validate(r.record)
+                if run.task_id != task.id:
+                    raise ValueError(f"episode of task {r.task_id}: its record is of tau2 task {run.task_id!r}")
+                if run.reward_info is None:
+                    raise ValueError(f"episode of task {r.task_id}: its record has no reward_info (not graded)")
+            else:
+                now = time.strftime("%Y-%m-%dT%H:%M:%S")
+                run = sim.SimulationRun(
+                    id=f"{_file_part(policy)}-{_file_part(pref)}-{_file_part(r.task_id)}-{r.sample}",
+                    task_id=task.id,
+                    timestamp=now,
+                    start_time=now,
+                    end_time=now,
+                    duration=0.0,
+                    termination_reason=sim.TerminationReason.MAX_STEPS,
+                    reward_info=sim.RewardInfo(reward=0.0, info={"note": r.reason}),
+                    messages=[],
+                )
+            run.trial = trial
+            run.agent_cost = r.cost
+            run.user_cost = r.user_cost
+            simulations.append(run)
+        env = environment(domain)
+        budgets = [r.max_turns for r in rs if r.max_turns is not None]
+        info = sim.Info(
+            git_commit=str(meta.get("git_commit") or "unknown"),
+            num_trials=max(trials.values()) + 1,
+            max_steps=max(budgets) if budgets else -1,  # the episodes' turn budget; -1: not known
+            max_errors=-1,  # no limit on tool errors
+            user_info=sim.UserInfo(**tau2_user_info(meta.get("tau2_user"))),
+            agent_info=sim.AgentInfo(implementation=f"nemo-orchestra/{policy}"),
+            environment_info=env.get_info(),
+            seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
+        )
+        out[(domain, policy, pref)] = sim.Results(info=info, tasks=list(tasks.values()), simulations=simulations)
+    return out
 
 
 def write_report(out_dir: str, rows: list[Row], results: list[EpisodeResult], meta: dict[str, Any]) -> dict[str, str]:
@@ -175,6 +281,13 @@ def write_report(out_dir: str, rows: list[Row], results: list[EpisodeResult], me
     with open(paths["episodes"], "w") as f:
         for r in results:
             f.write(json.dumps(r.to_dict(), sort_keys=True) + "\n")
+    for (domain, policy, pref), res in tau2_results(results, meta).items():
+        name = f"tau2_{_file_part(domain)}_{_file_part(policy)}_{_file_part(pref)}"
+        if name in paths:
+            raise ValueError(f"two (domain, policy, preference) rows write {name}.json: rename a policy")
+        paths[name] = os.path.join(out_dir, f"{name}.json")
+        with open(paths[name], "w") as f:
+            f.write(res.model_dump_json(indent=2))
     if not plot_pareto(rows, paths["png"], title=meta.get("title", "accuracy vs cost")):
         del paths["png"]
     return paths

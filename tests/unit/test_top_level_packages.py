@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import sysconfig
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -54,11 +55,17 @@ def test_the_installed_distribution_holds_only_the_projects_packages():
 
 
 def test_kernels_is_not_the_projects():
-    """``import kernels`` finds Hugging Face's package or nothing, never ours."""
+    """``import kernels`` finds Hugging Face's package or nothing, never ours: not a folder of the checkout
+    (an installed distribution's files under a virtual environment inside the checkout are not the checkout's),
+    and not a file our distribution installs."""
     spec = importlib.util.find_spec("kernels")
     places = [] if spec is None else [spec.origin, *(spec.submodule_search_locations or [])]
-    ours = [p for p in places if p and Path(p).resolve().is_relative_to(ROOT)]
+    site = {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")}
+    installed = [p for p in places if p and any(Path(p).resolve().is_relative_to(s) for s in site)]
+    ours = [p for p in places if p and p not in installed and Path(p).resolve().is_relative_to(ROOT)]
     assert ours == [], f"`import kernels` resolves into the repository: {ours}"
+    owners = importlib.metadata.packages_distributions().get("kernels", []) if installed else []
+    assert DIST not in owners, f"{DIST} installs a top-level `kernels`: {installed}"
 
 
 def test_the_check_names_a_planted_package(tmp_path):

@@ -10,6 +10,7 @@ import json
 import random
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -148,6 +149,39 @@ def test_a_conversation_needs_a_user_and_the_error_says_how():
     assert e.value.status == 400 and e.value.code == "no_user"
     with pytest.raises(ValueError, match="config 'user' is missing 'base_url'"):
         ServiceConfig.from_dict({"user": {"model": "m"}})
+
+
+def test_an_endpoint_user_speaks_through_taus_simulator_and_its_totals_are_the_users(fake_openai):
+    """tau2's UserSimulator over an OpenAI-compatible endpoint (the fake server's ``echo``): the user's
+    reply is the answer call's observation, and its price, tokens and time are in the episode's ``user``
+    totals, never in the policy's cost or latency."""
+    cfg = ServiceConfig.from_dict(
+        {
+            "user": {"base_url": fake_openai, "model": "echo", "price_in": 1.0, "price_out": 2.0},
+            "guards": {"max_turns": 20},
+        }
+    )
+    endpoint_store = EpisodeStore(cfg, build_tools(cfg), Metrics())
+    record = records("retail", "test", 1)[0]
+
+    async def run():
+        ep, _ = endpoint_store.create(record.to_dict())
+        first = await endpoint_store.step(ep.id, "answer", {"answer": "Hi! How can I help you today?"})
+        user_before = endpoint_store.lookup(ep.id)["user"]["latency_s"]
+        t0 = time.perf_counter()
+        second = await endpoint_store.step(ep.id, "answer", {"answer": "Could you give me your order id?"})
+        wall = time.perf_counter() - t0
+        summary = endpoint_store.lookup(ep.id)
+        return first, second, summary, wall, summary["user"]["latency_s"] - user_before
+
+    first, second, summary, wall, user_s = asyncio.run(run())
+    assert not first["done"] and "echo:" in first["observation"], first  # the user model's own words
+    assert "echo:" in second["observation"] and "order id" in second["observation"], second
+    user = summary["user"]
+    assert user["tokens_in"] == 2 * 11 and user["tokens_out"] == 2 * 7, user  # the fake's usage, per reply
+    assert user["cost"] == pytest.approx(2 * (11 * 1.0 + 7 * 2.0) / 1e6) and user["latency_s"] > 0
+    assert summary["total_cost"] == 0.0 and first["cost"] == second["cost"] == 0.0  # not the policy's
+    assert user_s > 0.01 and 0 <= second["latency_s"] <= wall - user_s + 0.005, (wall, user_s, second)  # not the user's
 
 
 def test_import_tau2_writes_each_split_and_the_service_runs_it(tmp_path):

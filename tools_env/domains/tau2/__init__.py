@@ -30,14 +30,17 @@ __all__ = ["TAU2_VERSION", "EXTRA_HINT", "Tau2Unavailable", "available", "requir
 
 def tau2_verifier(answer: str, task: Any, ctx: Any, judge: Any) -> Any:
     """The ``tau2`` verifier type: tau2's ``evaluate_simulation`` on the episode's conversation (in a
-    thread: an NL-assertion judge is a blocking call)."""
+    thread: an NL-assertion judge is a blocking call). The outcome's ``record`` is the graded
+    conversation as tau2 serialises a ``SimulationRun``, its ``reward_info`` the one graded."""
     import asyncio
 
-    from tools_env.domains.tau2.episode import grade
+    from tools_env.domains.tau2.episode import grade, simulation
 
     def run() -> Outcome:
-        reward, reason, _ = grade(ctx, None if judge is None else judge.cfg)
-        return Outcome(reward >= 1.0, reward, reason)
+        reward, reason, info = grade(ctx, None if judge is None else judge.cfg)
+        graded = simulation(ctx)
+        graded.reward_info = info
+        return Outcome(reward >= 1.0, reward, reason, record=graded.model_dump(mode="json"))
 
     return asyncio.to_thread(run)
 

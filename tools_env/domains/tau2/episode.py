@@ -49,6 +49,10 @@ def parse_task(record_meta: dict[str, Any]) -> Any:
     return tasks.Task.model_validate(record_meta["task"])
 
 
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
 @dataclass
 class Tau2Episode:
     domain: str
@@ -62,6 +66,8 @@ class Tau2Episode:
     user_cost: float = 0.0
     user_usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0})
     calls: int = 0
+    started: str = field(default_factory=_now)  # when the episode's tau2 state was made
+    started_s: float = field(default_factory=time.monotonic)
 
 
 def episode_state(ctx: Any, user_cfg: Any = None) -> Tau2Episode:
@@ -223,18 +229,19 @@ def user_cost(user_cfg: Any, usage: dict[str, Any]) -> float:
 
 
 def simulation(ctx: Any) -> Any:
-    """The episode as tau2's ``SimulationRun`` (what tau2's evaluator and its tooling read)."""
+    """The episode as tau2's ``SimulationRun`` (what tau2's evaluator and its tooling read): its start is
+    when the episode's tau2 state was made, its end and duration now."""
     sim = require_tau2("tau2.data_model.simulation")
     state = ctx.state.get("tau2")
-    now = time.strftime("%Y-%m-%dT%H:%M:%S")
+    now = _now()
     reason = state.termination if state is not None and state.termination else "max_steps"
     return sim.SimulationRun(
         id=ctx.episode_id,
         task_id=str(ctx.task.meta["tau2"]["task"]["id"]),
         timestamp=now,
-        start_time=now,
+        start_time=state.started if state is not None else now,
         end_time=now,
-        duration=0.0,
+        duration=time.monotonic() - state.started_s if state is not None else 0.0,
         termination_reason=reason,
         user_cost=state.user_cost if state is not None else 0.0,
         messages=list(state.messages) if state is not None else [],
