@@ -31,7 +31,9 @@ RUN = [
     "rollout.group_size=2",
     "rollout.engine=hf",
     "evaluation.enabled=false",
+    "model.max_position_embeddings=16384",  # room for a tau2 conversation (RoPE's tables only: the same model)
 ]
+TAU2_CONTEXT = 12288  # tokens of a tau2 conversation the served model reads: a retail policy, its tools, the turns
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
@@ -142,7 +144,7 @@ def served(request, tmp_path_factory):
             "--dtype",
             "float32",
             "--max-model-len",
-            "1024",
+            "16384",
             "--kv-cache-memory-bytes",
             str(256 << 20),
             "--enforce-eager",
@@ -187,50 +189,15 @@ def test_the_server_renders_every_turn_to_the_trained_ids(served):
     """The run's checkpoint plays 8 tasks in process, as its held-out evaluation does; at every turn of
     every episode, vLLM's ``/tokenize`` of the messages so far (with the tools and the run's template
     variables) is the token ids the turn was generated from."""
-    import asyncio
-
     from nemo_orchestra.data.default_tasks import generate_tasks
     from nemo_orchestra.evaluation.checkpoint_policy import checkpoint_policy, run_settings
-    from nemo_orchestra.prompting.chat import request_messages
-
-    from nemo_orchestra.rollout.loop import run_episodes
-    from tools_env.client import ToolsEnvClient
-    from tools_env.supervisor import start_service
 
     run, url = served
     settings = run_settings(str(run))
     policy = checkpoint_policy(str(run), max_new_tokens=settings.max_new_tokens)
-    seen = []
-    act = policy.act
-
-    async def recording(episodes):
-        seen.extend((json.loads(json.dumps(e.messages)), e.tools, list(e.traj.token_ids)) for e in episodes)
-        return await act(episodes)
-
-    policy.act = recording
-    with start_service({}) as svc:
-
-        async def play():
-            client = ToolsEnvClient(svc.urls)
-            try:
-                return await run_episodes(
-                    generate_tasks(8, seed=11), policy, client, limits=settings.limits,
-                    default_preference=settings.default_preference,
-                )  # fmt: skip
-            finally:
-                await client.aclose()
-
-        trajs = asyncio.run(play())
+    trajs, seen = _play_recorded(policy, generate_tasks(8, seed=11), {}, settings.limits, settings.default_preference)
     assert sum(len(t.turns) for t in trajs) > len(trajs)  # episodes went on past their first turn
-    kwargs = {} if settings.enable_thinking is None else {"enable_thinking": settings.enable_thinking}
-    for messages, tools, ids in seen:
-        body = {
-            "model": "orchestrator",
-            "messages": request_messages(messages),  # as evaluate.py's openai: policy sends them
-            "tools": tools,
-            "add_generation_prompt": True,
-        }
-        assert _post(f"{url}/tokenize", {**body, "chat_template_kwargs": kwargs})["tokens"] == ids
+    assert _served_as_trained(url, seen, settings.enable_thinking) == len(seen)  # greedy: every turn the same ids
 
 
 def test_the_served_export_decides_as_the_checkpoint(served, tmp_path):
@@ -282,3 +249,121 @@ def test_the_served_export_samples_each_turn_from_its_own_seed(served, tmp_path)
     assert [e["messages"] for e in wide] == [e["messages"] for e in narrow]
     greedy = _evaluate(tasks, tmp_path / "greedy", served, "samples=2")
     assert [e["messages"] for e in greedy] != [e["messages"] for e in wide]  # it did sample
+
+
+@pytest.mark.parametrize("served", ["qwen3"], indirect=True)  # once, with the published template
+def test_tau2_conversations_with_the_served_model_as_policy_and_user(served, tmp_path):
+    """Two of tau2's retail test tasks with the same vLLM server as tau2's user (its UserSimulator over
+    litellm's OpenAI client). evaluate.py plays the served export (``openai:``) and the oracle (whose answers
+    reach the user) against it: nothing fails on what either model writes, the user's tokens are the
+    user's, and every conversation ends with one of tau2's termination reasons in the results tau2 reads.
+    The run's checkpoint in process, twice a task, sampling: at every turn the server renders the conversation
+    so far to the ids the turn was generated from, or, after a turn sampled as another segmentation of its
+    text, to the same text."""
+    pytest.importorskip("tau2")
+    import dataclasses
+
+    from tau2.data_model.simulation import Results, TerminationReason
+
+    from nemo_orchestra.evaluation.checkpoint_policy import checkpoint_policy, run_settings
+    from tools_env.domains.tau2.importer import import_tasks
+    from tools_env.task import load_jsonl
+
+    run, url = served
+    import_tasks(str(tmp_path), ["retail"], ["test"], limit=2)
+    tasks = tmp_path / "retail_test.jsonl"
+    user = {"base_url": f"{url}/v1", "model": "orchestrator", "price_in": 0.1, "price_out": 0.4, "max_tokens": 32}
+    (tmp_path / "service.json").write_text(json.dumps({"user": user}))
+    episodes = _evaluate(
+        tasks, tmp_path / "ev", f"openai:{url}/v1:orchestrator,oracle", f"tools_env.config={tmp_path / 'service.json'}"
+    )
+    assert len(episodes) == 4 and all(e["reason"].split(":")[0] != "policy failed" for e in episodes), episodes
+    oracle = [e for e in episodes if e["policy"] == "oracle"]
+    # the oracle greets first: the user spoke, and its price is not the policy's (no expert calls: no tool cost)
+    assert all(e["user_tokens_out"] > 0 and e["user_cost"] > 0 and e["tool_cost"] == 0.0 for e in oracle), oracle
+    reasons = {r.value for r in TerminationReason}
+    results = sorted((tmp_path / "ev").glob("tau2_retail_*.json"))
+    assert len(results) == 2, results  # one a policy
+    for path in results:
+        sims = Results.load(path).simulations
+        assert len(sims) == 2 and all(sim.termination_reason.value in reasons for sim in sims), path
+
+    settings = run_settings(str(run))
+    limits = dataclasses.replace(settings.limits, max_turns=4, task_turns=False, max_context=TAU2_CONTEXT)
+    policy = checkpoint_policy(str(run), temperature=1.0, max_new_tokens=settings.max_new_tokens)
+    trajs, seen = _play_recorded(policy, load_jsonl(str(tasks)), {"user": user}, limits, settings.default_preference, 2)
+    assert len(trajs) == 4 and all(t.stop_reason != "policy_error" for t in trajs), [t.meta for t in trajs]
+    assert sum(len(t.turns) for t in trajs) > len(trajs)
+    exact = _served_as_trained(url, seen, settings.enable_thinking)
+    assert exact >= len(trajs), (exact, len(seen))  # at least each episode's first turn: its prompt
+
+
+def _play_recorded(policy, tasks, service, limits, default_preference, samples=1):
+    """``samples`` episodes a task of ``policy`` on ``tasks`` in process, through a service of config
+    ``service``; and at each turn: the messages so far, the tools, the ids it is generated from and the
+    episode's retokenized turns so far."""
+    import asyncio
+
+    from nemo_orchestra.rollout.loop import run_episodes
+    from tools_env.client import ToolsEnvClient
+    from tools_env.supervisor import start_service
+
+    seen = []
+    act = policy.act
+
+    async def recording(episodes):
+        seen.extend(
+            (json.loads(json.dumps(e.messages)), e.tools, list(e.traj.token_ids), e.traj.retokenized_turns)
+            for e in episodes
+        )
+        return await act(episodes)
+
+    policy.act = recording
+    with start_service(service) as svc:
+
+        async def play():
+            client = ToolsEnvClient(svc.urls)
+            try:
+                return await run_episodes(
+                    tasks, policy, client, samples=samples, limits=limits, default_preference=default_preference
+                )
+            finally:
+                await client.aclose()
+
+        return asyncio.run(play()), seen
+
+
+def _served_as_trained(url, seen, enable_thinking) -> int:
+    """Checks each recorded turn against vLLM's ``/tokenize`` of its messages (as evaluate.py's openai:
+    policy sends them, with the tools and the run's template variables); returns how many were the same ids.
+    A turn after none retokenized is rendered to exactly its ids; after one (a turn sampled as another
+    segmentation of its text, which the run counts) to the same text."""
+    from nemo_orchestra.prompting.chat import request_messages
+
+    kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    exact = 0
+    for messages, tools, ids, retokenized in seen:
+        body = {"model": "orchestrator", "messages": request_messages(messages), "tools": tools}
+        body["add_generation_prompt"] = True
+        rendered = _post(f"{url}/tokenize", {**body, "chat_template_kwargs": kwargs})["tokens"]
+        if retokenized == 0:
+            assert rendered == ids, _first_difference(url, rendered, ids)
+            exact += 1
+        else:
+            assert _text(url, rendered) == _text(url, ids), _first_difference(url, rendered, ids)
+    return exact
+
+
+def _first_difference(url, rendered, ids):
+    """Where the server's rendering and the trained ids part, as text."""
+    at = next((i for i, (a, b) in enumerate(zip(rendered, ids)) if a != b), min(len(rendered), len(ids)))
+
+    before, after = ids[max(0, at - 40) : at], slice(at, at + 40)
+    return (
+        f"token {at} of {len(rendered)} rendered, {len(ids)} trained; before it: {_text(url, before)!r}; "
+        f"rendered: {_text(url, rendered[after])!r}; trained: {_text(url, ids[after])!r}"
+    )
+
+
+def _text(url, tokens):
+    return _post(f"{url}/detokenize", {"model": "orchestrator", "tokens": tokens})["prompt"]
