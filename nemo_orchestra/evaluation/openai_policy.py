@@ -10,7 +10,9 @@ exported orchestrator served by vLLM's OpenAI server then renders it to the toke
 ``--tool-call-parser hermes``), else from ``<tool_call>{"name", "arguments"}</tool_call>`` in the
 text; a reply with neither is a format error the agent loop answers as it does in training. The
 policy's own tokens are the server's ``usage``, priced by the loop. An endpoint that cannot be
-reached or answers an error ends that episode (``StopReason.POLICY_ERROR``), not the evaluation.
+reached or answers an error ends that episode (``StopReason.POLICY_ERROR``), not the evaluation; a
+request a server disconnects before answering (a kept-alive connection it closed while idle) is sent
+once more, on a fresh connection.
 """
 
 from __future__ import annotations
@@ -80,10 +82,18 @@ class OpenAIChatPolicy:
             self._session = aiohttp.ClientSession(timeout=self.timeout)
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
         try:
-            async with self._session.post(self.url, json=self.request(ep), headers=headers) as resp:
-                body = await resp.text()
-                if resp.status != 200:
-                    return self._failed(ep, f"{self.url}: HTTP {resp.status}: {body[:300]}")
+            for attempt in range(2):
+                try:
+                    async with self._session.post(self.url, json=self.request(ep), headers=headers) as resp:
+                        body = await resp.text()
+                    break
+                except aiohttp.ServerDisconnectedError:
+                    # a pooled connection the server closed while idle (uvicorn, vLLM's server: after 5 s):
+                    # the request did not reach it; once more, on a fresh connection
+                    if attempt:
+                        raise
+            if resp.status != 200:
+                return self._failed(ep, f"{self.url}: HTTP {resp.status}: {body[:300]}")
             data = json.loads(body)
             message = data["choices"][0]["message"]
         except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, KeyError, IndexError) as e:

@@ -113,6 +113,54 @@ def test_an_endpoint_gets_each_turn_its_own_seed():
     assert "seed" not in OpenAIChatPolicy("http://x/v1", "m", send_seed=False).request(ep)
 
 
+def test_a_request_on_a_connection_the_server_closed_is_sent_again():
+    """A server that closes a kept-alive connection when the next request arrives on it (as one that
+    closed it while idle does to a pool that reuses it): the turn is the server's reply from a fresh
+    connection, not a failed episode; a server that disconnects every request still fails the episode."""
+    import asyncio
+
+    reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": "hi"}}], "usage": {}}).encode()
+    requests = []
+
+    async def read_request(reader):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
+        await reader.readexactly(length)
+
+    async def main(answer_again):
+        async def serve(reader, writer):
+            await read_request(reader)
+            requests.append(writer.get_extra_info("peername"))
+            if answer_again or len(requests) == 1:  # the first request on the first connection is answered
+                head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(reply)}\r\n\r\n"
+                writer.write(head.encode() + reply)
+                await writer.drain()
+                try:
+                    await read_request(reader)  # the next one on this connection: closed unanswered
+                    requests.append(writer.get_extra_info("peername"))
+                except asyncio.IncompleteReadError:
+                    pass
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        policy = OpenAIChatPolicy(f"http://127.0.0.1:{port}/v1", "m")
+        ep = _input({"a": {"input": 1.0, "output": 1.0}})
+        ep.traj = type("T", (), {"turns": []})()
+        try:
+            return [await policy.turn(ep) for _ in range(2)]
+        finally:
+            await policy.aclose()
+            server.close()
+
+    first, second = asyncio.run(main(answer_again=True))
+    assert first.text == second.text == "hi" and first.failure is None and second.failure is None
+    assert len(requests) == 3 and requests[1] == requests[0] != requests[2]  # sent again on a new connection
+    requests.clear()
+    first, second = asyncio.run(main(answer_again=False))
+    assert first.text == "hi" and "ServerDisconnectedError" in second.failure and len(requests) == 3
+
+
 def _start_fake(tmp_path, records):
     oracle = tmp_path / "oracle.jsonl"
     oracle.write_text(
