@@ -1,7 +1,8 @@
 """Evaluate policies on a task file through the tool service: accuracy, cost, latency, utility, Pareto plot.
 
 Runs every policy under every preference vector on every task (``samples`` times), through a
-tool service it starts itself (or the one at ``tools_env.url``), and writes results.json,
+tool service it starts itself (or the one at ``tools_env.url``), and writes results.json (the rows,
+and each task category's own rows: a tau2 domain's pass^k, cost, latency and wall time per episode),
 results.csv (one row per policy x preference), episodes.jsonl and pareto.png (the
 accuracy-cost plane with each row's point and the Pareto front); for tau2 tasks also
 tau2_<domain>_<policy>_<preference>.json, in tau2-bench's own Results format. When the task file sits in a
@@ -42,7 +43,7 @@ from typing import Dict, Optional
 from nemo_orchestra.config import ConfigError, load_config, load_structured
 from nemo_orchestra.config_help import recipe_help, wants_help
 from nemo_orchestra.evaluation.policies import build_policy
-from nemo_orchestra.evaluation.report import summarize, write_report
+from nemo_orchestra.evaluation.report import rows_by_category, summarize, write_report
 from nemo_orchestra.evaluation.harness import PolicyRun, run_all
 from nemo_orchestra.rollout.loop import LoopLimits
 from nemo_orchestra.runtime.console import setup_logging
@@ -246,6 +247,21 @@ async def evaluate(cfg: EvalConfig, urls: list, token: Optional[str]) -> list:
             await run.policy.aclose()
 
 
+def print_rows(rows: list) -> None:
+    """The report's rows as a table: accuracy, pass^k at the largest k, mean cost, tool latency, wall time."""
+    print(
+        f"{'policy':<24}{'pref':<12}{'n':>5}{'acc':>8}{'pass^k':>10}{'cost $':>11}{'lat s':>8}{'wall s':>8}"
+        f"{'utility':>10}  pareto"
+    )
+    for r in rows:
+        k = max(r.pass_hat_k, key=int, default=None)
+        pass_k = f"{r.pass_hat_k[k]:.3f}^{k}" if k is not None else "-"
+        print(
+            f"{r.policy:<24}{r.preference:<12}{r.n:>5}{r.accuracy:>8.3f}{pass_k:>10}{r.mean_cost:>11.6f}"
+            f"{r.mean_latency_s:>8.2f}{r.mean_wall_s:>8.2f}{r.mean_utility:>10.4f}  {'*' if r.pareto else ''}"
+        )
+
+
 def main(argv: list) -> int:
     if wants_help(argv):
         print(recipe_help(__doc__, EvalConfig), end="")
@@ -288,12 +304,12 @@ def main(argv: list) -> int:
         "tau2_user": None if cfg.tools_env.url else service_config(cfg).get("user"),
     }
     paths = write_report(cfg.output, rows, results, meta)
-    print(f"{'policy':<24}{'pref':<12}{'n':>5}{'acc':>8}{'cost $':>11}{'lat s':>8}{'utility':>10}  pareto")
-    for r in rows:
-        print(
-            f"{r.policy:<24}{r.preference:<12}{r.n:>5}{r.accuracy:>8.3f}{r.mean_cost:>11.6f}"
-            f"{r.mean_latency_s:>8.2f}{r.mean_utility:>10.4f}  {'*' if r.pareto else ''}"
-        )
+    print_rows(rows)
+    categories = rows_by_category(results)
+    if len(categories) > 1:
+        for category, cat_rows in categories.items():
+            print(f"-- {category}")
+            print_rows(cat_rows)
     print(f"wrote {', '.join(paths.values())} in {meta['wall_s']:.1f}s")
     return 0
 

@@ -51,6 +51,7 @@ class EpisodeResult:
     user_tokens_in: int = 0
     user_tokens_out: int = 0
     max_turns: int | None = None  # the turn budget the episode ran under
+    wall_s: float = 0.0  # the episode's wall time: from its creation in the service to its end
     # a tau2 record's meta["tau2"] ({domain, split, task}); None: not a tau2 task. Not in to_dict: the
     # report's tau2 files hold the tasks
     tau2: dict[str, Any] | None = None
@@ -125,6 +126,7 @@ def to_result(
         record=record if isinstance(record, dict) else None,
         **user_totals(status),
         max_turns=max_turns,
+        wall_s=float(status.get("age_s") or 0.0),  # the summary is read as the episode ends
         tau2=tau2 if isinstance(tau2, dict) and "task" in tau2 else None,
     )
 

@@ -58,6 +58,7 @@ class Row:
     mean_user_latency_s: float = 0.0
     mean_user_tokens_in: float = 0.0
     mean_user_tokens_out: float = 0.0
+    mean_wall_s: float = 0.0  # an episode's wall time, creation to end: the policy's turns, its tools, the user
 
 
 def _share(counts: list[dict[str, int]]) -> dict[str, float]:
@@ -84,6 +85,7 @@ def pass_hat_k(results: list[EpisodeResult]) -> dict[str, float]:
 
 
 def summarize(results: list[EpisodeResult]) -> list[Row]:
+    """One row per (policy, preference); the front among the policies that are not references."""
     groups: dict[tuple[str, str], list[EpisodeResult]] = {}
     for r in results:
         groups.setdefault((r.policy, r.preference), []).append(r)
@@ -108,6 +110,7 @@ def summarize(results: list[EpisodeResult]) -> list[Row]:
                 mean_user_latency_s=sum(r.user_latency_s for r in rs) / n,
                 mean_user_tokens_in=sum(r.user_tokens_in for r in rs) / n,
                 mean_user_tokens_out=sum(r.user_tokens_out for r in rs) / n,
+                mean_wall_s=sum(r.wall_s for r in rs) / n,
             )
         )
     candidates = [i for i, r in enumerate(rows) if r.policy not in REFERENCE_POLICIES]
@@ -132,6 +135,14 @@ def pass_hat_k_by_category(results: list[EpisodeResult]) -> dict[str, dict[str, 
     for r in results:
         groups.setdefault(f"{r.policy}|{r.preference}", {}).setdefault(r.category, []).append(r)
     return {k: {c: pass_hat_k(v) for c, v in sorted(cats.items())} for k, cats in groups.items()}
+
+
+def rows_by_category(results: list[EpisodeResult]) -> dict[str, list[Row]]:
+    """The rows of each task category on its own (a tau2 domain is its own category); the front is each one's."""
+    cats: dict[str, list[EpisodeResult]] = {}
+    for r in results:
+        cats.setdefault(r.category, []).append(r)
+    return {c: summarize(rs) for c, rs in sorted(cats.items())}
 
 
 def by_category(results: list[EpisodeResult]) -> dict[str, dict[str, float]]:
@@ -160,6 +171,7 @@ CSV_FIELDS = [
     "mean_user_latency_s",
     "mean_user_tokens_in",
     "mean_user_tokens_out",
+    "mean_wall_s",
 ]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -221,7 +233,7 @@ def tau2_results(results: list[EpisodeResult], meta: dict[str, Any]) -> dict[tup
                     timestamp=now,
                     start_time=now,
                     end_time=now,
-                    duration=0.0,
+                    duration=r.wall_s,
                     termination_reason=sim.TerminationReason.MAX_STEPS,
                     reward_info=sim.RewardInfo(reward=0.0, info={"note": r.reason}),
                     messages=[],
@@ -264,6 +276,7 @@ def write_report(out_dir: str, rows: list[Row], results: list[EpisodeResult], me
                 "rows": [r.__dict__ for r in rows],
                 "accuracy_by_category": by_category(results),
                 "pass_hat_k_by_category": pass_hat_k_by_category(results),
+                "rows_by_category": {c: [r.__dict__ for r in rs] for c, rs in rows_by_category(results).items()},
             },
             f,
             indent=2,

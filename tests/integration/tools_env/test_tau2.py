@@ -261,3 +261,12 @@ def test_evaluate_reports_pass_hat_k_per_domain_on_tau2_tasks(tmp_path):
     assert set(rows["random"]["pass_hat_k"]) == {"1", "2"}
     assert rows["random"]["pass_hat_k"]["2"] <= rows["random"]["pass_hat_k"]["1"]
     assert result["pass_hat_k_by_category"]["oracle|record"] == {"tau2_telecom": {"1": 1.0, "2": 1.0}}
+    (telecom,) = result["rows_by_category"].values()  # one domain: its rows are the report's
+    assert [{k: r[k] for k in ("policy", "n", "pass_hat_k", "mean_cost")} for r in telecom] == [
+        {k: r[k] for k in ("policy", "n", "pass_hat_k", "mean_cost")} for r in result["rows"]
+    ]
+    assert all(r["mean_wall_s"] > 0 for r in result["rows"])  # each episode's wall time, creation to end
+    from tau2.data_model.simulation import Results
+
+    for path in (tmp_path / "eval").glob("tau2_telecom_*.json"):
+        assert all(sim.duration > 0 for sim in Results.load(path).simulations), path
