@@ -88,8 +88,8 @@ class OpenAIChatPolicy:
                         body = await resp.text()
                     break
                 except aiohttp.ServerDisconnectedError:
-                    # a pooled connection the server closed while idle (uvicorn, vLLM's server: after 5 s):
-                    # the request did not reach it; once more, on a fresh connection
+                    # closed without an answer, most often a pooled connection the server closed while idle
+                    # (uvicorn, vLLM's server: after 5 s); a chat request is safe to send again, once
                     if attempt:
                         raise
             if resp.status != 200:
