@@ -129,14 +129,6 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i])
 
 
-def pass_hat_k_by_category(results: list[EpisodeResult]) -> dict[str, dict[str, dict[str, float]]]:
-    """pass^k per (policy, preference) and task category (a tau2 domain is its own category)."""
-    groups: dict[str, dict[str, list[EpisodeResult]]] = {}
-    for r in results:
-        groups.setdefault(f"{r.policy}|{r.preference}", {}).setdefault(r.category, []).append(r)
-    return {k: {c: pass_hat_k(v) for c, v in sorted(cats.items())} for k, cats in groups.items()}
-
-
 def rows_by_category(results: list[EpisodeResult]) -> dict[str, list[Row]]:
     """The rows of each task category on its own (a tau2 domain is its own category); the front is each one's."""
     cats: dict[str, list[EpisodeResult]] = {}
@@ -145,12 +137,23 @@ def rows_by_category(results: list[EpisodeResult]) -> dict[str, list[Row]]:
     return {c: summarize(rs) for c, rs in sorted(cats.items())}
 
 
+def _per_row_and_category(by_cat: dict[str, list[Row]], field: str) -> dict[str, dict[str, Any]]:
+    """``{"policy|preference": {category: row.<field>}}`` from ``rows_by_category``."""
+    out: dict[str, dict[str, Any]] = {}
+    for category, rows in by_cat.items():
+        for r in rows:
+            out.setdefault(f"{r.policy}|{r.preference}", {})[category] = getattr(r, field)
+    return out
+
+
+def pass_hat_k_by_category(results: list[EpisodeResult]) -> dict[str, dict[str, dict[str, float]]]:
+    """pass^k per (policy, preference) and task category (a tau2 domain is its own category)."""
+    return _per_row_and_category(rows_by_category(results), "pass_hat_k")
+
+
 def by_category(results: list[EpisodeResult]) -> dict[str, dict[str, float]]:
     """Accuracy per (policy, preference) and task category."""
-    acc: dict[str, dict[str, list[int]]] = {}
-    for r in results:
-        acc.setdefault(f"{r.policy}|{r.preference}", {}).setdefault(r.category, []).append(int(r.correct))
-    return {k: {c: sum(v) / len(v) for c, v in sorted(cats.items())} for k, cats in acc.items()}
+    return _per_row_and_category(rows_by_category(results), "accuracy")
 
 
 CSV_FIELDS = [
@@ -225,14 +228,15 @@ def tau2_results(results: list[EpisodeResult], meta: dict[str, Any]) -> dict[tup
                     raise ValueError(f"episode of task {r.task_id}: its record is of tau2 task {run.task_id!r}")
                 if run.reward_info is None:
                     raise ValueError(f"episode of task {r.task_id}: its record has no reward_info (not graded)")
-            else:
-                now = time.strftime("%Y-%m-%dT%H:%M:%S")
+            else:  # the service graded nothing: the episode's end is now, its start its wall time before
+                now = time.time()
+                start, end = (time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)) for t in (now - r.wall_s, now))
                 run = sim.SimulationRun(
                     id=f"{_file_part(policy)}-{_file_part(pref)}-{_file_part(r.task_id)}-{r.sample}",
                     task_id=task.id,
-                    timestamp=now,
-                    start_time=now,
-                    end_time=now,
+                    timestamp=end,
+                    start_time=start,
+                    end_time=end,
                     duration=r.wall_s,
                     termination_reason=sim.TerminationReason.MAX_STEPS,
                     reward_info=sim.RewardInfo(reward=0.0, info={"note": r.reason}),
@@ -269,14 +273,15 @@ def write_report(out_dir: str, rows: list[Row], results: list[EpisodeResult], me
             ("png", "pareto.png"),
         )
     }
+    by_cat = rows_by_category(results)
     with open(paths["json"], "w") as f:
         json.dump(
             {
                 "meta": meta,
                 "rows": [r.__dict__ for r in rows],
-                "accuracy_by_category": by_category(results),
-                "pass_hat_k_by_category": pass_hat_k_by_category(results),
-                "rows_by_category": {c: [r.__dict__ for r in rs] for c, rs in rows_by_category(results).items()},
+                "accuracy_by_category": _per_row_and_category(by_cat, "accuracy"),
+                "pass_hat_k_by_category": _per_row_and_category(by_cat, "pass_hat_k"),
+                "rows_by_category": {c: [r.__dict__ for r in rs] for c, rs in by_cat.items()},
             },
             f,
             indent=2,

@@ -357,7 +357,6 @@ def _served_as_trained(url, seen, enable_thinking) -> int:
 def _first_difference(url, rendered, ids):
     """Where the server's rendering and the trained ids part, as text."""
     at = next((i for i, (a, b) in enumerate(zip(rendered, ids)) if a != b), min(len(rendered), len(ids)))
-
     before, after = ids[max(0, at - 40) : at], slice(at, at + 40)
     return (
         f"token {at} of {len(rendered)} rendered, {len(ids)} trained; before it: {_text(url, before)!r}; "

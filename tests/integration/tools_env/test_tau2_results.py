@@ -105,6 +105,8 @@ def test_taus_results_load_reads_one_simulation_per_episode_with_trials_per_task
     stalled = load(paths, "stall").simulations
     assert all(s.termination_reason == "max_steps" and s.reward_info.reward == 0.0 for s in stalled)
     assert all(s.messages == [] for s in stalled)
+    stall = sorted((r for r in results if r.policy == "stall"), key=lambda r: (r.task_id, r.sample))
+    assert [s.duration for s in stalled] == [r.wall_s for r in stall] and all(r.wall_s > 0 for r in stall)
     oracle = [r for r in results if r.policy == "oracle"]
     assert all(r.record is not None and r.record["reward_info"]["reward"] == 1.0 for r in oracle)
     assert all(r.user_cost == 0.0 and r.user_tokens_in == 0 for r in results)  # the replay user is free
