@@ -5,6 +5,7 @@
 Behaviour by the request's ``model``:
 - ``echo``: answers ``"echo: <last user message>"``, usage 11 prompt / 7 completion tokens.
 - ``nousage``: like echo without a ``usage`` block.
+- ``slowecho``: like echo, answered after ``SLOW_S`` seconds.
 - ``flaky``: 503 for the first two requests this process sees with this model, then echo.
 - ``hang``: never answers.
 - ``bad``: 400 (a non-retryable refusal).
@@ -26,6 +27,7 @@ from collections import Counter
 from aiohttp import web
 
 COUNTS: Counter = Counter()
+SLOW_S = 0.2  # how long ``slowecho`` takes to answer
 
 
 def completion(content: str, usage: bool = True) -> web.Response:
@@ -46,6 +48,9 @@ async def chat(request: web.Request) -> web.StreamResponse:
     COUNTS[model] += 1
     last = data["messages"][-1]["content"]
     if model == "echo":
+        return completion(f"echo: {last}")
+    if model == "slowecho":
+        await asyncio.sleep(SLOW_S)
         return completion(f"echo: {last}")
     if model == "nousage":
         return completion(f"echo: {last}", usage=False)
