@@ -21,6 +21,7 @@ PSEUDO = {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "mqueue", "debugfs", "
 to_outside = None  # pid 1's pipe to the process outside the pid namespace
 init_closes = (0, 1, 2)  # what pid 1 closes once it has forked the code's process
 new_root = None  # with the allowlist: where the run's root is built before pivot_root makes it "/"
+lent_netns = None  # warm: the fd of the empty network namespace the zygote lent this run, if any
 
 def load_libc():
     lib = ctypes.CDLL(None, use_errno=True)
@@ -83,6 +84,16 @@ def enter_userns(born=False):
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
         with open("/proc/self/" + name, "w") as f:
             f.write(text)
+
+def enter_netns():
+    """The run's network namespace: the one the zygote lent it (entered, its fd closed), else a new one."""
+    global lent_netns
+    if lent_netns is None:
+        check(libc.unshare(NEWNET))
+        return
+    check(libc.setns(lent_netns, NEWNET))
+    os.close(lent_netns)
+    lent_netns = None
 
 def stay_outside(init):
     """Fork. This process stays outside and waits: it ends the way the code did (cold), or reports
@@ -275,7 +286,7 @@ def enter_layers(born=()):
     pid 1 forks the code's process before the mounts: it has nothing to do with them, and each
     page a forked Python process touches is a copy-on-write fault."""
     layer("userns", lambda: enter_userns("userns" in born), spec["userns"])
-    layer("netns", lambda: "netns" in born or check(libc.unshare(NEWNET)), spec["netns"])
+    layer("netns", lambda: "netns" in born or enter_netns(), spec["netns"])
     layer("pidns", lambda: enter_pidns("pidns" in born), spec["pidns"])
     if done.get("pidns"):
         become_init()

@@ -12,11 +12,22 @@
 # process group and reaps the child.
 # The zygote exits when its socket reaches EOF or its parent changes: the service is gone, however
 # it died (SIGKILL included); its children die with it (PR_SET_PDEATHSIG).
+# Network namespaces are lent, not made per run, where the zygote can own them (it runs as root in
+# its user namespace, and a run's child is born in a pid namespace but not in a user namespace):
+# making and tearing down a namespace per run costs more than the rest of the run's set-up. A
+# namespace is lent to one run at a time, and comes back when that run's pid 1 is reaped, which the
+# kernel allows only once every process of the pid namespace has exited: the run's sockets are all
+# closed by then. The run cannot have changed the namespace (loopback stays down, nothing
+# configured): its processes hold no capability over it, which the zygote's user namespace owns.
+# Sockets a run left in flight in a cycle of unix sockets are freed by the kernel's collector,
+# asynchronously, so a namespace is lent again oldest-returned first.
 import errno, gc, select, socket
 import atexit, linecache, tokenize  # imported by the bootstrap: already loaded in every child
 
 SYS_CLONE3, CLONE_INTO_CGROUP = 435, 0x200000000  # clone3 has number 435 on every architecture
 BORN = {"userns": NEWUSER, "netns": NEWNET, "pidns": NEWPID}  # namespaces a child is created in
+POOL_MAX = 256  # network namespaces kept for lending; one returned beyond that is released
+free_netns, netns_of = [], {}  # the pool, oldest-returned first; child pid -> the namespace it was lent
 
 class CloneArgs(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in ("flags", "pidfd", "child_tid", "parent_tid", "exit_signal",
@@ -57,15 +68,46 @@ def clone3():
     after_fork_parent()
     return pid if pid > 0 else -err
 
+def lend_netns(born):
+    """The fd of an empty network namespace for a run to be born in `born` (from the pool, else
+    made), or None where the run makes its own: it is born in a user namespace (the zygote's would
+    not be the namespace's owner there), or in no pid namespace (nothing would prove its processes
+    gone when it comes back), or the zygote cannot make one."""
+    global pool_ok
+    if not (pool_ok and clone3_ok and "netns" in born and "pidns" in born and "userns" not in born):
+        return None
+    if free_netns:
+        return free_netns.pop(0)
+    if libc.unshare(NEWNET) != 0:
+        pool_ok = False
+        sys.stderr.write(f"sandbox zygote: unshare: {os.strerror(ctypes.get_errno())}; each run makes its own network namespace\n")
+        return None
+    fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    if libc.setns(home_netns, NEWNET) != 0:
+        os._exit(1)  # stuck outside its own namespace: replaced at the next run
+    return fd
+
+def give_back_netns(pid):
+    fd = netns_of.pop(pid, None)
+    if fd is None:
+        return
+    if len(free_netns) < POOL_MAX:
+        free_netns.append(fd)
+    else:
+        os.close(fd)
+
 def serve(sock, parent):
     """Answer messages until one forks a run's child; return there the job, the namespaces
-    the child was born in, whether it was born in the cgroup, and its fds."""
+    the child was born in, whether it was born in the cgroup, its fds and the network namespace
+    lent to it (an fd, or None)."""
     children, dying = {}, []
     while True:
         readable = select.select([sock], [], [], 0.2 if dying else 1.0)[0]
         if os.getppid() != parent:
             os._exit(0)
-        dying = [pid for pid in dying if not reaped(pid)]
+        for pid in [pid for pid in dying if reaped(pid)]:
+            dying.remove(pid)
+            give_back_netns(pid)  # every process of its pid namespace has exited
         if not readable:
             continue
         msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 8)
@@ -77,13 +119,22 @@ def serve(sock, parent):
             run, _, born = head.decode().partition(" ")
             job = json.loads(job)  # here, not in the child: the zygote's pages for it are then its own
             cgroup_fd = fds.pop() if len(fds) > 5 else None
-            pid, born, joined = clone_run([name for name in born.split(",") if name in BORN], cgroup_fd)
+            born = [name for name in born.split(",") if name in BORN]
+            net = lend_netns(born)
+            pid, born, joined = clone_run([n for n in born if n != "netns" or net is None], cgroup_fd)
+            if net is not None and "pidns" not in born:  # forked, not cloned: the run makes its own
+                free_netns.insert(0, net)
+                net = None
             if pid == 0:
                 if cgroup_fd is not None:
                     os.close(cgroup_fd)
-                return job, born, joined, fds
+                for fd in (home_netns, *free_netns, *netns_of.values()):
+                    os.close(fd)
+                return job, born, joined, fds, net
             if cgroup_fd is not None:
                 os.close(cgroup_fd)
+            if net is not None:
+                netns_of[pid] = net
             for fd in fds:
                 os.close(fd)
             children[run] = pid
@@ -177,7 +228,9 @@ if __name__ == "__main__":
         except OSError:
             os.open("/dev/null", os.O_RDWR)
     libc, exit_fd, clone3_ok = load_libc(), None, True
-    libc.unshare, libc.prctl, libc.syscall, libc.umount2  # ctypes makes a function object at the first use: here, not in every child
+    home_netns = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    pool_ok = os.geteuid() == 0  # root in its user namespace, which owns the namespaces it makes
+    libc.unshare, libc.setns, libc.prctl, libc.syscall, libc.umount2  # ctypes makes a function object at the first use: here, not in every child
     before_fork, after_fork_child, after_fork_parent = (
         ctypes.pythonapi.PyOS_BeforeFork, ctypes.pythonapi.PyOS_AfterFork_Child, ctypes.pythonapi.PyOS_AfterFork_Parent)
     pylibc = ctypes.PyDLL(None, use_errno=True)
@@ -198,7 +251,7 @@ if __name__ == "__main__":
     sock.sendall(b"ready")
     zygote_pid = proc_ids()[0]
     zygote_ids = os.getuid(), os.getgid()
-    job, born, joined, fds = serve(sock, os.getppid())
+    job, born, joined, fds, lent_netns = serve(sock, os.getppid())
     sock.close()
     try:
         code_fd, stdio = become_run(job, joined, fds)
