@@ -13,7 +13,8 @@ from a waiting sandbox interpreter, *cold* (`warm=False`, and the fallback) star
      warm: the *zygote* (`<sandbox python> -I -B -u -c <layers.py + zygote.py>`, started once per
      service process and kept privileged, see warm.py) gets the run's spec and fds (code memfd,
      stdout, stderr, status, exit) on its socket and clone3()s pid 1 straight into the run's
-     cgroup and new user/network/pid namespaces; pid 1 takes a new session and reports the
+     cgroup and new user/network/pid namespaces (as root: a network namespace from its pool,
+     entered first); pid 1 takes a new session and reports the
      code's exit status on the exit pipe itself (the code's process takes the run's stdio and
      environment after the layers).
   2. From here on both paths run the same code (layers.py): pid 1 forks the process that enters
@@ -38,8 +39,12 @@ Layers, by their `sandbox_capabilities()` names, with what each stops and what i
                     Does not stop reads of world-readable files (fs_allowlist hides them).
   user_namespace    not root, where unprivileged user namespaces are allowed: what makes the two
                     namespaces below possible without root; RLIMIT_NPROC then counts per run.
-  network_namespace a new, empty network namespace (loopback down): no TCP/UDP anywhere, host
-                    loopback included. Unix sockets on the filesystem are not covered by it.
+  network_namespace an empty network namespace of the run's own (loopback down): no TCP/UDP
+                    anywhere, host loopback included, and no abstract unix socket of another run.
+                    Unix sockets on the filesystem are not covered by it. Warm runs as root are
+                    lent one from the zygote's pool (one run at a time; again only once every
+                    process of the last run has exited, see zygote.py); elsewhere each run makes
+                    its own.
   pid_namespace     the code runs as pid 2 under a small init (pid 1, forked by the launcher or
                     cloned by the zygote) that reaps orphans and exits when the code's process
                     does, and the kernel then kills everything left in the namespace, setsid or

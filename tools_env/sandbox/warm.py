@@ -4,7 +4,8 @@ The cold path pays, per run, for two interpreter starts (the launcher, then the 
 interpreter) and their imports. The zygote is the sandbox interpreter started once, with the
 layers' and the bootstrap's imports done; a run is a fork of it that enters the same layers in the
 same order (layers.py) and runs the same bootstrap, so the isolation is the launcher's: its own
-pid, network and mount namespaces, cgroup and fresh uid per run. The zygote never runs code, so
+pid, network and mount namespaces, cgroup and fresh uid per run (as root, the network namespace is
+an empty one lent from the zygote's pool, never to two runs at once). The zygote never runs code, so
 nothing a run does (files, modules, globals, environment, processes) reaches the next one.
 
 It is started at the first warm run of a plan and checked with a probe run that must enter
