@@ -3,6 +3,7 @@
     python recipes/benchmark.py tools_env [--out FILE] [--workers N] [--seconds S]
     python recipes/benchmark.py chat [--entries N] [--out FILE]
     python recipes/benchmark.py grpo [--steps N] [--warmup N|auto] [--out FILE] [key=value ...]
+    python recipes/benchmark.py generate [--engines hf,megatron] [--prompts N] [--out FILE] [key=value ...]
     python recipes/benchmark.py NAME --help                 # its flags with their defaults (grpo: and keys)
 
 Subcommands live in ``BENCHMARKS`` (name -> (module path, one-line description)); each module
@@ -29,9 +30,13 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "benchmarks.grpo",
         "GRPO step: tokens/s and time per phase (generation, environment, logprobs, training, weight sync)",
     ),
+    "generate": (
+        "benchmarks.generate",
+        "in-process engines: generated tokens/s on the same prompts, prefill and decode, against the device's bound",
+    ),
 }
 
-TAKES_MAIN_CONFIG = ("grpo",)  # its key=value arguments are the main job's config
+TAKES_MAIN_CONFIG = ("grpo", "generate")  # its key=value arguments are the main job's config
 
 
 def main(argv: list[str] | None = None) -> int:

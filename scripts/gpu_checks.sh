@@ -4,20 +4,26 @@
 #   bash scripts/gpu_checks.sh [OUT]                     (OUT defaults to runs/gpu_checks)
 #   STAGES="sync async" LAYERS=4 bash scripts/gpu_checks.sh
 #
-# Stages, in the order of STAGES (default "tests kbench sync async"):
+# Stages, in the order of STAGES (default "generate sync async tests kbench": the rollout figures first):
+#   generate     recipes/benchmark.py generate at the Qwen3-8B shape with LAYERS layers, bf16: the hf and
+#                megatron engines on the same 128 sequences of ~390 prompt tokens, 144 new tokens each (the
+#                GRPO step's generation): generated tokens/s per engine, prefill and decode, against the
+#                device's bound (prefill FLOPs over its measured matmul rate, decode bytes over its measured
+#                copy bandwidth).
 #   sync, async  recipes/benchmark.py grpo at the Qwen3-8B shape with LAYERS layers (default 8), bf16,
 #                16 prompts x 8 rollouts: tokens/s/GPU and MFU against the device's dense bf16 peak. sync: 1
 #                warm-up and 3 measured steps; async: rollout.steps_ahead=ASYNC_K (default 4) with
 #                loss.tis_cap=2.0, in steady state (the benchmark's K+1 warm-up steps, one period of K+1 measured).
-#                ENGINE (default hf) picks rollout.engine: vllm needs the vllm package and the hf engine
-#                (transformers) runs anywhere torch does.
+#                ENGINE picks rollout.engine: auto (the default) is the generate stage's faster engine (hf
+#                when that stage did not run); vllm needs the vllm package; hf and megatron run in process.
 #   kbench       nemo_orchestra/kernels/bench.py: the Triton varlen attention (TFLOP/s, against flash-attn when
 #                installed and PyTorch SDPA per sequence) and the grouped advantage (GB/s against a copy).
 #   tests        the kernel tests on the device (compiled Triton, not the interpreter), the `gpu`-marked
 #                tests, and the model-level tests that take the Triton attention backend on CUDA, in
 #                TEST_WORKERS (default 4) pytest-xdist processes: Triton's compiles are CPU work. TESTS (paths or
 #                node ids) replaces that selection.
-# Time limits per stage, in seconds: TESTS_S (default 150), KBENCH_S (60), GRPO_S (130, sync), ASYNC_S (230).
+# Time limits per stage, in seconds: GENERATE_S (default 120), GRPO_S (110, sync), ASYNC_S (200), TESTS_S (100),
+# KBENCH_S (40).
 # With the prologue they add up to under 600 s, one call's limit on the lent machine, so the whole script is one
 # call (timeout_s=600); docs/results/*_nvidia-h200_gpu-checks.md give each stage's time there.
 # Prologue: on a machine without the project's packages and without network, WHEELS (default .whl, made here by
@@ -28,9 +34,9 @@
 set -u
 OUT=${1:-runs/gpu_checks}
 PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
-STAGES=${STAGES:-"tests kbench sync async"}
+STAGES=${STAGES:-"generate sync async tests kbench"}
 LAYERS=${LAYERS:-8}
-ENGINE=${ENGINE:-hf}
+ENGINE=${ENGINE:-auto}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 T0=$(date +%s)
@@ -65,21 +71,32 @@ TESTS=${TESTS:-"tests/integration/kernels tests/unit/test_attention_backends.py 
     tests/unit/test_grpo_update.py tests/unit/test_shared_prompts.py tests/unit/test_tiers.py
     tests/integration/test_megatron_engine.py tests/integration/test_vllm_gpu.py
     tests/integration/distributed/test_fp8.py"}
-GRPO=(recipes/benchmark.py grpo "model=qwen3_8b" "model.num_layers=$LAYERS" "model.params_dtype=bf16"
-    "rollout.engine=$ENGINE" "data.prompts_per_step=16" "rollout.group_size=8")
+SHAPE=("model=qwen3_8b" "model.num_layers=$LAYERS" "model.params_dtype=bf16")
+engine() {  # the engine the GRPO stages run: ENGINE, or with auto the generate stage's faster one
+    if [ "$ENGINE" = auto ]; then
+        "$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['fastest'])" "$OUT/generate.json" 2>/dev/null \
+            || echo hf
+    else
+        echo "$ENGINE"
+    fi
+}
 failed=0
 for stage in $STAGES; do
     stamp "$stage"
+    GRPO=(recipes/benchmark.py grpo "${SHAPE[@]}" "rollout.engine=$(engine)" "data.prompts_per_step=16"
+        "rollout.group_size=8")
     case $stage in
-        sync) timeout "${GRPO_S:-130}" "$PY" "${GRPO[@]}" --steps 3 --warmup 1 --out "$OUT/grpo_sync.json" \
+        generate) timeout "${GENERATE_S:-120}" "$PY" recipes/benchmark.py generate "${SHAPE[@]}" \
+            --out "$OUT/generate.json" ;;
+        sync) timeout "${GRPO_S:-110}" "$PY" "${GRPO[@]}" --steps 3 --warmup 1 --out "$OUT/grpo_sync.json" \
             "run.output_dir=$OUT/run_sync" ;;
-        async) timeout "${ASYNC_S:-230}" "$PY" "${GRPO[@]}" --steps "$((ASYNC_K + 1))" --out "$OUT/grpo_async.json" \
+        async) timeout "${ASYNC_S:-200}" "$PY" "${GRPO[@]}" --steps "$((ASYNC_K + 1))" --out "$OUT/grpo_async.json" \
             "run.output_dir=$OUT/run_async" "rollout.steps_ahead=$ASYNC_K" loss.tis_cap=2.0 ;;
-        kbench) timeout "${KBENCH_S:-60}" "$PY" -m nemo_orchestra.kernels.bench --out "$OUT/kernel_bench.json" ;;
-        tests) timeout "${TESTS_S:-150}" "$PY" -m pytest -o addopts="" -q -p no:cacheprovider -rfEs \
+        kbench) timeout "${KBENCH_S:-40}" "$PY" -m nemo_orchestra.kernels.bench --out "$OUT/kernel_bench.json" ;;
+        tests) timeout "${TESTS_S:-100}" "$PY" -m pytest -o addopts="" -q -p no:cacheprovider -rfEs \
             -n "${TEST_WORKERS:-4}" --durations=10 \
             $TESTS --timeout=120 ;;
-        *) echo "unknown stage '$stage' (sync, async, kbench, tests)"; false ;;
+        *) echo "unknown stage '$stage' (generate, sync, async, tests, kbench)"; false ;;
     esac > >(tee "$OUT/$stage.log") 2>&1
     rc=$?
     [ $rc -eq 0 ] || failed=$((failed + 1))

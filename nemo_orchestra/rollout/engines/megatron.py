@@ -63,11 +63,14 @@ _ALTERNATIVES = "use rollout.engine=vllm or rollout.engine=hf"
 
 @dataclass
 class _Step:
-    """The tokens of one forward: cache row and position of each; packed lengths for a prefill."""
+    """The tokens of one forward: cache row and position of each; packed lengths for a prefill; for a
+    decode step, the cache length its attention reads (the largest position + 1, known on the host,
+    so that no layer waits for the device to say it)."""
 
     rows_T: torch.Tensor
     pos_T: torch.Tensor
     prefill: PackedSeqParams | None = None  # the prompts' packed lengths (None: a decode step)
+    length: int = 0
 
 
 class _KVCache:
@@ -113,7 +116,7 @@ class _CachedAttention(torch.nn.Module):
             )
             return out.reshape(T, 1, -1)
         # decode: token t attends to keys 0..pos_t of its row
-        length = int(step.pos_T.max()) + 1
+        length = step.length
         if T == self.cache.rows:  # no row has finished: rows 0..B-1 in order, a view of the cache
             k_NLKD, v_NLKD = k_BLKD[:, :length], v_BLKD[:, :length]
         else:
@@ -148,6 +151,7 @@ class MegatronEngine(GenerationEngine):
                 f"token counts in multiples of 16; a decode step has one per sequence): {_ALTERNATIVES}"
             )
         self.model, self.device = model, device
+        self._rope: torch.Tensor | None = None  # the RoPE table of the generate call in flight
         # set by close(): a generate call in flight stops at its next token (one rank: with TP the ranks
         # decode in lockstep, and the call runs to its end)
         self.closed = threading.Event()
@@ -251,11 +255,12 @@ class MegatronEngine(GenerationEngine):
         B = len(prompts)
         lengths_B = torch.tensor([len(p) for p in prompts], device=dev)
         cache = _KVCache(len(model.decoder.layers), B, int(lengths_B.max()) + max_new_tokens)
-        stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=dev)
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
         finished = [False] * B
         generators = row_generators(seeds, dev) if seeds is not None and temperature > 0 else None
+        stop_set = set(stop_ids)
+        lengths = [len(p) for p in prompts]
         was_training = model.training
         layers = [layer.self_attention for layer in model.decoder.layers]
         originals = [attention.core_attention for attention in layers]
@@ -264,24 +269,36 @@ class MegatronEngine(GenerationEngine):
                 model.eval()
                 for i, attention in enumerate(layers):
                     attention.core_attention = _CachedAttention(originals[i], cache, i)
+                self._rope = None
                 logits_NV = self._prefill(prompts, lengths_B, cache)
+                rows = list(range(B))  # the sequences still decoding, in cache-row order
                 rows_N = torch.arange(B, device=dev)
                 for step in range(max_new_tokens):
-                    rows = rows_N.tolist()
                     ids_N, lp_N = self._sample(
                         logits_NV, temperature, top_p, None if generators is None else [generators[r] for r in rows]
                     )
-                    for r, t, lp in zip(rows, ids_N.tolist(), lp_N.tolist()):
+                    # one copy to the host per step: the tokens and their logprobs together
+                    ids, lps = torch.stack([ids_N.to(lp_N.dtype), lp_N]).tolist()
+                    live = []
+                    for i, (r, t, lp) in enumerate(zip(rows, ids, lps)):
+                        t = int(t)
                         tokens[r].append(t)
                         logprobs[r].append(lp)
-                    stopped_N = torch.isin(ids_N, stops)
-                    for r in rows_N[stopped_N].tolist():
-                        finished[r] = True
-                    rows_N, ids_N = rows_N[~stopped_N], ids_N[~stopped_N]
-                    if step == max_new_tokens - 1 or len(rows_N) == 0 or (self.tp == 1 and self.closed.is_set()):
+                        if t in stop_set:
+                            finished[r] = True
+                        else:
+                            live.append(i)
+                    if len(live) < len(rows):
+                        keep_N = torch.tensor(live, dtype=torch.long, device=dev)
+                        rows_N, ids_N = rows_N[keep_N], ids_N[keep_N]
+                        rows = [rows[i] for i in live]
+                    if step == max_new_tokens - 1 or not rows or (self.tp == 1 and self.closed.is_set()):
                         break
-                    cache.step = _Step(rows_N, lengths_B[rows_N] + step)  # token `step` sits after its prompt
-                    logits_NV = self._forward(ids_N, cache.step.pos_T)
+                    # token `step` sits after its prompt
+                    cache.step = _Step(
+                        rows_N, lengths_B[rows_N] + step, length=max(lengths[r] for r in rows) + step + 1
+                    )
+                    logits_NV = self._forward(ids_N, cache.step.pos_T, length=cache.step.length)
             finally:
                 for attention, original in zip(layers, originals):
                     attention.core_attention = original
@@ -302,14 +319,19 @@ class MegatronEngine(GenerationEngine):
             qkv_format="thd", cu_seqlens_q=cu_B1, cu_seqlens_kv=cu_B1, max_seqlen_q=longest, max_seqlen_kv=longest
         )
         cache.step = _Step(rows_T, pos_T, packed)
-        return self._forward(ids_T, pos_T, last_N=cu_B1[1:].long() - 1)
+        return self._forward(ids_T, pos_T, last_N=cu_B1[1:].long() - 1, length=longest)
 
-    def _forward(self, ids_T: torch.Tensor, pos_T: torch.Tensor, last_N: torch.Tensor | None = None) -> torch.Tensor:
-        """GPTModel.forward for tokens at given positions: full-vocabulary logits [N, V] of the
-        tokens ``last_N`` (default: all)."""
+    def _forward(
+        self, ids_T: torch.Tensor, pos_T: torch.Tensor, last_N: torch.Tensor | None = None, length: int = 0
+    ) -> torch.Tensor:
+        """GPTModel.forward for tokens at given positions (all below ``length``): full-vocabulary
+        logits [N, V] of the tokens ``last_N`` (default: all). The RoPE table is made once a
+        generate call (``self._rope``, reset at its start), and again only for a longer sequence."""
         m = self.model
         hidden_T1H = m.embedding(input_ids=ids_T[None], position_ids=pos_T[None])
-        rope_T11D = m.rotary_pos_emb(max(m.max_sequence_length, int(pos_T.max()) + 1))[pos_T]
+        if self._rope is None or self._rope.shape[0] < length:
+            self._rope = m.rotary_pos_emb(max(m.max_sequence_length, length))
+        rope_T11D = self._rope[pos_T]
         hidden_T1H = m.decoder(hidden_states=hidden_T1H, attention_mask=None, rotary_pos_emb=rope_T11D)
         if last_N is not None:
             hidden_T1H = hidden_T1H[last_N]

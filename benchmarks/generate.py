@@ -1,0 +1,267 @@
+"""``python recipes/benchmark.py generate``: generated tokens/s of the in-process engines on the same prompts.
+
+The GRPO step's generation as one engine call sees it: ``--prompts`` sequences (default 128, 16
+prompts x 8 rollouts) of ``--prompt-tokens`` tokens on average (default 390, lengths uniform within
+half of it either way: ~50,000 prompt tokens, as the 8-layer Qwen3-8B step has), each sampling
+``--new-tokens`` tokens (default 144) at ``rollout.temperature`` and ``rollout.top_p`` with a seed of
+its own, as rollouts do. No stop token: every engine decodes the same steps. The model is the
+config's (``key=value`` as for the recipe: the tiny default, or ``model=qwen3_8b model.num_layers=8
+model.params_dtype=bf16``) with its random initial weights; every engine gets the same ones.
+
+Per engine (``--engines``, default ``hf,megatron``): ``--warmup`` unmeasured calls (compiles,
+allocator, caches), then ``--calls`` measured ones, and as many calls generating one token each, the
+prefill's time. Reported: ``generate_s`` and ``generated_tokens_per_s`` of the whole call, ``prefill_s``,
+and ``decode_tokens_per_s``, the tokens after each sequence's first over the rest of the call.
+
+``bound``: what the device allows on this workload, from rates measured here in the run's
+precision: the prefill's FLOPs (2 x the layers' parameters per prompt token, the causal attention's
+2 x 2 x layers x query width x L^2 / 2 per prompt, and the output layer once per prompt) over the
+best of repeated square matmuls, plus, per decode step, the bytes it must read (the layers' and the
+output layer's weights once, and every sequence's keys and values so far) over the best of repeated
+device-to-device copies. ``share_of_bound`` is bound over the measured call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from types import SimpleNamespace
+from typing import Any
+
+ENGINES = ("hf", "megatron")
+
+
+def add_args(parser: Any) -> None:
+    parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated in-process engines")
+    parser.add_argument("--prompts", type=int, default=128, help="sequences per generate call")
+    parser.add_argument("--prompt-tokens", type=int, default=390, help="mean prompt length in tokens")
+    parser.add_argument("--new-tokens", type=int, default=144, help="tokens each sequence generates")
+    parser.add_argument("--calls", type=int, default=2, help="measured generate calls per engine")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured generate calls per engine first")
+    parser.add_argument("--out", default=None, help="write the JSON report here")
+    parser.add_argument("overrides", nargs="*", help="config overrides, key=value, as for the recipe")
+
+
+def make_prompts(n: int, mean_tokens: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """``n`` prompts of random ids in [2, vocab), lengths uniform in [mean/2, 3*mean/2] (at least 1)."""
+    rng = random.Random(seed)
+    low, high = max(1, mean_tokens // 2), max(1, mean_tokens + mean_tokens // 2)
+    return [[rng.randrange(2, vocab) for _ in range(rng.randint(low, high))] for _ in range(n)]
+
+
+def workload(gpt, prompt_lengths: list[int], new_tokens: int, bytes_per_param: int) -> dict[str, float]:
+    """The prefill's FLOPs and the bytes all decode steps read, for ``gpt`` (a Megatron GPTModel) on
+    prompts of ``prompt_lengths`` generating ``new_tokens`` each (see the module's docstring)."""
+    cfg = gpt.config
+    layer_params = sum(p.numel() for p in gpt.decoder.parameters())
+    output_params = (
+        gpt.output_layer.weight.numel()
+        if gpt.output_layer.weight is not None
+        else gpt.embedding.word_embeddings.weight.numel()
+    )
+    q_width = cfg.num_attention_heads * cfg.kv_channels
+    kv_width = (cfg.num_query_groups or cfg.num_attention_heads) * cfg.kv_channels
+    tokens = sum(prompt_lengths)
+    prefill_flops = (
+        2 * layer_params * tokens
+        + 2 * 2 * cfg.num_layers * q_width * sum(n * n / 2 for n in prompt_lengths)
+        + 2 * output_params * len(prompt_lengths)
+    )
+    weight_bytes = (layer_params + output_params) * bytes_per_param
+    kv_per_token = 2 * cfg.num_layers * kv_width * bytes_per_param  # keys and values, every layer
+    # decode step j (1..new_tokens-1) reads every sequence's cache up to its prompt + j tokens
+    kv_bytes = sum(kv_per_token * (n + j) for n in prompt_lengths for j in range(1, new_tokens))
+    return {
+        "prefill_flops": float(prefill_flops),
+        "decode_steps": new_tokens - 1,
+        "decode_bytes": float(weight_bytes * (new_tokens - 1) + kv_bytes),
+    }
+
+
+def device_rates(device, dtype, seconds: float = 1.0) -> dict[str, float]:
+    """Matmul TFLOP/s (best square product) and copy GB/s (best device-to-device copy, read + write)."""
+    import torch
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def best(fn, budget):
+        fn()
+        sync()
+        fastest, end = float("inf"), time.perf_counter() + budget
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            fastest = min(fastest, time.perf_counter() - t0)
+        return fastest
+
+    n = 8192 if device.type == "cuda" else 1024
+    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
+    matmul_s = best(lambda: a @ b, seconds)
+    numel = (1 << 30 if device.type == "cuda" else 1 << 26) // 2
+    src = torch.empty(numel, dtype=torch.bfloat16, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    copy_s = best(lambda: dst.copy_(src), seconds)
+    return {"matmul_tflops": 2 * n**3 / matmul_s / 1e12, "copy_gbs": 2 * src.numel() * 2 / copy_s / 1e9}
+
+
+def time_calls(engine, prompts, new_tokens, temperature, top_p, warmup, calls, sync) -> dict[str, float]:
+    """Mean wall time of ``calls`` generate calls (after ``warmup``) of ``new_tokens`` and of 1 token."""
+
+    def call(n: int, k: int) -> tuple[float, int]:
+        seeds = [k * len(prompts) + i for i in range(len(prompts))]
+        sync()
+        t0 = time.perf_counter()
+        gens = engine.generate(prompts, n, temperature, top_p, [], seeds=seeds)
+        sync()
+        return time.perf_counter() - t0, sum(len(g.token_ids) for g in gens)
+
+    for k in range(warmup):
+        call(new_tokens, k)
+    full = [call(new_tokens, warmup + k) for k in range(calls)]
+    first = [call(1, warmup + calls + k)[0] for k in range(calls)]
+    generate_s, tokens = statistics.fmean(t for t, _ in full), full[-1][1]
+    prefill_s = statistics.fmean(first)
+    decode = tokens - len(prompts)
+    return {
+        "generate_s": generate_s,
+        "generated_tokens": tokens,
+        "generated_tokens_per_s": tokens / generate_s,
+        "prefill_s": prefill_s,
+        "decode_tokens_per_s": decode / (generate_s - prefill_s) if generate_s > prefill_s else float("nan"),
+    }
+
+
+def main(args: Any) -> int:
+    from nemo_orchestra.config import ConfigError, load_config
+
+    engines = [e for e in args.engines.split(",") if e]
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown or not engines:
+        print(f"error: --engines takes {', '.join(ENGINES)} (got {args.engines!r})", file=sys.stderr)
+        return 2
+    if min(args.prompts, args.prompt_tokens, args.new_tokens, args.calls) < 1 or args.warmup < 0:
+        print(
+            "error: --prompts, --prompt-tokens, --new-tokens and --calls must be >= 1, --warmup >= 0", file=sys.stderr
+        )
+        return 2
+    try:
+        cfg = load_config(list(args.overrides))
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    if cfg.parallel.tp * cfg.parallel.pp > 1:
+        print("error: the generate benchmark runs one process (parallel.tp=1, parallel.pp=1)", file=sys.stderr)
+        return 2
+
+    from nemo_orchestra.runtime.console import setup_logging
+
+    setup_logging("WARNING", 0)
+    import torch
+
+    from nemo_orchestra.export.qwen3 import full_state_dict
+    from nemo_orchestra.megatron.model import DTYPES, build_gpt_model, padded_vocab_size
+    from nemo_orchestra.megatron.parallel import destroy_distributed, init_distributed
+    from nemo_orchestra.rollout.engines import EngineContext, start_engine
+
+    info = init_distributed(cfg.parallel, cfg.run.seed)
+    device = info.device
+    vocab = cfg.model.vocab_size or padded_vocab_size(1024, 1)
+    gpt = build_gpt_model(cfg.model, cfg.parallel, vocab, device)
+    prompts = make_prompts(args.prompts, args.prompt_tokens, vocab, cfg.run.seed)
+    dtype = DTYPES[cfg.model.params_dtype]
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    tok = SimpleNamespace(get_vocab=dict, eos_token_id=1, pad_token_id=0)
+    state = full_state_dict(gpt) if "hf" in engines else None
+    results = {}
+    for name in engines:
+        print(f"{name}: {args.warmup} warm-up and {args.calls} measured calls of {len(prompts)} sequences", flush=True)
+        ctx = EngineContext(cfg.model, vocab, tok, device, rollout=cfg.rollout, seed=cfg.run.seed, model=gpt)
+        engine = start_engine(name, ctx, state)
+        try:
+            results[name] = time_calls(
+                engine,
+                prompts,
+                args.new_tokens,
+                cfg.rollout.temperature,
+                cfg.rollout.top_p,
+                args.warmup,
+                args.calls,
+                sync,
+            )
+        finally:
+            engine.close()
+            del engine
+    rates = device_rates(device, dtype)
+    load = workload(gpt, [len(p) for p in prompts], args.new_tokens, torch.finfo(dtype).bits // 8)
+    prefill_bound = load["prefill_flops"] / (rates["matmul_tflops"] * 1e12)
+    decode_bound = load["decode_bytes"] / (rates["copy_gbs"] * 1e9)
+    bound = {
+        **load,
+        **rates,
+        "prefill_s": prefill_bound,
+        "decode_s": decode_bound,
+        "generate_s": prefill_bound + decode_bound,
+    }
+    for r in results.values():
+        r["share_of_bound"] = bound["generate_s"] / r["generate_s"]
+    destroy_distributed()
+    report = {
+        "benchmark": "generate",
+        "config": {
+            "model": cfg.model.name,
+            "num_layers": cfg.model.num_layers,
+            "params_dtype": cfg.model.params_dtype,
+            "prompts": len(prompts),
+            "prompt_tokens": sum(len(p) for p in prompts),
+            "new_tokens": args.new_tokens,
+            "temperature": cfg.rollout.temperature,
+            "top_p": cfg.rollout.top_p,
+            "warmup_calls": args.warmup,
+            "measured_calls": args.calls,
+            "overrides": list(args.overrides),
+        },
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        },
+        "engines": results,
+        "fastest": max(results, key=lambda name: results[name]["generated_tokens_per_s"]),
+        "bound": bound,
+    }
+    print(table(report))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def table(report: dict) -> str:
+    c, b = report["config"], report["bound"]
+    rows = [
+        f"generate: model={c['model']} ({c['num_layers']} layers, {c['params_dtype']}), device={report['machine']['device']}, "
+        f"{c['prompts']} sequences, {c['prompt_tokens']} prompt tokens, {c['new_tokens']} new tokens each",
+        f"{'engine':<10}{'call s':>9}{'tokens/s':>11}{'prefill s':>11}{'decode tok/s':>14}{'of bound':>10}",
+    ]
+    for name, r in report["engines"].items():
+        rows.append(
+            f"{name:<10}{r['generate_s']:>9.3f}{r['generated_tokens_per_s']:>11.0f}{r['prefill_s']:>11.3f}"
+            f"{r['decode_tokens_per_s']:>14.0f}{r['share_of_bound']:>10.1%}"
+        )
+    rows.append(
+        f"bound {b['generate_s']:.3f} s: prefill {b['prefill_flops'] / 1e12:.2f} TFLOP at {b['matmul_tflops']:.1f} TFLOP/s "
+        f"({b['prefill_s']:.3f} s), {b['decode_steps']} decode steps reading {b['decode_bytes'] / 1e9:.1f} GB at "
+        f"{b['copy_gbs']:.0f} GB/s ({b['decode_s']:.3f} s); fastest: {report['fastest']}"
+    )
+    return "\n".join(rows)

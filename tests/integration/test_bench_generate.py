@@ -1,0 +1,64 @@
+"""`recipes/benchmark.py generate`: both in-process engines on the same prompts, every sequence's
+tokens counted, the prefill inside the call, and a bound whose counts are the exported model's."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tools_env.supervisor import REPO_ROOT
+
+SCRIPT = os.path.join(REPO_ROOT, "recipes", "benchmark.py")
+
+
+def test_both_engines_measured_on_the_same_workload(tmp_path):
+    out = tmp_path / "generate.json"
+    args = ["--prompts", "6", "--prompt-tokens", "12", "--new-tokens", "5", "--calls", "1", "--out", str(out)]
+    p = subprocess.run([sys.executable, SCRIPT, "generate", *args], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report["engines"]) == {"hf", "megatron"} and report["fastest"] in report["engines"]
+    bound = report["bound"]
+    assert bound["decode_steps"] == 4 and bound["generate_s"] == pytest.approx(bound["prefill_s"] + bound["decode_s"])
+    for name, r in report["engines"].items():
+        assert r["generated_tokens"] == 6 * 5, name  # no stop token: every sequence runs to the end
+        assert 0 < r["prefill_s"] < r["generate_s"]
+        assert r["generated_tokens_per_s"] == pytest.approx(r["generated_tokens"] / r["generate_s"])
+        assert r["share_of_bound"] == pytest.approx(bound["generate_s"] / r["generate_s"])
+        assert f"\n{name} " in p.stdout
+    assert 6 * 6 <= report["config"]["prompt_tokens"] <= 6 * 18  # lengths within half the mean either way
+
+
+def test_the_bound_counts_what_the_exported_model_holds():
+    """The layers' parameters and the KV width the bound uses, against the Hugging Face model the
+    export makes of the same weights (another count of the same things)."""
+    from benchmarks.generate import workload
+    from nemo_orchestra.config import load_config
+    from nemo_orchestra.export.qwen3 import hf_config
+    from nemo_orchestra.megatron.model import build_gpt_model
+    from nemo_orchestra.megatron.parallel import init_distributed
+    from transformers import Qwen3ForCausalLM
+
+    cfg = load_config([])
+    info = init_distributed(cfg.parallel, 0)
+    gpt = build_gpt_model(cfg.model, cfg.parallel, 512, info.device)
+    hf = Qwen3ForCausalLM(hf_config(cfg.model, 512))
+    layers = sum(p.numel() for n, p in hf.named_parameters() if n.startswith("model.layers."))
+    layers += hf.model.norm.weight.numel()  # Megatron's decoder holds the final norm
+    output = hf.lm_head.weight.numel()
+    kv_width = hf.config.num_key_value_heads * hf.config.head_dim
+    lengths, new = [3, 10], 4
+    got = workload(gpt, lengths, new, bytes_per_param=4)
+    attention = 2 * 2 * hf.config.num_hidden_layers * hf.config.num_attention_heads * hf.config.head_dim
+    assert got["prefill_flops"] == 2 * layers * 13 + attention * (9 / 2 + 100 / 2) + 2 * output * 2
+    kv = 2 * hf.config.num_hidden_layers * kv_width * 4 * sum(n + j for n in lengths for j in range(1, new))
+    assert got["decode_bytes"] == (layers + output) * 4 * (new - 1) + kv
+
+
+def test_unknown_engine_is_refused():
+    p = subprocess.run(
+        [sys.executable, SCRIPT, "generate", "--engines", "hf,vllm"], capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 2 and "--engines takes hf, megatron (got 'hf,vllm')" in p.stderr
