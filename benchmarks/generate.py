@@ -169,7 +169,7 @@ def main(args: Any) -> int:
     from nemo_orchestra.export.qwen3 import full_state_dict
     from nemo_orchestra.megatron.model import DTYPES, build_gpt_model, padded_vocab_size
     from nemo_orchestra.megatron.parallel import destroy_distributed, init_distributed
-    from nemo_orchestra.rollout.engines import EngineContext, start_engine
+    from nemo_orchestra.rollout.engines import EngineContext, capabilities, start_engine
 
     info = init_distributed(cfg.parallel, cfg.run.seed)
     device = info.device
@@ -236,6 +236,12 @@ def main(args: Any) -> int:
         },
         "engines": results,
         "fastest": max(results, key=lambda name: results[name]["generated_tokens_per_s"]),
+        # the fastest that can run rollouts ahead (rollout.steps_ahead > 0: an engine holding its own weights)
+        "fastest_ahead": max(
+            (name for name in results if not capabilities(name).reads_policy_weights),
+            key=lambda name: results[name]["generated_tokens_per_s"],
+            default=None,
+        ),
         "bound": bound,
     }
     print(table(report))
@@ -262,6 +268,7 @@ def table(report: dict) -> str:
     rows.append(
         f"bound {b['generate_s']:.3f} s: prefill {b['prefill_flops'] / 1e12:.2f} TFLOP at {b['matmul_tflops']:.1f} TFLOP/s "
         f"({b['prefill_s']:.3f} s), {b['decode_steps']} decode steps reading {b['decode_bytes'] / 1e9:.1f} GB at "
-        f"{b['copy_gbs']:.0f} GB/s ({b['decode_s']:.3f} s); fastest: {report['fastest']}"
+        f"{b['copy_gbs']:.0f} GB/s ({b['decode_s']:.3f} s); fastest: {report['fastest']}, "
+        f"ahead of training: {report['fastest_ahead']}"
     )
     return "\n".join(rows)

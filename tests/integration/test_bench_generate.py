@@ -20,6 +20,7 @@ def test_both_engines_measured_on_the_same_workload(tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     report = json.loads(out.read_text())
     assert set(report["engines"]) == {"hf", "megatron"} and report["fastest"] in report["engines"]
+    assert report["fastest_ahead"] == "hf"  # the megatron engine reads the policy's weights: it cannot run ahead
     bound = report["bound"]
     assert bound["decode_steps"] == 4 and bound["generate_s"] == pytest.approx(bound["prefill_s"] + bound["decode_s"])
     for name, r in report["engines"].items():
