@@ -464,6 +464,14 @@ class Config:
             f"the {r.engine} engine generates with the weights being trained",
         )
         _check(
+            r.steps_ahead == 0
+            or self.parallel.tp == 1
+            or not ENGINES[r.engine].capabilities.spans_tensor_parallel_group,
+            "rollout.steps_ahead",
+            f"needs parallel.tp=1 with rollout.engine={r.engine} (got tp={self.parallel.tp}): its forwards span the "
+            "tensor-parallel group, whose other ranks would serve them while they train; use rollout.engine=vllm",
+        )
+        _check(
             self.warm_start.max_calls == 1 or self.warm_start.max_calls < r.max_turns,
             "warm_start.max_calls",
             f"must be below rollout.max_turns ({r.max_turns}): a scripted episode's calls and its answer "

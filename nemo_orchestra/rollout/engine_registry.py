@@ -62,6 +62,11 @@ ENGINES = {
             "nemo_orchestra.rollout.engines.megatron:MegatronEngine",
             EngineCapabilities(reads_policy_weights=True, spans_tensor_parallel_group=True),
         ),
+        EngineSpec(  # the same engine on a copy of the weights of its own, synced between calls: rollouts ahead
+            "megatron_copy",
+            "nemo_orchestra.rollout.engines.megatron:MegatronCopyEngine",
+            EngineCapabilities(spans_tensor_parallel_group=True),
+        ),
     )
 }
 ENGINE_NAMES = tuple(ENGINES)

@@ -174,6 +174,7 @@ def _build(
         rollout=cfg.rollout,
         seed=cfg.run.seed,
         model=learner.module,
+        parallel=cfg.parallel,
         kv_cache_bytes=kv_cache_bytes,
         live_sequences=plan.live_sequences,
     )

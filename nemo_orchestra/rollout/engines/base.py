@@ -42,6 +42,7 @@ class EngineContext:
     rollout: Any = None  # config.RolloutConfig (context length, sync timeout)
     seed: int = 0
     model: torch.nn.Module | None = None  # the live policy module, for engines that read its parameters
+    parallel: Any = None  # config.ParallelConfig: the layout of an engine that builds a model like the policy's
     kv_cache_bytes: int | None = None  # the KV cache the memory plan gives the engine (train/memory_plan.py)
     cpus: list[int] | None = None  # on a CPU, the cores the engine's worker is bound to (None: its own choice)
     live_sequences: int | None = None  # the most sequences the run keeps in the engine at once (train/build.py)

@@ -1,4 +1,5 @@
-"""In-process generation with the trainer's own Megatron-Core model and a KV cache (``rollout.engine=megatron``).
+"""In-process generation with the trainer's own Megatron-Core model and a KV cache (``rollout.engine=megatron``),
+or with a copy of it of the engine's own (``rollout.engine=megatron_copy``, ``MegatronCopyEngine``: rollouts ahead).
 
 For machines without vLLM. The engine holds the live policy module (this rank's tensor-parallel
 shard), so there is no second copy of the weights and nothing to sync: the next ``generate``
@@ -365,3 +366,36 @@ class MegatronEngine(GenerationEngine):
         if self.tp > 1:  # the first rank's choice, so that the ranks decode the same sequences
             dist.broadcast(ids_N, src=self.tp_src, group=self.tp_group)
         return ids_N, lp_NV.gather(-1, ids_N[:, None])[:, 0]
+
+
+class MegatronCopyEngine(MegatronEngine):
+    """The megatron engine on a model of its own (``rollout.engine=megatron_copy``): built like the
+    policy (same layout, this rank's shard of every weight, no gradients) and loaded from the
+    policy's full weights at each weight sync. It generates with the policy version it was last
+    given while the trainer updates the live one, so rollouts can run ahead (``rollout.steps_ahead``);
+    the cost is a second copy of this rank's weights. Its tokens are the megatron engine's on the same
+    weights."""
+
+    capabilities = ENGINES["megatron_copy"].capabilities  # registered in rollout/engine_registry.py
+
+    @classmethod
+    def create(cls, ctx: EngineContext, init_state=None) -> "MegatronCopyEngine":
+        if ctx.parallel is None:
+            raise ValueError("the megatron_copy engine builds a model like the policy's: pass parallel")
+        from nemo_orchestra.megatron.model import build_gpt_model
+
+        model = build_gpt_model(ctx.model_cfg, ctx.parallel, ctx.vocab_size, ctx.device, initialize=False)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        engine = cls(model, ctx.device, seed=ctx.seed)
+        if init_state is not None:
+            engine.load_weights(init_state)
+        return engine
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """The policy's full weights (Megatron names, as ``export.qwen3.full_state_dict`` gathers them):
+        this rank's shard of each copied into the engine's model."""
+        from nemo_orchestra.megatron.sharding import load_full_state
+
+        with self._on_device():
+            load_full_state(self.model, state.__getitem__, list(state))
