@@ -15,8 +15,8 @@
 #                warm-up and 3 measured steps; async: rollout.steps_ahead=ASYNC_K (default 4) with
 #                loss.tis_cap=2.0, in steady state (the benchmark's K+1 warm-up steps, one period of K+1 measured).
 #                ENGINE picks rollout.engine: auto (the default) is the generate stage's faster engine (hf
-#                when that stage did not run), for async the faster of those that can run ahead (megatron
-#                reads the policy's own weights, so it cannot); vllm needs the vllm package.
+#                when that stage did not run), for async the same on weights of its own where it reads the
+#                policy's (megatron -> megatron_copy); vllm needs the vllm package.
 #   kbench       nemo_orchestra/kernels/bench.py: the Triton varlen attention (TFLOP/s, against flash-attn when
 #                installed and PyTorch SDPA per sequence) and the grouped advantage (GB/s against a copy).
 #   tests        the kernel tests on the device (compiled Triton, not the interpreter), the `gpu`-marked
@@ -74,7 +74,7 @@ TESTS=${TESTS:-"tests/integration/kernels tests/unit/test_attention_backends.py 
     tests/integration/distributed/test_fp8.py"}
 SHAPE=("model=qwen3_8b" "model.num_layers=$LAYERS" "model.params_dtype=bf16")
 engine() {  # the engine a GRPO stage runs: ENGINE, or with auto the generate stage's faster one (for async:
-            # the faster of those that can run ahead, holding weights of their own)
+            # that engine on weights of its own, which can run ahead)
     if [ "$ENGINE" = auto ]; then
         "$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]] or 'hf')" "$OUT/generate.json" \
             "$([ "$1" = async ] && echo fastest_ahead || echo fastest)" 2>/dev/null || echo hf
