@@ -14,7 +14,7 @@ import torch
 from nemo_orchestra.config import load_config
 from nemo_orchestra.export.qwen3 import full_state_dict
 from nemo_orchestra.rollout.engines import EngineContext, GenerationEngine, capabilities, start_engine
-from nemo_orchestra.rollout.engines.megatron import MegatronEngine
+from nemo_orchestra.rollout.engines.megatron import MegatronCopyEngine, MegatronEngine
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.learner import build_learner, set_lr
 from nemo_orchestra.train.step import warm_start_loss_fn, train_step
@@ -270,8 +270,9 @@ def test_refused_layouts_name_the_alternatives(layout, message):
 
 # ---- tensor parallel: 2 gloo ranks ----------------------------------------------------------------------
 def _tp_rank(rank: int, world: int, port: int, out_dir: str) -> None:
-    """TP=1 generation on full weights, then TP=2 on their shards: rank 0 generates from a worker
-    thread (as the rollouts do) while rank 1 serves, until rank 0 releases it."""
+    """TP=1 generation on full weights, then TP=2 on their shards, by the live engine and by the copy
+    engine (loaded from the full weights): rank 0 generates from a worker thread (as the rollouts do)
+    while rank 1 serves, until rank 0 releases it."""
     import warnings
 
     import torch.distributed as dist
@@ -312,13 +313,17 @@ def _tp_rank(rank: int, world: int, port: int, out_dir: str) -> None:
     gpt = build_gpt_model(cfg.model, cfg.parallel, VOCAB, CPU, initialize=False)
     load_full_state(gpt, full.__getitem__, list(full))
     engine = MegatronEngine(gpt, CPU, seed=3)
+    copy = MegatronCopyEngine.create(EngineContext(cfg.model, VOCAB, None, CPU, seed=3, parallel=cfg.parallel), full)
     if rank == 0:
         two = run(engine)
         engine.release()
+        two_copy = run(copy)
+        copy.release()
         with open(os.path.join(out_dir, "results.json"), "w") as f:
-            json.dump({"tp1": one, "tp2": two}, f)
+            json.dump({"tp1": one, "tp2": two, "tp2_copy": two_copy}, f)
     else:
         engine.serve()
+        copy.serve()
     dist.barrier()
     ps.destroy_model_parallel()
     dist.destroy_process_group()
@@ -327,7 +332,7 @@ def _tp_rank(rank: int, world: int, port: int, out_dir: str) -> None:
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
-def test_tp2_generates_what_tp1_does(monkeypatch):
+def test_tp2_generates_what_tp1_does_live_and_on_a_copy(monkeypatch):
     import torch.multiprocessing as mp
 
     from nemo_orchestra.megatron.parallel import _free_port
@@ -337,7 +342,10 @@ def test_tp2_generates_what_tp1_does(monkeypatch):
         mp.spawn(_tp_rank, args=(2, _free_port(), out_dir), nprocs=2, join=True)
         with open(os.path.join(out_dir, "results.json")) as f:
             r = json.load(f)
-    for tp1, tp2 in zip(r["tp1"], r["tp2"]):  # greedy, then sampled with the same seed
+    for tp1, tp2, tp2_copy in zip(r["tp1"], r["tp2"], r["tp2_copy"]):  # greedy, then sampled with the same seed
+        for a, b in zip(tp2, tp2_copy):  # the copy engine, its shards loaded from the full weights, as the live one
+            assert a["token_ids"] == b["token_ids"] and a["finished"] == b["finished"]
+            assert a["logprobs"] == b["logprobs"]
         for a, b in zip(tp1, tp2):
             assert a["token_ids"] == b["token_ids"] and a["finished"] == b["finished"]
             assert a["logprobs"] == pytest.approx(b["logprobs"], abs=1e-5)

@@ -370,7 +370,7 @@ class MegatronEngine(GenerationEngine):
 
 class MegatronCopyEngine(MegatronEngine):
     """The megatron engine on a model of its own (``rollout.engine=megatron_copy``): built like the
-    policy (same layout, this rank's shard of every weight, no gradients) and loaded from the
+    policy (same layout, this rank's shard of every weight, never trained) and loaded from the
     policy's full weights at each weight sync. It generates with the policy version it was last
     given while the trainer updates the live one, so rollouts can run ahead (``rollout.steps_ahead``);
     the cost is a second copy of this rank's weights. Its tokens are the megatron engine's on the same
@@ -384,9 +384,9 @@ class MegatronCopyEngine(MegatronEngine):
             raise ValueError("the megatron_copy engine builds a model like the policy's: pass parallel")
         from nemo_orchestra.megatron.model import build_gpt_model
 
+        # its parameters keep requires_grad as the policy's do (generation runs without autograd): with
+        # TP, Megatron's parallel linears take another path for frozen weights, and round otherwise
         model = build_gpt_model(ctx.model_cfg, ctx.parallel, ctx.vocab_size, ctx.device, initialize=False)
-        for p in model.parameters():
-            p.requires_grad_(False)
         engine = cls(model, ctx.device, seed=ctx.seed)
         if init_state is not None:
             engine.load_weights(init_state)
