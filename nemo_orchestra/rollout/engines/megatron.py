@@ -75,7 +75,9 @@ class _Step:
 
 
 class _KVCache:
-    """Keys and values of every layer for B sequences, [B, L, Hkv, D] each (this rank's heads)."""
+    """Keys and values of every layer for B sequences, [B, L, Hkv, D] each (this rank's heads). Row i
+    is the i-th sequence still decoding: ``keep`` drops the rows of finished ones, once, so that a
+    decode step's attention reads the cache in place."""
 
     def __init__(self, num_layers: int, rows: int, length: int):
         self.rows, self.length = rows, length
@@ -90,6 +92,11 @@ class _KVCache:
         k_BLKD[self.step.rows_T, self.step.pos_T] = key_TKD
         v_BLKD[self.step.rows_T, self.step.pos_T] = value_TKD
         return k_BLKD, v_BLKD
+
+    def keep(self, rows_N: torch.Tensor) -> None:
+        """Only the rows ``rows_N`` (in that order) from now on."""
+        self.rows = len(rows_N)
+        self.layers = [None if kv is None else (kv[0][rows_N], kv[1][rows_N]) for kv in self.layers]
 
 
 class _CachedAttention(torch.nn.Module):
@@ -116,13 +123,9 @@ class _CachedAttention(torch.nn.Module):
                 query[:, 0], key[:, 0], value[:, 0], None, attn_mask_type=attn_mask_type, packed_seq_params=step.prefill
             )
             return out.reshape(T, 1, -1)
-        # decode: token t attends to keys 0..pos_t of its row
+        # decode: token t (cache row t) attends to keys 0..pos_t of its row, read in place
         length = step.length
-        if T == self.cache.rows:  # no row has finished: rows 0..B-1 in order, a view of the cache
-            k_NLKD, v_NLKD = k_BLKD[:, :length], v_BLKD[:, :length]
-        else:
-            k_NLKD, v_NLKD = k_BLKD[step.rows_T, :length], v_BLKD[step.rows_T, :length]
-        k_NHLD, v_NHLD = k_NLKD.transpose(1, 2), v_NLKD.transpose(1, 2)
+        k_NHLD, v_NHLD = k_BLKD[:, :length].transpose(1, 2), v_BLKD[:, :length].transpose(1, 2)
         mask_N11L = (torch.arange(length, device=query.device) <= step.pos_T[:, None])[:, None, None, :]
         out_NH1D = F.scaled_dot_product_attention(
             query[:, 0, :, None, :], k_NHLD, v_NHLD, attn_mask=mask_N11L, scale=self.softmax_scale, enable_gqa=True
@@ -273,7 +276,7 @@ class MegatronEngine(GenerationEngine):
                 self._rope = None
                 logits_NV = self._prefill(prompts, lengths_B, cache)
                 rows = list(range(B))  # the sequences still decoding, in cache-row order
-                rows_N = torch.arange(B, device=dev)
+                start_N = lengths_B  # where each one's generated tokens start
                 for step in range(max_new_tokens):
                     ids_N, lp_N = self._sample(
                         logits_NV, temperature, top_p, None if generators is None else [generators[r] for r in rows]
@@ -289,15 +292,18 @@ class MegatronEngine(GenerationEngine):
                             finished[r] = True
                         else:
                             live.append(i)
+                    if not live or step == max_new_tokens - 1 or (self.tp == 1 and self.closed.is_set()):
+                        break
                     if len(live) < len(rows):
                         keep_N = torch.tensor(live, dtype=torch.long, device=dev)
-                        rows_N, ids_N = rows_N[keep_N], ids_N[keep_N]
+                        ids_N, start_N = ids_N[keep_N], start_N[keep_N]
                         rows = [rows[i] for i in live]
-                    if step == max_new_tokens - 1 or not rows or (self.tp == 1 and self.closed.is_set()):
-                        break
+                        cache.keep(keep_N)
                     # token `step` sits after its prompt
                     cache.step = _Step(
-                        rows_N, lengths_B[rows_N] + step, length=max(lengths[r] for r in rows) + step + 1
+                        torch.arange(len(rows), device=dev),
+                        start_N + step,
+                        length=max(lengths[r] for r in rows) + step + 1,
                     )
                     logits_NV = self._forward(ids_N, cache.step.pos_T, length=cache.step.length)
             finally:
