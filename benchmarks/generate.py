@@ -85,33 +85,19 @@ def workload(gpt, prompt_lengths: list[int], new_tokens: int, bytes_per_param: i
     }
 
 
-def device_rates(device, dtype, seconds: float = 1.0) -> dict[str, float]:
-    """Matmul TFLOP/s (best square product) and copy GB/s (best device-to-device copy, read + write)."""
+def device_rates(device, params_dtype: str, seconds: float = 1.0) -> dict[str, float]:
+    """Matmul TFLOP/s (the best square product in the run's precision) and copy GB/s (the best
+    device-to-device copy, read + write)."""
     import torch
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    from benchmarks.grpo import best_seconds, matmul_peak_tflops
 
-    def best(fn, budget):
-        fn()
-        sync()
-        fastest, end = float("inf"), time.perf_counter() + budget
-        while time.perf_counter() < end:
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            fastest = min(fastest, time.perf_counter() - t0)
-        return fastest
-
-    n = 8192 if device.type == "cuda" else 1024
-    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
-    matmul_s = best(lambda: a @ b, seconds)
-    numel = (1 << 30 if device.type == "cuda" else 1 << 26) // 2
-    src = torch.empty(numel, dtype=torch.bfloat16, device=device).fill_(1.0)
+    cuda = device.type == "cuda"
+    tflops = matmul_peak_tflops(params_dtype, 8192 if cuda else 2048, seconds, device)
+    src = torch.ones((1 << 30 if cuda else 1 << 26) // 2, dtype=torch.bfloat16, device=device)
     dst = torch.empty_like(src)
-    copy_s = best(lambda: dst.copy_(src), seconds)
-    return {"matmul_tflops": 2 * n**3 / matmul_s / 1e12, "copy_gbs": 2 * src.numel() * 2 / copy_s / 1e9}
+    copy_s = best_seconds(lambda: dst.copy_(src), seconds, device)
+    return {"matmul_tflops": tflops, "copy_gbs": 2 * src.numel() * src.element_size() / copy_s / 1e9}
 
 
 def time_calls(engine, prompts, new_tokens, temperature, top_p, warmup, calls, sync) -> dict[str, float]:
@@ -175,7 +161,7 @@ def main(args: Any) -> int:
 
     info = init_distributed(cfg.parallel, cfg.run.seed)
     device = info.device
-    vocab = cfg.model.vocab_size or padded_vocab_size(1024, 1)
+    vocab = cfg.model.vocab_size or padded_vocab_size(1024, 1)  # the tiny default's comes from its tokenizer: ~1k
     gpt = build_gpt_model(cfg.model, cfg.parallel, vocab, device)
     prompts = make_prompts(args.prompts, args.prompt_tokens, vocab, cfg.run.seed)
     dtype = DTYPES[cfg.model.params_dtype]
@@ -203,7 +189,7 @@ def main(args: Any) -> int:
         finally:
             engine.close()
             del engine
-    rates = device_rates(device, dtype)
+    rates = device_rates(device, cfg.model.params_dtype)
     load = workload(gpt, [len(p) for p in prompts], args.new_tokens, torch.finfo(dtype).bits // 8)
     prefill_bound = load["prefill_flops"] / (rates["matmul_tflops"] * 1e12)
     decode_bound = load["decode_bytes"] / (rates["copy_gbs"] * 1e9)

@@ -368,18 +368,33 @@ def measure(args: Any, cfg) -> int:
     return 0
 
 
-def matmul_peak_tflops(params_dtype: str, n: int = 2048, seconds: float = 2.0) -> float:
-    """This machine's matmul throughput in the run's precision: the best of repeated n x n products."""
+def best_seconds(fn: Callable[[], Any], seconds: float, device=None) -> float:
+    """The fastest of repeated calls of ``fn`` for ``seconds`` (after one warm-up call), each timed to
+    its end on ``device`` (a CUDA device is synchronized)."""
+    import torch
+
+    def sync():
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    fn()
+    sync()
+    best, t_end = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def matmul_peak_tflops(params_dtype: str, n: int = 2048, seconds: float = 2.0, device=None) -> float:
+    """The matmul throughput of ``device`` (default: the CPU) in the run's precision: the best of
+    repeated n x n products."""
     import torch
 
     from nemo_orchestra.megatron.model import DTYPES
 
     dtype = DTYPES[params_dtype]
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b  # warm-up
-    best, t_end = float("inf"), time.perf_counter() + seconds
-    while time.perf_counter() < t_end:
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best / 1e12
+    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
+    return 2 * n**3 / best_seconds(lambda: a @ b, seconds, device) / 1e12

@@ -76,8 +76,9 @@ SHAPE=("model=qwen3_8b" "model.num_layers=$LAYERS" "model.params_dtype=bf16")
 engine() {  # the engine a GRPO stage runs: ENGINE, or with auto the generate stage's faster one (for async:
             # that engine on weights of its own, which can run ahead)
     if [ "$ENGINE" = auto ]; then
-        "$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]] or 'hf')" "$OUT/generate.json" \
-            "$([ "$1" = async ] && echo fastest_ahead || echo fastest)" 2>/dev/null || echo hf
+        "$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$OUT/generate.json" \
+            "$([ "$1" = async ] && echo fastest_ahead || echo fastest)" 2>/dev/null \
+            || { echo "ENGINE=auto: no $OUT/generate.json from the generate stage; the hf engine" >&2; echo hf; }
     else
         echo "$ENGINE"
     fi
@@ -85,8 +86,12 @@ engine() {  # the engine a GRPO stage runs: ENGINE, or with auto the generate st
 failed=0
 for stage in $STAGES; do
     stamp "$stage"
-    GRPO=(recipes/benchmark.py grpo "${SHAPE[@]}" "rollout.engine=$(engine "$stage")" "data.prompts_per_step=16"
-        "rollout.group_size=8")
+    if [ "$stage" = sync ] || [ "$stage" = async ]; then
+        eng=$(engine "$stage")
+        echo "$stage: rollout.engine=$eng"
+        GRPO=(recipes/benchmark.py grpo "${SHAPE[@]}" "rollout.engine=$eng" "data.prompts_per_step=16"
+            "rollout.group_size=8")
+    fi
     case $stage in
         generate) timeout "${GENERATE_S:-120}" "$PY" recipes/benchmark.py generate "${SHAPE[@]}" \
             --out "$OUT/generate.json" ;;

@@ -257,14 +257,14 @@ class MegatronEngine(GenerationEngine):
             raise ValueError("rollout.engine=megatron: a prompt has no tokens")
         model, dev = self.model, self.device
         B = len(prompts)
-        lengths_B = torch.tensor([len(p) for p in prompts], device=dev)
-        cache = _KVCache(len(model.decoder.layers), B, int(lengths_B.max()) + max_new_tokens)
+        lengths = [len(p) for p in prompts]
+        lengths_B = torch.tensor(lengths, device=dev)
+        cache = _KVCache(len(model.decoder.layers), B, max(lengths) + max_new_tokens)
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
         finished = [False] * B
         generators = row_generators(seeds, dev) if seeds is not None and temperature > 0 else None
         stop_set = set(stop_ids)
-        lengths = [len(p) for p in prompts]
         was_training = model.training
         layers = [layer.self_attention for layer in model.decoder.layers]
         originals = [attention.core_attention for attention in layers]
@@ -277,6 +277,7 @@ class MegatronEngine(GenerationEngine):
                 logits_NV = self._prefill(prompts, lengths_B, cache)
                 rows = list(range(B))  # the sequences still decoding, in cache-row order
                 start_N = lengths_B  # where each one's generated tokens start
+                rows_N, longest = torch.arange(B, device=dev), max(lengths)  # their cache rows; longest prompt
                 for step in range(max_new_tokens):
                     ids_N, lp_N = self._sample(
                         logits_NV, temperature, top_p, None if generators is None else [generators[r] for r in rows]
@@ -298,13 +299,10 @@ class MegatronEngine(GenerationEngine):
                         keep_N = torch.tensor(live, dtype=torch.long, device=dev)
                         ids_N, start_N = ids_N[keep_N], start_N[keep_N]
                         rows = [rows[i] for i in live]
+                        rows_N, longest = rows_N[: len(rows)], max(lengths[r] for r in rows)
                         cache.keep(keep_N)
                     # token `step` sits after its prompt
-                    cache.step = _Step(
-                        torch.arange(len(rows), device=dev),
-                        start_N + step,
-                        length=max(lengths[r] for r in rows) + step + 1,
-                    )
+                    cache.step = _Step(rows_N, start_N + step, length=longest + step + 1)
                     logits_NV = self._forward(ids_N, cache.step.pos_T, length=cache.step.length)
             finally:
                 for attention, original in zip(layers, originals):
