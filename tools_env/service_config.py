@@ -181,25 +181,27 @@ def _default_simulated() -> dict[str, SimulatedExpertConfig]:
             "experts.simulated",
         )
 
-    cats = ("arithmetic", "lookup", "reasoning", "default")
+    # multistep: two facts to recall and a difference to take (the default task set's FRAMES-shaped
+    # category), which only the strong expert gets right reliably
+    cats = ("arithmetic", "lookup", "reasoning", "multistep", "default")
     return {  # priced like Qwen2.5-Math-7B, Qwen3-32B and gpt-5 respectively
         "expert-small": sim(
             (0.2, 0.2),
-            dict(zip(cats, (0.5, 0.8, 0.2, 0.5))),
+            dict(zip(cats, (0.5, 0.8, 0.2, 0.1, 0.5))),
             {"default": [1.0, 2.0]},
-            dict(zip(cats, (120, 40, 200, 120))),
+            dict(zip(cats, (120, 40, 200, 150, 120))),
         ),
         "expert-medium": sim(
             (0.8, 0.8),
-            dict(zip(cats, (0.7, 0.9, 0.6, 0.7))),
+            dict(zip(cats, (0.7, 0.9, 0.6, 0.3, 0.7))),
             {"default": [3.0, 4.0]},
-            dict(zip(cats, (250, 80, 400, 250))),
+            dict(zip(cats, (250, 80, 400, 300, 250))),
         ),
         "expert-large": sim(
             (1.25, 10.0),
-            dict(zip(cats, (0.95, 0.98, 0.9, 0.9))),
+            dict(zip(cats, (0.95, 0.98, 0.9, 0.95, 0.9))),
             {"default": [8.0, 10.0]},
-            dict(zip(cats, (500, 200, 900, 500))),
+            dict(zip(cats, (500, 200, 900, 600, 500))),
         ),
     }
 

@@ -9,6 +9,12 @@ Categories (the service's default simulated experts are tuned to them):
   one almost always (0.98).
 - ``reasoning``: puzzles the strong (expensive) expert solves reliably (0.9), the medium one at
   0.6 and the cheap one rarely.
+- ``multistep`` (FRAMES-shaped): "How many years after the founding of A was B founded?" about two
+  entities of the search tool's world (``tools_env.corpus``). A chain of cheap calls answers it
+  (``search`` A, ``search`` B, ``calculator`` on the two years, ``answer``), unless the world has no
+  document of B (a fifth of the tasks, ``MISSING_FACT_RATE``): the search then finds another entity's
+  year, as retrieval misses a fact. The strong expert answers at once (0.95), dear and slow; the others
+  rarely. So the chain is preferred at low cost and the strong expert when accuracy comes first.
 
 The final answer is the policy's own (``answer`` with ``answer``) or written by an expert
 (``answer`` with ``model``), as in ToolOrchestra.
@@ -17,18 +23,20 @@ Each record carries its tool subset, per-alias prices perturbed around the paper
 preference profile: cost-sensitive tasks weight cost and latency, accuracy-first tasks weigh
 accuracy alone. Under the default simulated experts the best choices differ by profile: a
 cost-sensitive lookup goes to the cheap expert and a cost-sensitive puzzle to the medium one,
-while accuracy-first tasks go to the strong one; arithmetic goes to the calculator either way.
+while accuracy-first tasks go to the strong one; arithmetic goes to the calculator either way, and a cost-sensitive multi-step task to the chain.
 The policy reads the preference at the end of the user message (``prompting.prompts``).
 """
 
 from __future__ import annotations
 
+import functools
 import random
+import re
 
 from nemo_orchestra.prompting.preferences import PREFERENCES
 from tools_env.task import TaskRecord
 
-CATEGORIES = ("arithmetic", "lookup", "reasoning")
+CATEGORIES = ("arithmetic", "lookup", "reasoning", "multistep")
 EXPERT_PRICES = {  # $/1M tokens (input, output), after the paper's price table
     "expert-small": (0.2, 0.2),
     "expert-medium": (0.8, 0.8),
@@ -36,7 +44,17 @@ EXPERT_PRICES = {  # $/1M tokens (input, output), after the paper's price table
 }
 
 
-KINDS = {"arithmetic": "arithmetic", "lookup": "lookup", "reasoning": "puzzle"}  # category -> word in the plan
+KINDS = {  # category -> word in the plan
+    "arithmetic": "arithmetic",
+    "lookup": "lookup",
+    "reasoning": "puzzle",
+    "multistep": "multi-step",
+}
+MULTISTEP_TOOLS = ["search", "calculator", "expert", "answer"]
+MULTISTEP_TURNS = 5  # the chain takes 4 (two searches, the calculator, the answer); one to spare
+MISSING_FACT_RATE = 0.2  # multi-step tasks whose later entity has no document in the search tool's world
+CORPUS_SEED = 0  # the search tool's world (its ``corpus_seed``), which the multi-step questions are about
+MULTISTEP_RE = re.compile(r"How many years after the founding of (.+) was (.+) founded\?")
 _SYL = ["ka", "lo", "mi", "ra", "te", "vo", "zu", "ne", "sha", "dri", "pel", "tor", "vin", "qua", "bel"]
 
 
@@ -72,14 +90,64 @@ def _reasoning(rng: random.Random) -> tuple[str, str, dict]:
     )
 
 
-_MAKERS = {"arithmetic": _arithmetic, "lookup": _lookup, "reasoning": _reasoning}
+@functools.lru_cache(maxsize=4)
+def founding_years(corpus_seed: int = CORPUS_SEED) -> tuple[list[tuple[str, int]], list[tuple[str, int]], set[str]]:
+    """The entities of the search tool's world whose founding year a ``search`` by their name finds
+    (their own document ranks first): (cities and universities, companies), each ``(name, year)``,
+    and every name the world uses."""
+    from tools_env.corpus import build_world
+    from tools_env.tools.search import BM25Index
+
+    world = build_world(corpus_seed)
+    index = BM25Index(world.docs)
+
+    def found(name: str) -> bool:
+        hits = index.search(name, 1)
+        return bool(hits) and hits[0][0].id == world.doc_id[name]
+
+    early = [(n, c["founded"]) for n, c in world.cities.items()] + [
+        (n, u["founded"]) for n, u in world.universities.items()
+    ]
+    late = [(n, c["year"]) for n, c in world.companies.items()]
+    names = {*world.cities, *world.universities, *world.companies, *world.people, *world.countries}
+    return [e for e in early if found(e[0])], [e for e in late if found(e[0])], names
+
+
+def _unknown_company(rng: random.Random, taken: set[str]) -> str:
+    """A company name the world does not have, shaped like its own ("<Word> <Suffix>")."""
+    from tools_env.corpus.generate import COMPANY_SUFFIX, _Names
+
+    names = _Names(rng)
+    names.used = set(w for n in taken for w in n.split())
+    return f"{names.word(2)} {rng.choice(COMPANY_SUFFIX)}"
+
+
+def _multistep(rng: random.Random) -> tuple[str, str, dict, dict]:
+    """Two entities' founding years and their difference; with ``MISSING_FACT_RATE`` the later one is
+    a company the world has no document of (its year drawn as the world draws companies')."""
+    early, late, names = founding_years()
+    a, year_a = rng.choice(early)
+    b, year_b = rng.choice([x for x in late if x[1] > year_a])
+    searchable = rng.random() >= MISSING_FACT_RATE
+    if not searchable:
+        b, year_b = _unknown_company(rng, names), max(year_a + 1, rng.randint(1925, 2035))
+    problem = f"How many years after the founding of {a} was {b} founded?"
+    return problem, str(year_b - year_a), {"type": "numeric", "abs_tol": 1e-6}, {"searchable": searchable}
+
+
+_MAKERS = {"arithmetic": _arithmetic, "lookup": _lookup, "reasoning": _reasoning, "multistep": _multistep}
 
 
 def make_task(rng: random.Random, category: str) -> TaskRecord:
-    problem, answer, verifier = _MAKERS[category](rng)
-    tools = (
-        ["calculator", "expert", "answer"] if category == "arithmetic" or rng.random() < 0.3 else ["expert", "answer"]
-    )
+    problem, answer, verifier, *extra = _MAKERS[category](rng)
+    if category == "multistep":
+        tools = list(MULTISTEP_TOOLS)
+    else:
+        tools = (
+            ["calculator", "expert", "answer"]
+            if category == "arithmetic" or rng.random() < 0.3
+            else ["expert", "answer"]
+        )
     prices = {
         alias: {"input": round(pin * rng.uniform(0.7, 1.3), 4), "output": round(pout * rng.uniform(0.7, 1.3), 4)}
         for alias, (pin, pout) in EXPERT_PRICES.items()
@@ -93,7 +161,8 @@ def make_task(rng: random.Random, category: str) -> TaskRecord:
         prices=prices,
         preference=dict(PREFERENCES[pref_name].weights),
         verifier=verifier,
-        meta={"preference_name": pref_name},
+        max_turns=MULTISTEP_TURNS if category == "multistep" else None,
+        meta={"preference_name": pref_name, **(extra[0] if extra else {})},
     )
 
 
@@ -160,6 +229,7 @@ def plan_phrases() -> list[str]:
     (kind, preference) that GRPO moves without moving the same choice elsewhere."""
     calls = [(tool, {"model": alias}) for tool in ("answer", "expert") for alias in EXPERT_PRICES] + [
         ("calculator", {}),
+        ("search", {}),
         ("answer", {}),
     ]
     return [

@@ -1,8 +1,9 @@
 """Warm start: teach the tool-call format by SFT on scripted trajectories from the real service.
 
 A scripted orchestrator makes random valid choices for each task: first the calculator with the
-problem's expression (when it has one), a random expert alias, or straight to ``answer`` written
-by a random expert alias; after a tool result, ``answer`` with what the tool said or written by
+problem's expression (when it has one), a multi-step task's chain (``chain_call``: a search for each
+entity, the calculator on the years found, the answer), a random expert alias, or straight to ``answer``
+written by a random expert alias; after a tool result, ``answer`` with what the tool said or written by
 a random expert alias. Each turn opens with a short plan that restates the kind of task and the
 user's preference and then names the call (``plan_text``; one token with the embedded tokenizer),
 so the choice is made together with what it should depend on. The episodes run against the tool
@@ -30,7 +31,7 @@ import re
 from dataclasses import dataclass
 
 from nemo_orchestra.config import RewardConfig
-from nemo_orchestra.data.default_tasks import plan, plan_text
+from nemo_orchestra.data.default_tasks import MULTISTEP_RE, plan, plan_text
 
 from nemo_orchestra.prompting.chat import (
     ChatFormat,
@@ -45,6 +46,7 @@ from nemo_orchestra.types import TaskRecord, Trajectory, TurnRecord
 
 _EXPR_RE = re.compile(r"What is (-?\d+ [-+*] -?\d+)\?")
 _ANSWER_RE = re.compile(r"The answer is (.+?)\.?\s*$", re.DOTALL)
+_YEAR_RE = re.compile(r"(?:founded|established) in (\d+)")
 
 
 @dataclass
@@ -78,13 +80,15 @@ def _choose(
     are never called."""
     names, aliases = [t["function"]["name"] for t in tools], _aliases(tools, avoid)
     m = _EXPR_RE.match(task.problem)
+    chain = "search" in names and "calculator" in names and MULTISTEP_RE.match(task.problem)
     kinds = (
         (["answer"] if aliases else [])
         + (["expert"] if "expert" in names and aliases else [])
         + (["calculator"] if "calculator" in names and m else [])
+        + (["search"] if chain else [])
     )
     if copy:
-        kinds = [k for k in ("calculator", "expert") if k in kinds][:1]
+        kinds = [k for k in ("search", "calculator", "expert") if k in kinds][:1]
     elif calls_only:
         kinds = [k for k in kinds if k != "answer"]
     if not kinds:
@@ -95,11 +99,28 @@ def _choose(
             + (paid if avoid else "")
         )
     kind = rng.choice(kinds)
+    if kind == "search":
+        return chain_call(task, [])
     if kind == "calculator":
         return kind, {"expression": m.group(1)}
     if kind == "expert":
         return kind, {"model": rng.choice(aliases), "query": task.problem}
     return "answer", {"model": rng.choice(aliases)}
+
+
+def chain_call(task: TaskRecord, observations: list[str]) -> tuple[str, dict]:
+    """The next call of a multi-step task's chain after ``observations`` (the chain's results so far): a
+    ``search`` for each entity the question names, in its order, then the ``calculator`` on the later
+    year minus the earlier (the years the two results state), then ``answer`` with the difference. A
+    result that states no year (a search that found nothing) ends the chain: its answer is that result."""
+    first, second = MULTISTEP_RE.match(task.problem).groups()
+    if len(observations) < 2:
+        return "search", {"query": (first, second)[len(observations)]}
+    if len(observations) == 2:
+        years = [_YEAR_RE.search(o) for o in observations]
+        if all(years):
+            return "calculator", {"expression": f"{years[1].group(1)} - {years[0].group(1)}"}
+    return "answer", {"answer": answer_from(observations[-1])}
 
 
 def _final(observation: str, tools: list[dict], rng: random.Random, avoid: frozenset = frozenset()) -> dict:
@@ -141,6 +162,11 @@ async def scripted_episodes(
             name, args = _choose(task, ep["tools"], rng, copy, avoid)
             result = await client.step(ep["episode_id"], name, args)
             turns = [(name, args, str(result["observation"]))]
+            chained = name == "search"
+            while chained and name != "answer" and not result["done"]:  # a chain: to its end, answer included
+                name, args = chain_call(task, [obs for _, _, obs in turns])
+                result = await client.step(ep["episode_id"], name, args)
+                turns.append((name, args, str(result["observation"])))
             extra = rng.randrange(max_calls) if max_calls > 1 and not copy and name != "answer" else 0
             for _ in range(extra):
                 if result["done"]:

@@ -34,6 +34,8 @@ def summarize(trajs: list[Trajectory]) -> dict[str, float]:
     for k, v in sorted(calls.items()):
         share = v / (n_expert if k.startswith("expert-") else n_calls)
         out[f"{'expert' if k.startswith('expert-') else 'tool'}_share/{k}"] = share
+        # the share of rollouts that call k at least once (a multi-step chain is one that calls no expert-large)
+        out[f"rollout_share/{k}"] = sum(t.tool_counts.get(k, 0) > 0 for t in trajs) / len(trajs)
     return out
 
 
