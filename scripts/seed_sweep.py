@@ -21,7 +21,11 @@ most accurate simulated expert elsewhere. A policy that follows the preferences 
 ``--check targets`` names each run and each target it misses (``targets()``) and exits 1 when a run misses
 one, or with ``--at-least N`` when fewer than N runs meet them all: within ``--minutes`` (10), 80% of the
 gap closed, cost per correct answer on cost-sensitive tasks at most half the warm start's, separation of
-at least 0.5, cost-sensitive arithmetic at accuracy 0.8 or better for $0.0002 or less a task.
+at least 0.5, cost-sensitive arithmetic at accuracy 0.8 or better for $0.0002 or less a task; on the
+multi-step tasks accuracy of at least 0.8, on their cost-sensitive ones at least 0.7 of rollouts taking the
+chain (no expert-large call) at a cost per correct answer of at most a third of the warm start's, and
+expert-large called on accuracy-first ones in a share of rollouts at least 0.5 above the cost-sensitive
+ones'; format errors a turn after GRPO at most the warm start's plus 0.01.
 
 The figures come from the run's sampled held-out evaluation (``evaluation.samples`` rollouts per
 task at the rollout temperature and top-p: the policy GRPO trains, with 8 x the episodes) where the
@@ -41,8 +45,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = (
     "| seed | time | accuracy | preference ceiling | gap closed | cost per correct, cost-sensitive $ | separation "
-    "| arithmetic, cost-sensitive: accuracy, $ per task | meets the targets |\n"
-    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    "| arithmetic, cost-sensitive: accuracy, $ per task | multi-step: accuracy | multi-step, cost-sensitive: chain "
+    "share, $ per correct | multi-step separation | format errors a turn | meets the targets |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 )
 
 
@@ -50,9 +55,16 @@ def _large_share(s: dict) -> float:
     return s.get("expert_share/expert-large", 0.0)
 
 
+def _large_calls(s: dict) -> float:
+    """The share of rollouts that call expert-large at least once (0 where none does: the slice has no key)."""
+    return s.get("rollout_share/expert-large", 0.0) if s else math.nan
+
+
 # the expert a cost-sensitive task's reward prefers under the default simulated experts, by category
-# (default_tasks.py); arithmetic that offers the calculator takes it under either preference
+# (default_tasks.py); arithmetic that offers the calculator takes it under either preference, a
+# cost-sensitive multi-step task the chain (search, search, calculator, answer)
 PREFERRED = {"lookup": "expert-small", "reasoning": "expert-medium"}
+CHAIN = "multistep"
 
 
 def preference_ceiling(run_dir: str) -> float:
@@ -79,6 +91,8 @@ def preference_ceiling(run_dir: str) -> float:
     def expected(t, calculator: bool) -> float:
         if calculator:
             return 1.0
+        if t.category == CHAIN and t.meta.get("preference_name") == "cost_sensitive":
+            return 1.0 if t.meta.get("searchable", True) else 0.0  # the chain is exact where the facts are found
         alias = PREFERRED.get(t.category) if t.meta.get("preference_name") == "cost_sensitive" else None
         if alias in experts:
             return for_category(experts[alias].accuracy, t.category)
@@ -121,6 +135,18 @@ def summary(run_dir: str, stages: str = "sampled") -> dict:
         - _large_share(after.get("preference/cost_sensitive", {})),
         "calc": (arith.get("accuracy", math.nan), arith.get("cost_mean", math.nan)),
         "ceiling": preference_ceiling(run_dir),
+        "multistep_acc": after.get(f"category/{CHAIN}", {}).get("accuracy", math.nan),
+        "chain_share": 1.0 - _large_calls(after.get(f"category/{CHAIN}/cost_sensitive")),
+        "cpc_chain": (
+            before.get(f"category/{CHAIN}/cost_sensitive", {}).get("cost_per_correct", math.nan),
+            after.get(f"category/{CHAIN}/cost_sensitive", {}).get("cost_per_correct", math.nan),
+        ),
+        "multistep_separation": _large_calls(after.get(f"category/{CHAIN}/accuracy_first"))
+        - _large_calls(after.get(f"category/{CHAIN}/cost_sensitive")),
+        "format_errors": (
+            before["all"].get("format_error_rate", math.nan),
+            after["all"].get("format_error_rate", math.nan),
+        ),
     }
     timing = os.path.join(run_dir, "wall_time_s")
     if os.path.exists(timing):
@@ -153,6 +179,15 @@ def targets(minutes: float = 10.0) -> dict:
         "separation of at least 0.5": lambda s: s["separation"] >= 0.5,
         "cost-sensitive arithmetic at 0.8 or better for $0.0002 or less": lambda s: (
             s["calc"][0] >= 0.8 and s["calc"][1] <= 2e-4
+        ),
+        "multi-step accuracy at least 0.8": lambda s: s["multistep_acc"] >= 0.8,
+        "cost-sensitive multi-step: at least 0.7 of rollouts take the chain, cost per correct answer at most a "
+        "third of the warm start's": lambda s: (
+            s["chain_share"] >= 0.7 and s["cpc_chain"][1] <= s["cpc_chain"][0] / 3
+        ),
+        "multi-step separation of at least 0.5": lambda s: s["multistep_separation"] >= 0.5,
+        "format errors a turn at most the warm start's plus 0.01": lambda s: (
+            s["format_errors"][1] <= s["format_errors"][0] + 0.01
         ),
     }
 
@@ -200,10 +235,12 @@ def row(seed: str, s: dict, minutes: float = 10.0) -> str:
     gap, ceiling = gap_closed(s), s["ceiling"]
     ceiling_text = "?" if math.isnan(ceiling) else f"{ceiling:.3f}"
     gap_text = "?" if math.isnan(ceiling) else "none to close" if math.isnan(gap) else f"{gap:.2f}"
+    (m0, m1), (f0, f1) = s["cpc_chain"], s["format_errors"]
     return (
         f"| {seed} | {wall} | {a0:.3f} -> {a1:.3f} | {ceiling_text} | {gap_text} | {c0:.6f} -> {c1:.6f} "
         f"| {s['separation']:+.2f} "
-        f"| {ca:.2f}, {cc:.6f} | {'yes' if meets(s, minutes) else 'no'} |"
+        f"| {ca:.2f}, {cc:.6f} | {s['multistep_acc']:.3f} | {s['chain_share']:.2f}, {m0:.6f} -> {m1:.6f} "
+        f"| {s['multistep_separation']:+.2f} | {f0:.3f} -> {f1:.3f} | {'yes' if meets(s, minutes) else 'no'} |"
     )
 
 

@@ -229,8 +229,9 @@ def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfi
             raise ChatTemplateError(f"the chat template's own writing of a scripted turn is refused: {parsed.error}")
         messages.append(parsed.message)
         turn = chat.encode(text) + [chat.end_of_turn_id]
-        # a copy lesson trains the call, not what comes before it
-        untrained = chat.plan_length(text, turn) if ep.copy else 0
+        # a copy lesson trains the call, not the plan before it (the choice), except past a chain's first call:
+        # a chain's next steps are its format
+        untrained = chat.plan_length(text, turn) if ep.copy and not (i > 0 and ep.turns[0][0] == "search") else 0
         traj.turns.append(TurnRecord(start=len(traj.token_ids), calls=1))  # no action key: no per-turn credit
         traj.token_ids += turn
         traj.loss_mask += [0] * untrained + [1] * (len(turn) - untrained)

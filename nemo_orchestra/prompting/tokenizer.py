@@ -48,6 +48,11 @@ def build_embedded_tokenizer(
     # '"answer": "-' and the copy of a negative result a different task from a positive one's)
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
+            # a capitalized word is split from what surrounds it, so a name is the same tokens wherever it
+            # stands: "Reta" in a question ("the founding of Reta was") and in a call ('"query": "Reta"') share
+            # them, and copying one into the other is a copy of tokens (merged with their context, a name the
+            # task set repeats would become other tokens in each place)
+            pre_tokenizers.Split(Regex(r"[A-Z][a-z]+"), behavior="isolated"),
             pre_tokenizers.Split(Regex(r"-(?=\d)"), behavior="isolated"),
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),

@@ -52,6 +52,12 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         experts = {k: sum(t.tool_counts.get(k, 0) for t in group) for k in tools if k.startswith("expert-")}
         total = sum(experts.values())  # 0: this profile made no expert call this step, which says nothing
         out.update({f"rollout/expert_share/{name}/{k}": v / total for k, v in experts.items() if total})
+    by_kind: dict[str, list[Trajectory]] = {}  # the dearest expert's reach per category and profile
+    for t in trajs:
+        if "preference_name" in t.task.meta:
+            by_kind.setdefault(f"{t.task.category}/{t.task.meta['preference_name']}", []).append(t)
+    for kind, group in sorted(by_kind.items()):  # the share of rollouts that call expert-large at least once
+        out[f"rollout/large_rollouts/{kind}"] = mean(float(t.tool_counts.get("expert-large", 0) > 0) for t in group)
     return out
 
 

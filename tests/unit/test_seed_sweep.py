@@ -17,19 +17,43 @@ def _slice(acc, cpc, large=None, cost=0.0):
     return s
 
 
-def _run(tmp_path, name, large_acc_first, calc_acc, seconds, acc_after=0.75, cheap_cpc_after=0.0005, tasks=True):
+def _run(
+    tmp_path,
+    name,
+    large_acc_first,
+    calc_acc,
+    seconds,
+    acc_after=0.75,
+    cheap_cpc_after=0.0005,
+    tasks=True,
+    multistep=None,
+    format_errors=(0.002, 0.011),
+):
     """A finished run: warm start at 0.3, a held-out set whose preference ceiling is 0.8 (a cost-sensitive
     lookup on expert-small at 0.8, an accuracy-first one on expert-large at 0.8), cost per correct answer
-    on cost-sensitive tasks 0.0012 at the warm start."""
+    on cost-sensitive tasks 0.0012 at the warm start; multi-step tasks at 0.85, their cost-sensitive ones
+    with expert-large in 0.2 of rollouts (so 0.8 take the chain) at $0.0009 a correct answer against $0.003
+    at the warm start, their accuracy-first ones with expert-large in 0.9 (``multistep`` overrides these)."""
     d = tmp_path / name
     d.mkdir()
+    m = {"acc": 0.85, "cheap_large": 0.2, "cpc": (0.003, 0.0009), "first_large": 0.9, **(multistep or {})}
     after = {
-        "all": _slice(acc_after, 0.0007),
+        "all": {**_slice(acc_after, 0.0007), "format_error_rate": format_errors[1]},
         "preference/accuracy_first": _slice(0.8, 0.001, large=large_acc_first),
         "preference/cost_sensitive": _slice(0.7, cheap_cpc_after, large=0.1),
         "category/arithmetic/cost_sensitive": _slice(calc_acc, 0.0001, cost=0.00008),
+        "category/multistep": _slice(m["acc"], 0.001),
+        "category/multistep/cost_sensitive": {
+            **_slice(0.8, m["cpc"][1]),
+            **({"rollout_share/expert-large": m["cheap_large"]} if m["cheap_large"] else {}),
+        },
+        "category/multistep/accuracy_first": {**_slice(0.9, 0.006), "rollout_share/expert-large": m["first_large"]},
     }
-    before = {"all": _slice(0.3, 0.0015), "preference/cost_sensitive": _slice(0.3, 0.0012)}
+    before = {
+        "all": {**_slice(0.3, 0.0015), "format_error_rate": format_errors[0]},
+        "preference/cost_sensitive": _slice(0.3, 0.0012),
+        "category/multistep/cost_sensitive": _slice(0.4, m["cpc"][0]),
+    }
     (d / "eval.json").write_text(json.dumps({"step 0": before, "step 80": after}))
     (d / "wall_time_s").write_text(f"{seconds}\n")
     if not tasks:
@@ -73,6 +97,7 @@ def test_table_of_runs_and_a_clear_error_for_an_unfinished_one(tmp_path, capsys)
     assert main(["--table", ok]) == 0
     line = capsys.readouterr().out.splitlines()[-1]
     assert line.startswith("| seed-7 | 9 min 05 s | 0.300 -> 0.750 |") and line.endswith("| yes |")
+    assert "| 0.850 | 0.80, 0.003000 -> 0.000900 | +0.70 | 0.002 -> 0.011 |" in line
     (tmp_path / "empty").mkdir()
     assert main(["--table", ok, str(tmp_path / "empty")]) == 2
     assert "no eval.json" in capsys.readouterr().err
@@ -180,3 +205,47 @@ def test_at_least_n_runs_meeting_the_targets_is_enough_and_fewer_is_not(tmp_path
     for bad in ("0", "3"):  # 2 runs: at least 0 or 3 of them is a mistake, not a check
         with pytest.raises(SystemExit):
             main(["--table", *good, "--check", "targets", "--at-least", bad])
+
+
+@pytest.mark.parametrize(
+    "multistep, format_errors, missed",
+    [
+        ({"acc": 0.79}, None, "multi-step accuracy at least 0.8"),
+        ({"cheap_large": 0.31}, None, "cost-sensitive multi-step: at least 0.7 of rollouts take the chain"),
+        ({"cpc": (0.003, 0.00101)}, None, "cost-sensitive multi-step: at least 0.7 of rollouts take the chain"),
+        ({"first_large": 0.69}, None, "multi-step separation of at least 0.5"),  # 0.69 - 0.2 apart
+        (None, (0.002, 0.0121), "format errors a turn at most the warm start's plus 0.01"),
+    ],
+)
+def test_the_multi_step_and_format_targets_are_judged(tmp_path, multistep, format_errors, missed):
+    kw = {"format_errors": format_errors} if format_errors else {}
+    s = summary(_run(tmp_path, "a", 0.9, 0.86, 500.0, multistep=multistep, **kw))
+    assert [m for m in missed_targets(s)] and missed_targets(s)[0].startswith(missed) and len(missed_targets(s)) == 1
+
+
+def test_a_chain_no_rollout_leaves_and_a_run_without_multi_step_tasks(tmp_path):
+    s = summary(_run(tmp_path, "a", 0.9, 0.86, 500.0, multistep={"cheap_large": 0.0}))
+    assert s["chain_share"] == 1.0 and abs(s["multistep_separation"] - 0.9) < 1e-9 and meets(s)
+    d = _run(tmp_path, "b", 0.9, 0.86, 500.0)
+    evals = json.loads((tmp_path / "b" / "eval.json").read_text())
+    evals = {k: {n: v for n, v in e.items() if "multistep" not in n} for k, e in evals.items()}
+    (tmp_path / "b" / "eval.json").write_text(json.dumps(evals))
+    missed = missed_targets(summary(d))  # the default run's targets include the category: a run without it misses
+    assert any(m.startswith("multi-step accuracy") for m in missed) and len(missed) == 3
+
+
+def test_the_ceiling_puts_cost_sensitive_multi_step_tasks_on_the_chain(tmp_path):
+    d = _run(tmp_path, "seed-5", 0.9, 0.86, 500.0)
+    tasks = [
+        {"category": "multistep", "meta": {"preference_name": "cost_sensitive", "searchable": True}},  # 1.0
+        {"category": "multistep", "meta": {"preference_name": "cost_sensitive", "searchable": False}},  # 0.0
+        {"category": "multistep", "meta": {"preference_name": "accuracy_first", "searchable": True}},  # large: 0.95
+    ]
+    tasks = [{"problem": "q", "answer": "1", "tools": ["search", "calculator", "expert", "answer"], **t} for t in tasks]
+    (tmp_path / "seed-5" / "heldout.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    simulated = {
+        "expert-small": {**EXPERT, "accuracy": {"multistep": 0.1, "default": 0.5}},
+        "expert-large": {**EXPERT, "accuracy": {"multistep": 0.95, "default": 0.5}},
+    }
+    (tmp_path / "seed-5" / "config.yaml").write_text(json.dumps({"tools": {"service": {"experts": {"simulated": simulated}}}}))
+    assert abs(summary(d)["ceiling"] - (1.0 + 0.0 + 0.95) / 3) < 1e-9

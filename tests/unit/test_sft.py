@@ -112,7 +112,7 @@ def test_copy_tasks_vary_the_length_of_what_is_copied():
     from nemo_orchestra.data.default_tasks import CATEGORIES, copy_tasks
 
     tasks = copy_tasks(600, seed=5)
-    assert [t.category for t in tasks[:3]] == list(CATEGORIES) and len({t.id for t in tasks}) == 600
+    assert [t.category for t in tasks[:4]] == list(CATEGORIES) and len({t.id for t in tasks}) == 600
     arithmetic = [t for t in tasks if t.category == "arithmetic"]
     lengths = {len(t.answer) for t in arithmetic}
     assert min(lengths) == 1 and max(lengths) >= 7 and any(t.answer.startswith("-") for t in tasks)
@@ -209,3 +209,63 @@ def test_no_scripted_choice_calls_a_paid_expert():
     assert called == {"expert-small", None}  # None: answered with what the tool said
     with pytest.raises(ValueError, match=r"experts it does not call .*'expert-large', 'expert-small'"):
         _choose(t, tools, random.Random(0), avoid=frozenset(ALIASES))
+
+
+MULTISTEP_TOOLS = [_tool("search", query={"type": "string"}), _tool("calculator"), _tool("expert"), ANSWER]
+
+
+def _multistep_task():
+    t = task(category="multistep")
+    t.problem, t.answer = "How many years after the founding of Reta was Bremia Labs founded?", "785"
+    t.meta = {"preference_name": "cost_sensitive"}
+    return t
+
+
+def test_a_multi_step_task_offers_the_chain_beside_the_experts_and_a_copy_lesson_takes_it():
+    t = _multistep_task()
+    seen = {_choose(t, MULTISTEP_TOOLS, random.Random(i))[0] for i in range(100)}
+    assert seen == {"search", "expert", "answer"}  # no expression in the question: never the calculator first
+    assert all(_choose(t, MULTISTEP_TOOLS, random.Random(i), copy=True) == ("search", {"query": "Reta"}) for i in range(20))
+
+
+def test_the_chain_searches_each_entity_subtracts_the_years_found_and_answers_the_difference():
+    from nemo_orchestra.data.warm_start import chain_call
+
+    t = _multistep_task()
+    city = "[city-0001] Reta: Reta is a city in Thadisstan, founded in 1164 on the banks of the Tavor river."
+    company = "[company-0200] Bremia Labs: ... It was founded in 1949 by Kaex Dou and is headquartered in Reta."
+    assert chain_call(t, []) == ("search", {"query": "Reta"})
+    assert chain_call(t, [city]) == ("search", {"query": "Bremia Labs"})
+    assert chain_call(t, [city, company]) == ("calculator", {"expression": "1949 - 1164"})  # later minus earlier
+    assert chain_call(t, [city, company, "785"]) == ("answer", {"answer": "785"})
+    assert chain_call(t, [city, "no documents match the query"]) == ("answer", {"answer": "no documents match the query"})
+    uni = "[university-0033] University of Droufith: The University of Droufith was established in 1699 in the city of X."
+    t.problem = "How many years after the founding of University of Droufith was Kenaex Group founded?"
+    assert chain_call(t, [uni, company]) == ("calculator", {"expression": "1949 - 1699"})
+
+
+def test_a_chain_copy_lesson_trains_the_chain_s_next_steps_but_not_its_first_choice():
+    """Past its first call a chain's plans are its format (search again, the calculator, the answer), so a copy
+    lesson of a chain trains them; its first plan, the choice of the chain over an expert, stays untrained."""
+    from nemo_orchestra.config import load_config
+    from nemo_orchestra.data.default_tasks import plan_phrases, plan_text
+    from nemo_orchestra.data.warm_start import ScriptedEpisode, render_text, to_trajectory
+    from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, ChatFormat
+    from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
+
+    t = _multistep_task()
+    turns = [
+        ("search", {"query": "Reta"}, "[city-0001] Reta: Reta is a city, founded in 1164."),
+        ("search", {"query": "Bremia Labs"}, "[company-0200] Bremia Labs: It was founded in 1949."),
+        ("calculator", {"expression": "1949 - 1164"}, "785"),
+        ("answer", {"answer": "785"}, "Answer submitted."),
+    ]
+    reward = load_config([]).reward
+    corpus = [render_text(ScriptedEpisode(t, MULTISTEP_TOOLS, turns), QWEN3_CHAT_TEMPLATE, reward)] * 4
+    chat = ChatFormat(build_embedded_tokenizer(corpus, vocab_size=500, phrases=plan_phrases()))
+    lesson = to_trajectory(ScriptedEpisode(t, MULTISTEP_TOOLS, turns, copy=True), chat, reward)
+    trained = chat.decode([i for i, m in zip(lesson.token_ids, lesson.loss_mask) if m])
+    plans = [plan_text("multistep", "cost_sensitive", n, a) for n, a, _ in turns]
+    assert plans[0] == plans[1] and trained.count(plans[0]) == 1  # the second search's plan, not the first's
+    assert all(p in trained for p in plans[2:])
+    assert '"query": "Bremia Labs"' in trained and '"expression": "1949 - 1164"' in trained
