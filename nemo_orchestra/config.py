@@ -144,6 +144,9 @@ class ParallelConfig:
         _check(self.collective_timeout_s > 0, "parallel.collective_timeout_s", "must be > 0")
 
 
+EMBEDDED_CATEGORIES = ("arithmetic", "lookup", "reasoning", "multistep")  # data/default_tasks.py's
+
+
 @dataclass
 class DataConfig:
     train_path: Optional[str] = MISSING  # null: generate the embedded default task set
@@ -151,8 +154,17 @@ class DataConfig:
     num_train_tasks: int = MISSING
     num_eval_tasks: int = MISSING
     prompts_per_step: int = MISSING
+    categories: str = MISSING  # the embedded task set's categories, comma-separated (data/default_tasks.py)
 
     def validate(self) -> None:
+        names = [c.strip() for c in self.categories.split(",")]
+        unknown = [c for c in names if c not in EMBEDDED_CATEGORIES]
+        _check(
+            not unknown,
+            "data.categories",
+            f"unknown {unknown}; the embedded task set has {', '.join(EMBEDDED_CATEGORIES)}",
+        )
+        _check(len(set(names)) == len(names), "data.categories", "names a category twice")
         _check(self.prompts_per_step >= 1, "data.prompts_per_step", "must be >= 1")
         _check(self.num_train_tasks >= 1, "data.num_train_tasks", "must be >= 1")
 

@@ -33,10 +33,19 @@ import functools
 import random
 import re
 
+from nemo_orchestra.config import EMBEDDED_CATEGORIES
 from nemo_orchestra.prompting.preferences import PREFERENCES
 from tools_env.task import TaskRecord
 
-CATEGORIES = ("arithmetic", "lookup", "reasoning", "multistep")
+CATEGORIES = EMBEDDED_CATEGORIES  # data.categories names a subset
+CHAIN = "multistep"  # the category a chain of cheap calls answers
+
+
+def category_list(categories: str | tuple[str, ...]) -> tuple[str, ...]:
+    """``data.categories`` ("arithmetic,lookup") as a tuple; a tuple as it is."""
+    return tuple(c.strip() for c in categories.split(",")) if isinstance(categories, str) else tuple(categories)
+
+
 EXPERT_PRICES = {  # $/1M tokens (input, output), after the paper's price table
     "expert-small": (0.2, 0.2),
     "expert-medium": (0.8, 0.8),
@@ -135,6 +144,24 @@ def _multistep(rng: random.Random) -> tuple[str, str, dict, dict]:
     return problem, str(year_b - year_a), {"type": "numeric", "abs_tol": 1e-6}, {"searchable": searchable}
 
 
+def _novel_multistep(rng: random.Random) -> tuple[str, str, dict, bool]:
+    """A multi-step question whose entities are each, at even odds, one of the world's or one it lacks: a
+    university (the search finds another university's year) and a company (another company's). Its answer
+    is the true difference of the years it was drawn with; whether the search finds both is the last value."""
+    early, late, names = founding_years()
+    if rng.random() < 0.5:
+        a, year_a, found_a = *rng.choice(early), True
+    else:
+        a, year_a, found_a = f"University of {_unknown_company(rng, names).split()[0]}", rng.randint(1300, 1950), False
+    candidates = [x for x in late if x[1] > year_a]
+    if candidates and rng.random() < 0.5:
+        b, year_b, found_b = *rng.choice(candidates), True
+    else:
+        b, year_b, found_b = _unknown_company(rng, names), rng.randint(max(1925, year_a + 1), 2035), False
+    problem = f"How many years after the founding of {a} was {b} founded?"
+    return problem, str(year_b - year_a), {"type": "numeric", "abs_tol": 1e-6}, found_a and found_b
+
+
 _MAKERS = {"arithmetic": _arithmetic, "lookup": _lookup, "reasoning": _reasoning, "multistep": _multistep}
 
 
@@ -186,7 +213,7 @@ def _repeated_digit_arithmetic(rng: random.Random) -> tuple[str, str, dict]:
     return _posed(a, b, rng)
 
 
-def copy_tasks(n: int, seed: int) -> list[TaskRecord]:
+def copy_tasks(n: int, seed: int, categories: str | tuple[str, ...] = CATEGORIES[:3]) -> list[TaskRecord]:
     """Tasks for the warm start's copy lessons (``data.warm_start``), categories in rotation: the
     default lookups and puzzles, whose answers an expert states inside a sentence, and arithmetic of
     three shapes in turn. A third has operands of 1 to 4 digits, so calculator results of 1 to 8
@@ -194,46 +221,52 @@ def copy_tasks(n: int, seed: int) -> list[TaskRecord]:
     digits, negatives down to -89, and 4-digit products as often as the tasks the run is judged on
     have them: lessons of the wide shape alone leave the copy of those unlearned (docs/algorithm.md);
     a third has those operands with a repdigit (``_repeated_digit_arithmetic``), where the trained
-    policy's copies went wrong most."""
-    rng = random.Random(seed)
+    policy's copies went wrong most. Multi-step lessons (the chain) name, for each entity, one of the
+    world's or, as often, one it does not have (``_novel_multistep``): the world's few names alone are
+    learned by heart, and the chain's searches then ask for a remembered name instead of the question's."""
+    rng, categories = random.Random(seed), category_list(categories)
     tasks = []
     for i in range(n):
-        category = CATEGORIES[i % len(CATEGORIES)]
+        category = categories[i % len(categories)]
         task = make_task(rng, category)
-        shape = (i // len(CATEGORIES)) % 3
+        shape = (i // len(categories)) % 3
         if category == "arithmetic" and shape != 1:
             make = _wide_arithmetic if shape == 0 else _repeated_digit_arithmetic
             task.problem, task.answer, task.verifier = make(rng)
+        if category == "multistep":
+            task.problem, task.answer, task.verifier, task.meta["searchable"] = _novel_multistep(rng)
         task.id = f"copy-{seed}-{i:05d}"
         tasks.append(task)
     return tasks
 
 
-def generate_tasks(n: int, seed: int) -> list[TaskRecord]:
-    """``n`` tasks, categories in rotation, deterministic in ``seed``; ids unique within the set."""
-    rng = random.Random(seed)
+def generate_tasks(n: int, seed: int, categories: str | tuple[str, ...] = CATEGORIES[:3]) -> list[TaskRecord]:
+    """``n`` tasks, ``categories`` (``data.categories``) in rotation, deterministic in ``seed``; ids unique
+    within the set."""
+    rng, categories = random.Random(seed), category_list(categories)
     tasks = []
     for i in range(n):
-        task = make_task(rng, CATEGORIES[i % len(CATEGORIES)])
+        task = make_task(rng, categories[i % len(categories)])
         task.id = f"default-{seed}-{i:05d}"
         tasks.append(task)
     return tasks
 
 
-def plan_phrases() -> list[str]:
+def plan_phrases(categories: str | tuple[str, ...] = CATEGORIES[:3]) -> list[str]:
     """Every plan a turn of the default task set can open with (``plan``, for each kind,
     preference and call the warm start makes: an expert alias asked or writing the answer, the
     calculator, or answering itself) and the expert aliases. The embedded tokenizer keeps each one
     a single token ("tool tokens", as in ToolkenGPT, Hao et al. 2023): one token names the action
     for this kind of task under this preference, so a tool choice has an output row of its own per
     (kind, preference) that GRPO moves without moving the same choice elsewhere."""
+    categories = category_list(categories)
     calls = [(tool, {"model": alias}) for tool in ("answer", "expert") for alias in EXPERT_PRICES] + [
         ("calculator", {}),
-        ("search", {}),
+        *([("search", {})] if CHAIN in categories else []),
         ("answer", {}),
     ]
     return [
-        plan(category, name, tool, args) for category in KINDS for name in PREFERENCES for tool, args in calls
+        plan(category, name, tool, args) for category in categories for name in PREFERENCES for tool, args in calls
     ] + list(EXPERT_PRICES)
 
 

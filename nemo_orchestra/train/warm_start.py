@@ -31,7 +31,7 @@ def warm_start_tasks(cfg: Config, tasks: list) -> list:
     model learns to copy tool outputs rather than memorize answers), else cycled training tasks."""
     n = max(cfg.warm_start.num_episodes, 1)
     if not cfg.data.train_path:
-        return generate_tasks(n, cfg.run.seed + 1)
+        return generate_tasks(n, cfg.run.seed + 1, cfg.data.categories)
     return [tasks[i % len(tasks)] for i in range(n)]
 
 
@@ -60,7 +60,7 @@ def play_warm_start_episodes(
         scripted = []
     copies = []
     if plan.copy_lessons:
-        lessons = copy_tasks(plan.copy_lessons, cfg.run.seed + 3)
+        lessons = copy_tasks(plan.copy_lessons, cfg.run.seed + 3, cfg.data.categories)
         copies = loop.run_until_complete(
             scripted_episodes(lessons, client, cfg.run.seed, copy=True, paid_experts=cfg.warm_start.endpoint_experts)
         )

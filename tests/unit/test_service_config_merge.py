@@ -42,7 +42,8 @@ def test_one_key_of_a_section_keeps_the_others(section, key):
 def test_the_main_jobs_overrides_merge_the_same_way(section, key):
     value = _changed(getattr(getattr(DEFAULT, section), key))
     service = load_config([f"tools.service.{section}.{key}={str(value).lower()}"]).tools.service_config()
-    assert service == ServiceConfig.from_dict({section: {key: value}})
+    recipe_tools = load_config([]).tools.service_config().tools  # the default recipe's tool sections
+    assert service == ServiceConfig.from_dict({section: {key: value}, "tools": recipe_tools})
 
 
 def test_top_level_keys_keep_the_sections():

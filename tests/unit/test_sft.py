@@ -112,7 +112,7 @@ def test_copy_tasks_vary_the_length_of_what_is_copied():
     from nemo_orchestra.data.default_tasks import CATEGORIES, copy_tasks
 
     tasks = copy_tasks(600, seed=5)
-    assert [t.category for t in tasks[:4]] == list(CATEGORIES) and len({t.id for t in tasks}) == 600
+    assert [t.category for t in tasks[:3]] == list(CATEGORIES[:3]) and len({t.id for t in tasks}) == 600
     arithmetic = [t for t in tasks if t.category == "arithmetic"]
     lengths = {len(t.answer) for t in arithmetic}
     assert min(lengths) == 1 and max(lengths) >= 7 and any(t.answer.startswith("-") for t in tasks)
@@ -225,7 +225,9 @@ def test_a_multi_step_task_offers_the_chain_beside_the_experts_and_a_copy_lesson
     t = _multistep_task()
     seen = {_choose(t, MULTISTEP_TOOLS, random.Random(i))[0] for i in range(100)}
     assert seen == {"search", "expert", "answer"}  # no expression in the question: never the calculator first
-    assert all(_choose(t, MULTISTEP_TOOLS, random.Random(i), copy=True) == ("search", {"query": "Reta"}) for i in range(20))
+    assert all(
+        _choose(t, MULTISTEP_TOOLS, random.Random(i), copy=True) == ("search", {"query": "Reta"}) for i in range(20)
+    )
 
 
 def test_the_chain_searches_each_entity_subtracts_the_years_found_and_answers_the_difference():
@@ -238,8 +240,13 @@ def test_the_chain_searches_each_entity_subtracts_the_years_found_and_answers_th
     assert chain_call(t, [city]) == ("search", {"query": "Bremia Labs"})
     assert chain_call(t, [city, company]) == ("calculator", {"expression": "1949 - 1164"})  # later minus earlier
     assert chain_call(t, [city, company, "785"]) == ("answer", {"answer": "785"})
-    assert chain_call(t, [city, "no documents match the query"]) == ("answer", {"answer": "no documents match the query"})
-    uni = "[university-0033] University of Droufith: The University of Droufith was established in 1699 in the city of X."
+    assert chain_call(t, [city, "no documents match the query"]) == (
+        "answer",
+        {"answer": "no documents match the query"},
+    )
+    uni = (
+        "[university-0033] University of Droufith: The University of Droufith was established in 1699 in the city of X."
+    )
     t.problem = "How many years after the founding of University of Droufith was Kenaex Group founded?"
     assert chain_call(t, [uni, company]) == ("calculator", {"expression": "1949 - 1699"})
 
@@ -248,7 +255,7 @@ def test_a_chain_copy_lesson_trains_the_chain_s_next_steps_but_not_its_first_cho
     """Past its first call a chain's plans are its format (search again, the calculator, the answer), so a copy
     lesson of a chain trains them; its first plan, the choice of the chain over an expert, stays untrained."""
     from nemo_orchestra.config import load_config
-    from nemo_orchestra.data.default_tasks import plan_phrases, plan_text
+    from nemo_orchestra.data.default_tasks import CATEGORIES, plan_phrases, plan_text
     from nemo_orchestra.data.warm_start import ScriptedEpisode, render_text, to_trajectory
     from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, ChatFormat
     from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
@@ -262,7 +269,7 @@ def test_a_chain_copy_lesson_trains_the_chain_s_next_steps_but_not_its_first_cho
     ]
     reward = load_config([]).reward
     corpus = [render_text(ScriptedEpisode(t, MULTISTEP_TOOLS, turns), QWEN3_CHAT_TEMPLATE, reward)] * 4
-    chat = ChatFormat(build_embedded_tokenizer(corpus, vocab_size=500, phrases=plan_phrases()))
+    chat = ChatFormat(build_embedded_tokenizer(corpus, vocab_size=500, phrases=plan_phrases(CATEGORIES)))
     lesson = to_trajectory(ScriptedEpisode(t, MULTISTEP_TOOLS, turns, copy=True), chat, reward)
     trained = chat.decode([i for i, m in zip(lesson.token_ids, lesson.loss_mask) if m])
     plans = [plan_text("multistep", "cost_sensitive", n, a) for n, a, _ in turns]
