@@ -41,6 +41,18 @@ CATEGORIES = EMBEDDED_CATEGORIES  # data.categories names a subset
 CHAIN = "multistep"  # the category a chain of cheap calls answers
 
 
+def search_world(service: dict, categories: str | tuple[str, ...]) -> int:
+    """The ``corpus_seed`` of the search tool's world that ``service`` (``tools.service``) configures, which
+    multi-step tasks are asked about; a search over a corpus file cannot serve them."""
+    search = (service.get("tools") or {}).get("search") or {}
+    if CHAIN in category_list(categories) and search.get("corpus"):
+        raise ValueError(
+            "data.categories: multistep asks about the search tool's built-in world, not the corpus "
+            f"tools.service.tools.search.corpus={search['corpus']!r}; leave the corpus out or the category"
+        )
+    return int(search.get("corpus_seed", 0))
+
+
 def category_list(categories: str | tuple[str, ...]) -> tuple[str, ...]:
     """``data.categories`` ("arithmetic,lookup") as a tuple; a tuple as it is."""
     return tuple(c.strip() for c in categories.split(",")) if isinstance(categories, str) else tuple(categories)
@@ -62,7 +74,7 @@ KINDS = {  # category -> word in the plan
 MULTISTEP_TOOLS = ["search", "calculator", "expert", "answer"]
 MULTISTEP_TURNS = 5  # the chain takes 4 (two searches, the calculator, the answer); one to spare
 MISSING_FACT_RATE = 0.2  # multi-step tasks whose later entity has no document in the search tool's world
-CORPUS_SEED = 0  # the search tool's world (its ``corpus_seed``), which the multi-step questions are about
+CORPUS_SEED = 0  # the search tool's world (its ``corpus_seed``) the multi-step questions are about by default
 MULTISTEP_RE = re.compile(r"How many years after the founding of (.+) was (.+) founded\?")
 _SYL = ["ka", "lo", "mi", "ra", "te", "vo", "zu", "ne", "sha", "dri", "pel", "tor", "vin", "qua", "bel"]
 
@@ -131,10 +143,10 @@ def _unknown_company(rng: random.Random, taken: set[str]) -> str:
     return f"{names.word(2)} {rng.choice(COMPANY_SUFFIX)}"
 
 
-def _multistep(rng: random.Random) -> tuple[str, str, dict, dict]:
+def _multistep(rng: random.Random, corpus_seed: int = CORPUS_SEED) -> tuple[str, str, dict, dict]:
     """Two entities' founding years and their difference; with ``MISSING_FACT_RATE`` the later one is
     a company the world has no document of (its year drawn as the world draws companies')."""
-    early, late, names = founding_years()
+    early, late, names = founding_years(corpus_seed)
     a, year_a = rng.choice(early)
     b, year_b = rng.choice([x for x in late if x[1] > year_a])
     searchable = rng.random() >= MISSING_FACT_RATE
@@ -144,11 +156,11 @@ def _multistep(rng: random.Random) -> tuple[str, str, dict, dict]:
     return problem, str(year_b - year_a), {"type": "numeric", "abs_tol": 1e-6}, {"searchable": searchable}
 
 
-def _novel_multistep(rng: random.Random) -> tuple[str, str, dict, bool]:
+def _novel_multistep(rng: random.Random, corpus_seed: int = CORPUS_SEED) -> tuple[str, str, dict, bool]:
     """A multi-step question whose entities are each, at even odds, one of the world's or one it lacks: a
     university (the search finds another university's year) and a company (another company's). Its answer
     is the true difference of the years it was drawn with; whether the search finds both is the last value."""
-    early, late, names = founding_years()
+    early, late, names = founding_years(corpus_seed)
     if rng.random() < 0.5:
         a, year_a, found_a = *rng.choice(early), True
     else:
@@ -165,8 +177,9 @@ def _novel_multistep(rng: random.Random) -> tuple[str, str, dict, bool]:
 _MAKERS = {"arithmetic": _arithmetic, "lookup": _lookup, "reasoning": _reasoning, "multistep": _multistep}
 
 
-def make_task(rng: random.Random, category: str) -> TaskRecord:
-    problem, answer, verifier, *extra = _MAKERS[category](rng)
+def make_task(rng: random.Random, category: str, corpus_seed: int = CORPUS_SEED) -> TaskRecord:
+    """A task of ``category``; a multi-step one about the search tool's world of ``corpus_seed``."""
+    problem, answer, verifier, *extra = _multistep(rng, corpus_seed) if category == CHAIN else _MAKERS[category](rng)
     if category == "multistep":
         tools = list(MULTISTEP_TOOLS)
     else:
@@ -213,7 +226,9 @@ def _repeated_digit_arithmetic(rng: random.Random) -> tuple[str, str, dict]:
     return _posed(a, b, rng)
 
 
-def copy_tasks(n: int, seed: int, categories: str | tuple[str, ...] = CATEGORIES[:3]) -> list[TaskRecord]:
+def copy_tasks(
+    n: int, seed: int, categories: str | tuple[str, ...] = CATEGORIES[:3], corpus_seed: int = CORPUS_SEED
+) -> list[TaskRecord]:
     """Tasks for the warm start's copy lessons (``data.warm_start``), categories in rotation: the
     default lookups and puzzles, whose answers an expert states inside a sentence, and arithmetic of
     three shapes in turn. A third has operands of 1 to 4 digits, so calculator results of 1 to 8
@@ -228,25 +243,27 @@ def copy_tasks(n: int, seed: int, categories: str | tuple[str, ...] = CATEGORIES
     tasks = []
     for i in range(n):
         category = categories[i % len(categories)]
-        task = make_task(rng, category)
+        task = make_task(rng, category, corpus_seed)
         shape = (i // len(categories)) % 3
         if category == "arithmetic" and shape != 1:
             make = _wide_arithmetic if shape == 0 else _repeated_digit_arithmetic
             task.problem, task.answer, task.verifier = make(rng)
         if category == "multistep":
-            task.problem, task.answer, task.verifier, task.meta["searchable"] = _novel_multistep(rng)
+            task.problem, task.answer, task.verifier, task.meta["searchable"] = _novel_multistep(rng, corpus_seed)
         task.id = f"copy-{seed}-{i:05d}"
         tasks.append(task)
     return tasks
 
 
-def generate_tasks(n: int, seed: int, categories: str | tuple[str, ...] = CATEGORIES[:3]) -> list[TaskRecord]:
+def generate_tasks(
+    n: int, seed: int, categories: str | tuple[str, ...] = CATEGORIES[:3], corpus_seed: int = CORPUS_SEED
+) -> list[TaskRecord]:
     """``n`` tasks, ``categories`` (``data.categories``) in rotation, deterministic in ``seed``; ids unique
     within the set."""
     rng, categories = random.Random(seed), category_list(categories)
     tasks = []
     for i in range(n):
-        task = make_task(rng, categories[i % len(categories)])
+        task = make_task(rng, categories[i % len(categories)], corpus_seed)
         task.id = f"default-{seed}-{i:05d}"
         tasks.append(task)
     return tasks

@@ -1,0 +1,55 @@
+"""Multi-step tasks through the real service with the default recipe's tools: the scripted chain (search,
+search, calculator, answer) is right exactly where the search tool's world holds both facts, and costs a
+fraction of one expert-large call, which answers at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+from nemo_orchestra.config import load_config
+from nemo_orchestra.data.default_tasks import generate_tasks
+from nemo_orchestra.data.warm_start import chain_call
+from tools_env.client import ToolsEnvClient
+from tools_env.supervisor import start_service
+
+
+async def _play(client, task, route):
+    ep = await client.create_episode(task.to_dict())
+    observations, cost, result = [], 0.0, {}
+    try:
+        while not result.get("done"):
+            name, args = route(task, observations)
+            result = await client.step(ep["episode_id"], name, args)
+            observations.append(str(result["observation"]))
+            cost += float(result.get("cost", 0.0))
+    finally:
+        await client.delete_episode(ep["episode_id"])
+    return len(observations), result["outcome"]["correct"], cost
+
+
+def _expert_large(task, observations):
+    return "answer", {"model": "expert-large"}
+
+
+def test_the_chain_is_right_where_the_facts_are_found_and_costs_a_fraction_of_the_strong_expert():
+    service = dict(load_config([]).tools.service)  # the default recipe's: local search at $0.0001, its best document
+    tasks = generate_tasks(40, 11, "multistep")
+    with start_service(service, workers=1, token=None, timeout_s=60) as handle:
+
+        async def main():
+            client = ToolsEnvClient(list(handle.urls))
+            try:
+                chains = [await _play(client, t, chain_call) for t in tasks]
+                experts = [await _play(client, t, _expert_large) for t in tasks]
+            finally:
+                await client.aclose()
+            return chains, experts
+
+        chains, experts = asyncio.run(main())
+    for t, (turns, correct, cost) in zip(tasks, chains):
+        assert turns == 4 and correct == t.meta["searchable"], t.problem
+        assert cost < 0.001
+    assert sum(c for _, c, _ in chains) < len(tasks)  # some facts are missing from the world
+    expert_cost = sum(cost for _, _, cost in experts) / len(experts)
+    assert expert_cost > 5 * max(cost for _, _, cost in chains)
+    assert sum(c for _, c, _ in experts) >= 0.8 * len(tasks)

@@ -1,0 +1,79 @@
+"""The embedded task set's categories: the default's three as they were, multi-step tasks a search chain
+answers where the world holds both facts and cannot where it lacks one."""
+
+import re
+
+import pytest
+
+from nemo_orchestra.config import ConfigError, load_config
+from nemo_orchestra.data.default_tasks import (
+    CATEGORIES,
+    MISSING_FACT_RATE,
+    MULTISTEP_RE,
+    copy_tasks,
+    generate_tasks,
+    plan_phrases,
+)
+from tools_env.corpus import build_world
+from tools_env.tools.search import BM25Index
+
+_YEAR = re.compile(r"(?:founded|established) in (\d+)")
+
+
+def test_the_default_categories_are_the_first_three_and_multistep_only_when_named():
+    default = generate_tasks(40, 7)
+    assert {t.category for t in default} == {"arithmetic", "lookup", "reasoning"}
+    assert [t.to_json() for t in default] == [t.to_json() for t in generate_tasks(40, 7, "arithmetic,lookup,reasoning")]
+    assert not any("search" in p for p in plan_phrases()) and any("multi-step" in p for p in plan_phrases(CATEGORIES))
+    four = generate_tasks(40, 7, CATEGORIES)
+    assert [t.category for t in four[:4]] == list(CATEGORIES) and len({t.id for t in four}) == 40
+    assert load_config(["data.categories=multistep,arithmetic"]).data.categories == "multistep,arithmetic"
+    for bad, why in (("arithmetic,maths", "unknown"), ("lookup,lookup", "twice")):
+        with pytest.raises(ConfigError, match=f"data.categories.*{why}"):
+            load_config([f"data.categories={bad}"])
+
+
+def test_a_multi_step_task_is_answered_by_the_years_its_entities_searches_find_unless_a_fact_is_missing():
+    world = build_world(0)
+    index = BM25Index(world.docs)
+    tasks = generate_tasks(400, 3, "multistep")
+    missing = 0
+    for t in tasks:
+        assert t.tools == ["search", "calculator", "expert", "answer"] and t.max_turns == 5
+        early, late = MULTISTEP_RE.match(t.problem).groups()
+        (doc_a, _), (doc_b, _) = index.search(early, 1)[0], index.search(late, 1)[0]
+        found = int(_YEAR.search(doc_b.text).group(1)) - int(_YEAR.search(doc_a.text).group(1))
+        assert doc_a.title == early and int(t.answer) > 0
+        if t.meta["searchable"]:
+            assert doc_b.title == late and found == int(t.answer)
+        else:  # the world has no document of it: the chain finds another entity's year
+            missing += 1
+            assert late not in world.doc_id and doc_b.title != late
+    assert abs(missing / len(tasks) - MISSING_FACT_RATE) < 0.06
+
+
+def test_multi_step_copy_lessons_name_entities_the_world_lacks_as_often_as_its_own():
+    world = build_world(0)
+    lessons = [t for t in copy_tasks(800, 5, CATEGORIES) if t.category == "multistep"]
+    names = [n for t in lessons for n in MULTISTEP_RE.match(t.problem).groups()]
+    unknown = sum(n not in world.doc_id for n in names) / len(names)
+    assert 0.4 < unknown < 0.6
+
+
+def test_multi_step_tasks_are_about_the_world_the_search_tool_is_configured_with():
+    from nemo_orchestra.data.default_tasks import search_world
+    from tools_env.tools.search import SearchTool
+
+    assert search_world({}, "multistep") == 0
+    assert search_world({"tools": {"search": {"corpus_seed": 3}}}, CATEGORIES) == 3
+    with pytest.raises(ValueError, match="built-in world, not the corpus"):
+        search_world({"tools": {"search": {"corpus": "docs.jsonl"}}}, CATEGORIES)
+    assert search_world({"tools": {"search": {"corpus": "docs.jsonl"}}}, "arithmetic") == 0  # no chains: unused
+    tool = SearchTool({"corpus_seed": 3, "k_default": 1})
+    for t in generate_tasks(60, 2, "multistep", corpus_seed=3):
+        early, late = MULTISTEP_RE.match(t.problem).groups()
+        (doc_a, _), (doc_b, _) = tool.index.search(early, 1)[0], tool.index.search(late, 1)[0]
+        assert doc_a.title == early
+        if t.meta["searchable"]:
+            years = [int(_YEAR.search(d.text).group(1)) for d in (doc_a, doc_b)]
+            assert years[1] - years[0] == int(t.answer)
