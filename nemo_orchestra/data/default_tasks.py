@@ -41,7 +41,7 @@ CATEGORIES = EMBEDDED_CATEGORIES  # data.categories names a subset
 CHAIN = "multistep"  # the category a chain of cheap calls answers
 
 
-def search_world(service: dict, categories: str | tuple[str, ...]) -> int:
+def search_corpus_seed(service: dict, categories: str | tuple[str, ...]) -> int:
     """The ``corpus_seed`` of the search tool's world that ``service`` (``tools.service``) configures, which
     multi-step tasks are asked about; a search over a corpus file cannot serve them."""
     search = (service.get("tools") or {}).get("search") or {}

@@ -30,7 +30,7 @@ from nemo_orchestra.train.learner import build_learner
 from nemo_orchestra.train.rollout_source import Episodes, RolloutSource
 from nemo_orchestra.train.run_plan import RunPlan
 from nemo_orchestra.train.trainer import Trainer, close_loop
-from nemo_orchestra.train.warm_start import play_warm_start_episodes, world
+from nemo_orchestra.train.warm_start import corpus_seed, play_warm_start_episodes
 from tools_env.task import load_jsonl
 
 log = logging.getLogger(__name__)
@@ -44,14 +44,14 @@ def load_tasks(cfg: Config):
                 "recipes/synthesize_data.py writes one)"
             )
         return load_jsonl(cfg.data.train_path)
-    return generate_tasks(cfg.data.num_train_tasks, cfg.run.seed, cfg.data.categories, world(cfg))
+    return generate_tasks(cfg.data.num_train_tasks, cfg.run.seed, cfg.data.categories, corpus_seed(cfg))
 
 
 def load_eval_tasks(cfg: Config):
     if cfg.data.eval_path:
         return load_jsonl(cfg.data.eval_path)
     # disjoint seeds: train, warm start, eval
-    return generate_tasks(cfg.data.num_eval_tasks, cfg.run.seed + 2, cfg.data.categories, world(cfg))
+    return generate_tasks(cfg.data.num_eval_tasks, cfg.run.seed + 2, cfg.data.categories, corpus_seed(cfg))
 
 
 def tool_service(cfg: Config, stack: ExitStack, started: list | None = None) -> list[str]:

@@ -16,7 +16,7 @@ import random
 from dataclasses import replace
 
 from nemo_orchestra.config import Config
-from nemo_orchestra.data.default_tasks import copy_tasks, generate_tasks, search_world
+from nemo_orchestra.data.default_tasks import copy_tasks, generate_tasks, search_corpus_seed
 from nemo_orchestra.data.warm_start import scripted_episodes
 from nemo_orchestra.train.learner import Learner, reset_optimizer_state, set_lr
 from nemo_orchestra.train.run_plan import RunPlan
@@ -26,9 +26,9 @@ from nemo_orchestra.types import TaskRecord, Trajectory
 log = logging.getLogger(__name__)
 
 
-def world(cfg: Config) -> int:
-    """The search tool's world the embedded multi-step tasks are about (``default_tasks.search_world``)."""
-    return search_world(dict(cfg.tools.service), cfg.data.categories)
+def corpus_seed(cfg: Config) -> int:
+    """The corpus seed of the search tool's world the embedded multi-step tasks are about."""
+    return search_corpus_seed(dict(cfg.tools.service), cfg.data.categories)
 
 
 def warm_start_tasks(cfg: Config, tasks: list) -> list:
@@ -36,7 +36,7 @@ def warm_start_tasks(cfg: Config, tasks: list) -> list:
     model learns to copy tool outputs rather than memorize answers), else cycled training tasks."""
     n = max(cfg.warm_start.num_episodes, 1)
     if not cfg.data.train_path:
-        return generate_tasks(n, cfg.run.seed + 1, cfg.data.categories, world(cfg))
+        return generate_tasks(n, cfg.run.seed + 1, cfg.data.categories, corpus_seed(cfg))
     return [tasks[i % len(tasks)] for i in range(n)]
 
 
@@ -65,7 +65,7 @@ def play_warm_start_episodes(
         scripted = []
     copies = []
     if plan.copy_lessons:
-        lessons = copy_tasks(plan.copy_lessons, cfg.run.seed + 3, cfg.data.categories, world(cfg))
+        lessons = copy_tasks(plan.copy_lessons, cfg.run.seed + 3, cfg.data.categories, corpus_seed(cfg))
         copies = loop.run_until_complete(
             scripted_episodes(lessons, client, cfg.run.seed, copy=True, paid_experts=cfg.warm_start.endpoint_experts)
         )

@@ -61,14 +61,14 @@ def test_multi_step_copy_lessons_name_entities_the_world_lacks_as_often_as_its_o
 
 
 def test_multi_step_tasks_are_about_the_world_the_search_tool_is_configured_with():
-    from nemo_orchestra.data.default_tasks import search_world
+    from nemo_orchestra.data.default_tasks import search_corpus_seed
     from tools_env.tools.search import SearchTool
 
-    assert search_world({}, "multistep") == 0
-    assert search_world({"tools": {"search": {"corpus_seed": 3}}}, CATEGORIES) == 3
+    assert search_corpus_seed({}, "multistep") == 0
+    assert search_corpus_seed({"tools": {"search": {"corpus_seed": 3}}}, CATEGORIES) == 3
     with pytest.raises(ValueError, match="built-in world, not the corpus"):
-        search_world({"tools": {"search": {"corpus": "docs.jsonl"}}}, CATEGORIES)
-    assert search_world({"tools": {"search": {"corpus": "docs.jsonl"}}}, "arithmetic") == 0  # no chains: unused
+        search_corpus_seed({"tools": {"search": {"corpus": "docs.jsonl"}}}, CATEGORIES)
+    assert search_corpus_seed({"tools": {"search": {"corpus": "docs.jsonl"}}}, "arithmetic") == 0  # no chains: unused
     tool = SearchTool({"corpus_seed": 3, "k_default": 1})
     for t in generate_tasks(60, 2, "multistep", corpus_seed=3):
         early, late = MULTISTEP_RE.match(t.problem).groups()
