@@ -240,11 +240,15 @@ def row(seed: str, s: dict, minutes: float = 10.0) -> str:
     ceiling_text = "?" if math.isnan(ceiling) else f"{ceiling:.3f}"
     gap_text = "?" if math.isnan(ceiling) else "none to close" if math.isnan(gap) else f"{gap:.2f}"
     (m0, m1), (f0, f1) = s["cpc_chain"], s["format_errors"]
+    chain = (
+        f"{s['multistep_acc']:.3f} | {s['chain_share']:.2f}, {m0:.6f} -> {m1:.6f} | {s['multistep_separation']:+.2f}"
+        if s["has_chain"]
+        else "- | - | -"  # no multi-step tasks in the run
+    )
     return (
         f"| {seed} | {wall} | {a0:.3f} -> {a1:.3f} | {ceiling_text} | {gap_text} | {c0:.6f} -> {c1:.6f} "
         f"| {s['separation']:+.2f} "
-        f"| {ca:.2f}, {cc:.6f} | {s['multistep_acc']:.3f} | {s['chain_share']:.2f}, {m0:.6f} -> {m1:.6f} "
-        f"| {s['multistep_separation']:+.2f} | {f0:.3f} -> {f1:.3f} | {'yes' if meets(s, minutes) else 'no'} |"
+        f"| {ca:.2f}, {cc:.6f} | {chain} | {f0:.3f} -> {f1:.3f} | {'yes' if meets(s, minutes) else 'no'} |"
     )
 
 

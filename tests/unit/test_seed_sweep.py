@@ -152,7 +152,7 @@ def test_the_sampled_evaluation_is_judged_where_the_run_has_one(tmp_path):
     assert summary(d)["acc"] == (0.45, 0.8) and summary(d)["cpc"] == (0.002, 0.0006)
     assert summary(d, "greedy")["acc"] == (0.3, 0.75)
     assert main(["--table", d, "--stages", "greedy"]) == 0
-    assert main(["--table", d]) == 0  # and a run without sampled stages falls back to its greedy ones
+    assert main(["--table", d]) == 0 and "| - | - | - | 0.002 -> 0.011 |" in capsys.readouterr().out  # and a run without sampled stages falls back to its greedy ones
     assert summary(_run(tmp_path, "greedy-only", 0.9, 0.86, 500.0))["acc"] == (0.3, 0.75)
 
 
@@ -223,7 +223,7 @@ def test_the_multi_step_and_format_targets_are_judged(tmp_path, multistep, forma
     assert [m for m in missed_targets(s)] and missed_targets(s)[0].startswith(missed) and len(missed_targets(s)) == 1
 
 
-def test_a_chain_no_rollout_leaves_and_a_run_without_multi_step_tasks(tmp_path):
+def test_a_chain_no_rollout_leaves_and_a_run_without_multi_step_tasks(tmp_path, capsys):
     s = summary(_run(tmp_path, "a", 0.9, 0.86, 500.0, multistep={"cheap_large": 0.0}))
     assert s["chain_share"] == 1.0 and abs(s["multistep_separation"] - 0.9) < 1e-9 and meets(s)
     d = _run(tmp_path, "b", 0.9, 0.86, 500.0)
@@ -231,6 +231,7 @@ def test_a_chain_no_rollout_leaves_and_a_run_without_multi_step_tasks(tmp_path):
     evals = {k: {n: v for n, v in e.items() if "multistep" not in n} for k, e in evals.items()}
     (tmp_path / "b" / "eval.json").write_text(json.dumps(evals))
     assert missed_targets(summary(d)) == []  # a run without multi-step tasks is not judged on them
+    assert main(["--table", d]) == 0 and "| - | - | - | 0.002 -> 0.011 |" in capsys.readouterr().out
 
 
 def test_the_ceiling_puts_cost_sensitive_multi_step_tasks_on_the_chain(tmp_path):
