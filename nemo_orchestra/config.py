@@ -147,6 +147,11 @@ class ParallelConfig:
 EMBEDDED_CATEGORIES = ("arithmetic", "lookup", "reasoning", "multistep")  # data/default_tasks.py's
 
 
+def parse_categories(text: str) -> tuple[str, ...]:
+    """``data.categories`` ("arithmetic,lookup") as a tuple of names."""
+    return tuple(c.strip() for c in text.split(","))
+
+
 @dataclass
 class DataConfig:
     train_path: Optional[str] = MISSING  # null: generate the embedded default task set
@@ -157,7 +162,7 @@ class DataConfig:
     categories: str = MISSING  # the embedded task set's categories, comma-separated (data/default_tasks.py)
 
     def validate(self) -> None:
-        names = [c.strip() for c in self.categories.split(",")]
+        names = parse_categories(self.categories)
         unknown = [c for c in names if c not in EMBEDDED_CATEGORIES]
         _check(
             not unknown,

@@ -42,6 +42,8 @@ import subprocess
 import sys
 import time
 
+from nemo_orchestra.data.default_tasks import CHAIN
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = (
     "| seed | time | accuracy | preference ceiling | gap closed | cost per correct, cost-sensitive $ | separation "
@@ -64,14 +66,15 @@ def _large_calls(s: dict) -> float:
 # (default_tasks.py); arithmetic that offers the calculator takes it under either preference, a
 # cost-sensitive multi-step task the chain (search, search, calculator, answer)
 PREFERRED = {"lookup": "expert-small", "reasoning": "expert-medium"}
-CHAIN = "multistep"
 
 
 def preference_ceiling(run_dir: str) -> float:
     """The held-out set's expected accuracy when every task takes the route its own reward prefers: the
     calculator (exact) on arithmetic that offers it, the expert ``PREFERRED`` names on cost-sensitive
-    tasks, else (or where the run lacks that expert) the most accurate of the run's simulated experts
-    for the task's category. NaN without the run's heldout.jsonl and config.yaml, or with endpoint experts."""
+    tasks, the chain on cost-sensitive multi-step tasks (exact where the search finds both facts), else
+    (or where the run lacks that expert) the most accurate of the run's simulated experts for the task's
+    category. NaN without the run's heldout.jsonl and config.yaml, with endpoint experts, or with a
+    multi-step task that does not say whether the search finds its facts (``meta.searchable``)."""
     tasks_path, config_path = os.path.join(run_dir, "heldout.jsonl"), os.path.join(run_dir, "config.yaml")
     if not (os.path.exists(tasks_path) and os.path.exists(config_path)):
         return math.nan
@@ -92,7 +95,8 @@ def preference_ceiling(run_dir: str) -> float:
         if calculator:
             return 1.0
         if t.category == CHAIN and t.meta.get("preference_name") == "cost_sensitive":
-            return 1.0 if t.meta.get("searchable", True) else 0.0  # the chain is exact where the facts are found
+            # the chain is exact where the search finds both facts; a record that does not say: unknown
+            return {True: 1.0, False: 0.0}.get(t.meta.get("searchable"), math.nan)
         alias = PREFERRED.get(t.category) if t.meta.get("preference_name") == "cost_sensitive" else None
         if alias in experts:
             return for_category(experts[alias].accuracy, t.category)
@@ -199,7 +203,10 @@ def missed_targets(s: dict, minutes: float = 10.0) -> list[str]:
     tasks); the gap's says so when no ceiling is known."""
     judged = {n: h for n, h in targets(minutes).items() if s["has_chain"] or not n.startswith(CHAIN_TARGETS)}
     missed = [name for name, holds in judged.items() if not holds(s)]
-    unknown = f"{GAP_TARGET} (no preference ceiling: the run lacks heldout.jsonl or config.yaml, or its experts are endpoints)"
+    unknown = (
+        f"{GAP_TARGET} (no preference ceiling: the run lacks heldout.jsonl or config.yaml, its experts are "
+        "endpoints, or a multi-step task lacks meta.searchable)"
+    )
     return [unknown if name == GAP_TARGET and math.isnan(s["ceiling"]) else name for name in missed]
 
 

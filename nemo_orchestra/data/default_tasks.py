@@ -23,7 +23,8 @@ Each record carries its tool subset, per-alias prices perturbed around the paper
 preference profile: cost-sensitive tasks weight cost and latency, accuracy-first tasks weigh
 accuracy alone. Under the default simulated experts the best choices differ by profile: a
 cost-sensitive lookup goes to the cheap expert and a cost-sensitive puzzle to the medium one,
-while accuracy-first tasks go to the strong one; arithmetic goes to the calculator either way, and a cost-sensitive multi-step task to the chain.
+while accuracy-first tasks go to the strong one; arithmetic goes to the calculator either way, and a
+cost-sensitive multi-step task to the chain.
 The policy reads the preference at the end of the user message (``prompting.prompts``).
 """
 
@@ -33,11 +34,12 @@ import functools
 import random
 import re
 
-from nemo_orchestra.config import EMBEDDED_CATEGORIES
+from nemo_orchestra.config import EMBEDDED_CATEGORIES, parse_categories
 from nemo_orchestra.prompting.preferences import PREFERENCES
 from tools_env.task import TaskRecord
 
 CATEGORIES = EMBEDDED_CATEGORIES  # data.categories names a subset
+DEFAULT_CATEGORIES = CATEGORIES[:3]  # the default recipe's
 CHAIN = "multistep"  # the category a chain of cheap calls answers
 
 
@@ -55,7 +57,7 @@ def search_corpus_seed(service: dict, categories: str | tuple[str, ...]) -> int:
 
 def category_list(categories: str | tuple[str, ...]) -> tuple[str, ...]:
     """``data.categories`` ("arithmetic,lookup") as a tuple; a tuple as it is."""
-    return tuple(c.strip() for c in categories.split(",")) if isinstance(categories, str) else tuple(categories)
+    return parse_categories(categories) if isinstance(categories, str) else tuple(categories)
 
 
 EXPERT_PRICES = {  # $/1M tokens (input, output), after the paper's price table
@@ -115,7 +117,7 @@ def _reasoning(rng: random.Random) -> tuple[str, str, dict]:
 def founding_years(corpus_seed: int = CORPUS_SEED) -> tuple[list[tuple[str, int]], list[tuple[str, int]], set[str]]:
     """The entities of the search tool's world whose founding year a ``search`` by their name finds
     (their own document ranks first): (cities and universities, companies), each ``(name, year)``,
-    and every name the world uses."""
+    and every word the world's names use."""
     from tools_env.corpus import build_world
     from tools_env.tools.search import BM25Index
 
@@ -130,57 +132,53 @@ def founding_years(corpus_seed: int = CORPUS_SEED) -> tuple[list[tuple[str, int]
         (n, u["founded"]) for n, u in world.universities.items()
     ]
     late = [(n, c["year"]) for n, c in world.companies.items()]
-    names = {*world.cities, *world.universities, *world.companies, *world.people, *world.countries}
-    return [e for e in early if found(e[0])], [e for e in late if found(e[0])], names
+    names = [*world.cities, *world.universities, *world.companies, *world.people, *world.countries]
+    return [e for e in early if found(e[0])], [e for e in late if found(e[0])], {w for n in names for w in n.split()}
 
 
-def _unknown_company(rng: random.Random, taken: set[str]) -> str:
-    """A company name the world does not have, shaped like its own ("<Word> <Suffix>")."""
-    from tools_env.corpus.generate import COMPANY_SUFFIX, _Names
+def _unknown_word(rng: random.Random, taken: set[str]) -> str:
+    """A name-word the world does not use, shaped like its own."""
+    from tools_env.corpus.generate import _Names
 
     names = _Names(rng)
-    names.used = set(w for n in taken for w in n.split())
-    return f"{names.word(2)} {rng.choice(COMPANY_SUFFIX)}"
+    names.used = taken
+    return names.word(2)
 
 
-def _multistep(rng: random.Random, corpus_seed: int = CORPUS_SEED) -> tuple[str, str, dict, dict]:
-    """Two entities' founding years and their difference; with ``MISSING_FACT_RATE`` the later one is
-    a company the world has no document of (its year drawn as the world draws companies')."""
-    early, late, names = founding_years(corpus_seed)
-    a, year_a = rng.choice(early)
-    b, year_b = rng.choice([x for x in late if x[1] > year_a])
-    searchable = rng.random() >= MISSING_FACT_RATE
-    if not searchable:
-        b, year_b = _unknown_company(rng, names), max(year_a + 1, rng.randint(1925, 2035))
-    problem = f"How many years after the founding of {a} was {b} founded?"
-    return problem, str(year_b - year_a), {"type": "numeric", "abs_tol": 1e-6}, {"searchable": searchable}
+def _multistep(
+    rng: random.Random,
+    corpus_seed: int = CORPUS_SEED,
+    unknown_early: float = 0.0,
+    unknown_late: float = MISSING_FACT_RATE,
+) -> tuple[str, str, dict, dict]:
+    """Two entities' founding years and their difference. With probability ``unknown_early`` the earlier one is
+    a university the world lacks (a search finds another university's year), with ``unknown_late`` the later
+    one a company it lacks (another company's); their years are drawn as the world draws them. The task set's
+    draw none of the first and ``MISSING_FACT_RATE`` of the second; ``meta.searchable``: the search finds both."""
+    from tools_env.corpus.generate import COMPANY_SUFFIX
 
-
-def _novel_multistep(rng: random.Random, corpus_seed: int = CORPUS_SEED) -> tuple[str, str, dict, bool]:
-    """A multi-step question whose entities are each, at even odds, one of the world's or one it lacks: a
-    university (the search finds another university's year) and a company (another company's). Its answer
-    is the true difference of the years it was drawn with; whether the search finds both is the last value."""
-    early, late, names = founding_years(corpus_seed)
-    if rng.random() < 0.5:
-        a, year_a, found_a = *rng.choice(early), True
+    early, late, words = founding_years(corpus_seed)
+    if rng.random() < unknown_early:
+        a, year_a, found_a = f"University of {_unknown_word(rng, words)}", rng.randint(1300, 1950), False
     else:
-        a, year_a, found_a = f"University of {_unknown_company(rng, names).split()[0]}", rng.randint(1300, 1950), False
+        (a, year_a), found_a = rng.choice(early), True
     candidates = [x for x in late if x[1] > year_a]
-    if candidates and rng.random() < 0.5:
-        b, year_b, found_b = *rng.choice(candidates), True
+    if candidates and rng.random() >= unknown_late:
+        (b, year_b), found_b = rng.choice(candidates), True
     else:
-        b, year_b, found_b = _unknown_company(rng, names), rng.randint(max(1925, year_a + 1), 2035), False
+        b = f"{_unknown_word(rng, words)} {rng.choice(COMPANY_SUFFIX)}"
+        year_b, found_b = rng.randint(max(1925, year_a + 1), max(2035, year_a + 1)), False
     problem = f"How many years after the founding of {a} was {b} founded?"
-    return problem, str(year_b - year_a), {"type": "numeric", "abs_tol": 1e-6}, found_a and found_b
+    return problem, str(year_b - year_a), {"type": "numeric", "abs_tol": 1e-6}, {"searchable": found_a and found_b}
 
 
-_MAKERS = {"arithmetic": _arithmetic, "lookup": _lookup, "reasoning": _reasoning, "multistep": _multistep}
+_MAKERS = {"arithmetic": _arithmetic, "lookup": _lookup, "reasoning": _reasoning}
 
 
 def make_task(rng: random.Random, category: str, corpus_seed: int = CORPUS_SEED) -> TaskRecord:
     """A task of ``category``; a multi-step one about the search tool's world of ``corpus_seed``."""
     problem, answer, verifier, *extra = _multistep(rng, corpus_seed) if category == CHAIN else _MAKERS[category](rng)
-    if category == "multistep":
+    if category == CHAIN:
         tools = list(MULTISTEP_TOOLS)
     else:
         tools = (
@@ -201,7 +199,7 @@ def make_task(rng: random.Random, category: str, corpus_seed: int = CORPUS_SEED)
         prices=prices,
         preference=dict(PREFERENCES[pref_name].weights),
         verifier=verifier,
-        max_turns=MULTISTEP_TURNS if category == "multistep" else None,
+        max_turns=MULTISTEP_TURNS if category == CHAIN else None,
         meta={"preference_name": pref_name, **(extra[0] if extra else {})},
     )
 
@@ -227,7 +225,7 @@ def _repeated_digit_arithmetic(rng: random.Random) -> tuple[str, str, dict]:
 
 
 def copy_tasks(
-    n: int, seed: int, categories: str | tuple[str, ...] = CATEGORIES[:3], corpus_seed: int = CORPUS_SEED
+    n: int, seed: int, categories: str | tuple[str, ...] = DEFAULT_CATEGORIES, corpus_seed: int = CORPUS_SEED
 ) -> list[TaskRecord]:
     """Tasks for the warm start's copy lessons (``data.warm_start``), categories in rotation: the
     default lookups and puzzles, whose answers an expert states inside a sentence, and arithmetic of
@@ -237,8 +235,8 @@ def copy_tasks(
     have them: lessons of the wide shape alone leave the copy of those unlearned (docs/algorithm.md);
     a third has those operands with a repdigit (``_repeated_digit_arithmetic``), where the trained
     policy's copies went wrong most. Multi-step lessons (the chain) name, for each entity, one of the
-    world's or, as often, one it does not have (``_novel_multistep``): the world's few names alone are
-    learned by heart, and the chain's searches then ask for a remembered name instead of the question's."""
+    world's or, as often, one it does not have (``_multistep``): the world's few names alone are learned by
+    heart, and the chain's searches then ask for a remembered name instead of the question's."""
     rng, categories = random.Random(seed), category_list(categories)
     tasks = []
     for i in range(n):
@@ -248,15 +246,16 @@ def copy_tasks(
         if category == "arithmetic" and shape != 1:
             make = _wide_arithmetic if shape == 0 else _repeated_digit_arithmetic
             task.problem, task.answer, task.verifier = make(rng)
-        if category == "multistep":
-            task.problem, task.answer, task.verifier, task.meta["searchable"] = _novel_multistep(rng, corpus_seed)
+        if category == CHAIN:
+            task.problem, task.answer, task.verifier, meta = _multistep(rng, corpus_seed, 0.5, 0.5)
+            task.meta.update(meta)
         task.id = f"copy-{seed}-{i:05d}"
         tasks.append(task)
     return tasks
 
 
 def generate_tasks(
-    n: int, seed: int, categories: str | tuple[str, ...] = CATEGORIES[:3], corpus_seed: int = CORPUS_SEED
+    n: int, seed: int, categories: str | tuple[str, ...] = DEFAULT_CATEGORIES, corpus_seed: int = CORPUS_SEED
 ) -> list[TaskRecord]:
     """``n`` tasks, ``categories`` (``data.categories``) in rotation, deterministic in ``seed``; ids unique
     within the set."""
@@ -269,7 +268,7 @@ def generate_tasks(
     return tasks
 
 
-def plan_phrases(categories: str | tuple[str, ...] = CATEGORIES[:3]) -> list[str]:
+def plan_phrases(categories: str | tuple[str, ...] = DEFAULT_CATEGORIES) -> list[str]:
     """Every plan a turn of the default task set can open with (``plan``, for each kind,
     preference and call the warm start makes: an expert alias asked or writing the answer, the
     calculator, or answering itself) and the expert aliases. The embedded tokenizer keeps each one

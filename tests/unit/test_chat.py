@@ -175,15 +175,18 @@ def test_a_name_is_the_same_tokens_in_a_question_and_in_a_call():
         for a in names
         for b in names
     ] * 5
-    tok = build_embedded_tokenizer(corpus, vocab_size=600, names_apart=True)
-    for name in names:
-        question = tok.encode(
-            f"How many years after the founding of {name} was Reta founded?", add_special_tokens=False
-        )
-        call = tok.encode(format_tool_call("search", {"query": name}), add_special_tokens=False)
-        name_ids = tok.encode(name, add_special_tokens=False)
-        for ids in (question, call):
-            assert any(ids[i : i + len(name_ids)] == name_ids for i in range(len(ids))), [tok.decode([i]) for i in ids]
+    merged = build_embedded_tokenizer(corpus, vocab_size=2000)  # BPE merges the names into their context
+    assert not all(_holds(merged, name) for name in names)
+    tok = build_embedded_tokenizer(corpus, vocab_size=2000, names_apart=True)
+    assert all(_holds(tok, name) for name in names)
+
+
+def _holds(tok, name):
+    """``name``'s own tokens stand in a question about it and in a search for it."""
+    question = tok.encode(f"How many years after the founding of {name} was Reta founded?", add_special_tokens=False)
+    call = tok.encode(format_tool_call("search", {"query": name}), add_special_tokens=False)
+    ids = tok.encode(name, add_special_tokens=False)
+    return all(any(seq[i : i + len(ids)] == ids for i in range(len(seq))) for seq in (question, call))
 
 
 @pytest.mark.parametrize(

@@ -251,3 +251,6 @@ def test_the_ceiling_puts_cost_sensitive_multi_step_tasks_on_the_chain(tmp_path)
         json.dumps({"tools": {"service": {"experts": {"simulated": simulated}}}})
     )
     assert abs(summary(d)["ceiling"] - (1.0 + 0.0 + 0.95) / 3) < 1e-9
+    del tasks[0]["meta"]["searchable"]  # a record that does not say whether the chain can find its facts
+    (tmp_path / "seed-5" / "heldout.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    assert math.isnan(summary(d)["ceiling"])
