@@ -179,6 +179,7 @@ def build_tools(cfg: ServiceConfig) -> dict[str, Tool]:
         "expert": {"experts": cfg.experts, "seed": cfg.seed},
         "python": {"python": cfg.python},
         "answer": {"judge": cfg.judge, "experts": cfg.experts, "seed": cfg.seed, "user": cfg.user},
+        "search": {**cfg.tools.get("search", {}), "experts": cfg.experts, "seed": cfg.seed},
     }
     if cfg.user is not None and tau2_available()[0]:  # conversational tasks: tau2's domain tools
         from tools_env.domains.tau2.tools import register_all

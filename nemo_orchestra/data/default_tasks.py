@@ -154,7 +154,9 @@ def _multistep(
     """Two entities' founding years and their difference. With probability ``unknown_early`` the earlier one is
     a university the world lacks (a search finds another university's year), with ``unknown_late`` the later
     one a company it lacks (another company's); their years are drawn as the world draws them. The task set's
-    draw none of the first and ``MISSING_FACT_RATE`` of the second; ``meta.searchable``: the search finds both."""
+    draw none of the first and ``MISSING_FACT_RATE`` of the second; ``meta.searchable``: the search finds both;
+    ``meta.search_queries``: the two names, which a simulated expert asked to write a search writes in turn
+    (``Expert.write_query``)."""
     from tools_env.corpus.generate import COMPANY_SUFFIX
 
     early, late, words = founding_years(corpus_seed)
@@ -169,7 +171,8 @@ def _multistep(
         b = f"{_unknown_word(rng, words)} {rng.choice(COMPANY_SUFFIX)}"
         year_b, found_b = rng.randint(max(1925, year_a + 1), max(2035, year_a + 1)), False
     problem = f"How many years after the founding of {a} was {b} founded?"
-    return problem, str(year_b - year_a), {"type": "numeric", "abs_tol": 1e-6}, {"searchable": found_a and found_b}
+    meta = {"searchable": found_a and found_b, "search_queries": [a, b]}
+    return problem, str(year_b - year_a), {"type": "numeric", "abs_tol": 1e-6}, meta
 
 
 _MAKERS = {"arithmetic": _arithmetic, "lookup": _lookup, "reasoning": _reasoning}
@@ -278,7 +281,7 @@ def plan_phrases(categories: str | tuple[str, ...] = DEFAULT_CATEGORIES) -> list
     categories = category_list(categories)
     calls = [(tool, {"model": alias}) for tool in ("answer", "expert") for alias in EXPERT_PRICES] + [
         ("calculator", {}),
-        *([("search", {})] if CHAIN in categories else []),
+        *([("search", {"model": alias}) for alias in EXPERT_PRICES] if CHAIN in categories else []),
         ("answer", {}),
     ]
     return [

@@ -2,8 +2,9 @@
 
 A scripted orchestrator makes random valid choices for each task: first the calculator with the
 problem's expression (when it has one), a multi-step task's chain (``chain_call``: a search for each
-entity, the calculator on the years found, the answer), a random expert alias, or straight to ``answer``
-written by a random expert alias; after a tool result, ``answer`` with what the tool said or written by
+entity, its query written by a random expert alias, the calculator on the years found, the answer), a
+random expert alias asked about the task (the expert reads it: the call restates nothing), or straight to
+``answer`` written by a random expert alias; after a tool result, ``answer`` with what the tool said or written by
 a random expert alias. Each turn opens with a short plan that restates the kind of task and the
 user's preference and then names the call (``plan_text``; one token with the embedded tokenizer),
 so the choice is made together with what it should depend on. The episodes run against the tool
@@ -80,7 +81,7 @@ def _choose(
     are never called."""
     names, aliases = [t["function"]["name"] for t in tools], _aliases(tools, avoid)
     m = _EXPR_RE.match(task.problem)
-    chain = "search" in names and "calculator" in names and MULTISTEP_RE.match(task.problem)
+    chain = "search" in names and "calculator" in names and aliases and MULTISTEP_RE.match(task.problem)
     kinds = (
         (["answer"] if aliases else [])
         + (["expert"] if "expert" in names and aliases else [])
@@ -100,22 +101,22 @@ def _choose(
         )
     kind = rng.choice(kinds)
     if kind == "search":
-        return chain_call(task, [])
+        return chain_call(task, [], rng.choice(aliases))
     if kind == "calculator":
         return kind, {"expression": m.group(1)}
     if kind == "expert":
-        return kind, {"model": rng.choice(aliases), "query": task.problem}
+        return kind, {"model": rng.choice(aliases)}
     return "answer", {"model": rng.choice(aliases)}
 
 
-def chain_call(task: TaskRecord, observations: list[str]) -> tuple[str, dict]:
+def chain_call(task: TaskRecord, observations: list[str], writer: str) -> tuple[str, dict]:
     """The next call of a multi-step task's chain after ``observations`` (the chain's results so far): a
-    ``search`` for each entity the question names, in its order, then the ``calculator`` on the later
-    year minus the earlier (the years the two results state), then ``answer`` with the difference. A
-    result that states no year (a search that found nothing) ends the chain: its answer is that result."""
-    first, second = MULTISTEP_RE.match(task.problem).groups()
+    ``search`` whose query expert ``writer`` writes (the entities the question names, in its order), twice,
+    then the ``calculator`` on the later year minus the earlier (the years the two results state), then
+    ``answer`` with the difference. A result that states no year (a search that found nothing) ends the
+    chain: its answer is that result."""
     if len(observations) < 2:
-        return "search", {"query": (first, second)[len(observations)]}
+        return "search", {"model": writer}
     if len(observations) == 2:
         years = [_YEAR_RE.search(o) for o in observations]
         if all(years):
@@ -164,7 +165,7 @@ async def scripted_episodes(
             turns = [(name, args, str(result["observation"]))]
             chained = name == "search"
             while chained and name != "answer" and not result["done"]:  # a chain: to its end, answer included
-                name, args = chain_call(task, [obs for _, _, obs in turns])
+                name, args = chain_call(task, [obs for _, _, obs in turns], turns[0][1]["model"])
                 result = await client.step(ep["episode_id"], name, args)
                 turns.append((name, args, str(result["observation"])))
             extra = rng.randrange(max_calls) if max_calls > 1 and not copy and name != "answer" else 0

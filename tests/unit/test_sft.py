@@ -28,7 +28,7 @@ def test_choices_cover_every_usable_tool_and_only_those():
         seen[name] = args
     assert set(seen) == {"calculator", "expert", "answer"}
     assert seen["calculator"] == {"expression": "12 * 3"} and seen["answer"]["model"] in ALIASES
-    assert seen["expert"]["query"] == t.problem
+    assert set(seen["expert"]) == {"model"} and seen["expert"]["model"] in ALIASES  # the expert reads the task
     t.problem = "What is the capital of Kalo?"  # no expression: never the calculator
     assert all(_choose(t, tools, rng)[0] != "calculator" for _ in range(100))
 
@@ -225,9 +225,9 @@ def test_a_multi_step_task_offers_the_chain_beside_the_experts_and_a_copy_lesson
     t = _multistep_task()
     seen = {_choose(t, MULTISTEP_TOOLS, random.Random(i))[0] for i in range(100)}
     assert seen == {"search", "expert", "answer"}  # no expression in the question: never the calculator first
-    assert all(
-        _choose(t, MULTISTEP_TOOLS, random.Random(i), copy=True) == ("search", {"query": "Reta"}) for i in range(20)
-    )
+    firsts = [_choose(t, MULTISTEP_TOOLS, random.Random(i), copy=True) for i in range(20)]
+    assert all(name == "search" and set(args) == {"model"} and args["model"] in ALIASES for name, args in firsts)
+    assert len({args["model"] for _, args in firsts}) > 1  # which expert writes the query is left at even odds
 
 
 def test_the_chain_searches_each_entity_subtracts_the_years_found_and_answers_the_difference():
@@ -236,11 +236,11 @@ def test_the_chain_searches_each_entity_subtracts_the_years_found_and_answers_th
     t = _multistep_task()
     city = "[city-0001] Reta: Reta is a city in Thadisstan, founded in 1164 on the banks of the Tavor river."
     company = "[company-0200] Bremia Labs: ... It was founded in 1949 by Kaex Dou and is headquartered in Reta."
-    assert chain_call(t, []) == ("search", {"query": "Reta"})
-    assert chain_call(t, [city]) == ("search", {"query": "Bremia Labs"})
-    assert chain_call(t, [city, company]) == ("calculator", {"expression": "1949 - 1164"})  # later minus earlier
-    assert chain_call(t, [city, company, "785"]) == ("answer", {"answer": "785"})
-    assert chain_call(t, [city, "no documents match the query"]) == (
+    assert chain_call(t, [], "s") == ("search", {"model": "s"})  # the expert writes each entity's query
+    assert chain_call(t, [city], "s") == ("search", {"model": "s"})
+    assert chain_call(t, [city, company], "s") == ("calculator", {"expression": "1949 - 1164"})  # later - earlier
+    assert chain_call(t, [city, company, "785"], "s") == ("answer", {"answer": "785"})
+    assert chain_call(t, [city, "no documents match the query"], "s") == (
         "answer",
         {"answer": "no documents match the query"},
     )
@@ -248,7 +248,7 @@ def test_the_chain_searches_each_entity_subtracts_the_years_found_and_answers_th
         "[university-0033] University of Droufith: The University of Droufith was established in 1699 in the city of X."
     )
     t.problem = "How many years after the founding of University of Droufith was Kenaex Group founded?"
-    assert chain_call(t, [uni, company]) == ("calculator", {"expression": "1949 - 1699"})
+    assert chain_call(t, [uni, company], "s") == ("calculator", {"expression": "1949 - 1699"})
 
 
 def test_a_chain_copy_lesson_trains_the_chain_s_next_steps_but_not_its_first_choice():
@@ -262,8 +262,8 @@ def test_a_chain_copy_lesson_trains_the_chain_s_next_steps_but_not_its_first_cho
 
     t = _multistep_task()
     turns = [
-        ("search", {"query": "Reta"}, "[city-0001] Reta: Reta is a city, founded in 1164."),
-        ("search", {"query": "Bremia Labs"}, "[company-0200] Bremia Labs: It was founded in 1949."),
+        ("search", {"model": "expert-small"}, "[city-0001] Reta: Reta is a city, founded in 1164."),
+        ("search", {"model": "expert-small"}, "[company-0200] Bremia Labs: It was founded in 1949."),
         ("calculator", {"expression": "1949 - 1164"}, "785"),
         ("answer", {"answer": "785"}, "Answer submitted."),
     ]
@@ -275,4 +275,4 @@ def test_a_chain_copy_lesson_trains_the_chain_s_next_steps_but_not_its_first_cho
     plans = [plan_text("multistep", "cost_sensitive", n, a) for n, a, _ in turns]
     assert plans[0] == plans[1] and trained.count(plans[0]) == 1  # the second search's plan, not the first's
     assert all(p in trained for p in plans[2:])
-    assert '"query": "Bremia Labs"' in trained and '"expression": "1949 - 1164"' in trained
+    assert '"model": "expert-small"' in trained and '"expression": "1949 - 1164"' in trained

@@ -1,7 +1,9 @@
 """`expert`: ask a stronger model, by alias — a real OpenAI-compatible endpoint or a simulated one.
 
-Arguments ``{"model": alias, "query": str}``. The description shown to the policy embeds a
-price and latency table per alias; a task's ``prices`` override the configured prices for its
+Arguments ``{"model": alias, "query": str}``; without ``query`` the expert works from the task and the
+episode's tool results so far (ToolOrchestra's tools take a model argument and the chosen model writes
+from the context, so the orchestrator need not restate the question). The description shown to the policy
+embeds a price and latency table per alias; a task's ``prices`` override the configured prices for its
 episode (and the table shows the episode's prices).
 
 - Endpoint experts (vLLM, NIM, hosted APIs): ``POST {base_url}/chat/completions``; cost from the
@@ -11,7 +13,7 @@ episode (and the table shows the episode's prices).
 - Simulated experts (offline runs): with probability ``accuracy[category]`` the observation is
   ``"<alias>: The answer is <gold>."``, otherwise a plausible wrong answer. The draw is seeded by
   (service seed, task id, turn, ``task.meta["seed"]`` if any), so runs are reproducible. Usage:
-  ``len(query) / 4 + prompt_overhead_tokens`` in, ``output_tokens[category]`` out. The latency is
+  ``len(query) / 4 + prompt_overhead_tokens`` in (the context's length when there is no query), ``output_tokens[category]`` out. The latency is
   reported, not slept, unless ``experts.sleep`` is true (then it waits ``latency * sleep_scale``).
 """
 
@@ -144,6 +146,15 @@ def _states(observation: str, gold: str) -> bool:
     return re.search(rf"(?<![\w.]){re.escape(gold)}(?![\w]|\.\d)", normalize_answer(observation)) is not None
 
 
+def context_query(ctx: EpisodeContext, instruction: str) -> str:
+    """What an expert that writes from the context is sent: the task, each tool result so far, then
+    ``instruction``."""
+    transcript = ctx.state.get("transcript", [])
+    return "\n\n".join(
+        [f"Task: {ctx.task.problem}", *(f"{name} returned: {obs}" for name, obs in transcript), instruction]
+    )
+
+
 @register_tool
 class Expert(Tool):
     name = "expert"
@@ -163,9 +174,13 @@ class Expert(Tool):
             "type": "object",
             "properties": {
                 "model": {"type": "string", "enum": aliases, "description": "expert alias from the table"},
-                "query": {"type": "string", "description": "the question, self-contained"},
+                "query": {
+                    "type": "string",
+                    "description": "the question, self-contained; leave it out to have the expert answer the task "
+                    "from the tool results so far",
+                },
             },
-            "required": ["model", "query"],
+            "required": ["model"],
         }
         self._session: aiohttp.ClientSession | None = None
         self._schema_cache: dict[str, dict[str, Any]] = {}
@@ -209,9 +224,12 @@ class Expert(Tool):
 
     async def call(self, arguments: dict[str, Any], ctx: EpisodeContext) -> ToolResult:
         alias = arguments["model"]
+        query = arguments.get("query")
+        if query is None:
+            query = context_query(ctx, "Answer the task.")
         if alias in self.experts.simulated:
-            return await self._simulate(alias, self.experts.simulated[alias], arguments["query"], ctx)
-        return await self._call_endpoint(alias, self.experts.endpoints[alias], arguments["query"], ctx)
+            return await self._simulate(alias, self.experts.simulated[alias], query, ctx)
+        return await self._call_endpoint(alias, self.experts.endpoints[alias], query, ctx)
 
     async def _simulate(
         self, alias: str, sim: SimulatedExpertConfig, query: str, ctx: EpisodeContext, evidence: bool = False
@@ -246,13 +264,7 @@ class Expert(Tool):
         earlier tool result already states the gold answer (it has the evidence in front of it).
         An endpoint writer gets the problem and the transcript and is asked for the answer alone."""
         transcript = ctx.state.get("transcript", [])
-        query = "\n\n".join(
-            [
-                f"Task: {ctx.task.problem}",
-                *(f"{name} returned: {obs}" for name, obs in transcript),
-                "Reply with the final answer only.",
-            ]
-        )
+        query = context_query(ctx, "Reply with the final answer only.")
         if alias in self.experts.simulated:
             gold = normalize_answer(ctx.task.answer)
             evidence = bool(gold) and any(_states(obs, gold) for _, obs in transcript)
@@ -262,6 +274,43 @@ class Expert(Tool):
         if result.error is not None:
             return None, result
         return result.observation.split(": ", 1)[-1].strip(), result
+
+    async def write_query(self, alias: str, ctx: EpisodeContext) -> tuple[str | None, ToolResult]:
+        """A search query written by expert ``alias`` from the task and the episode's tool results
+        (ToolOrchestra's ``search`` with a model argument); ``None`` when the expert failed.
+
+        A simulated writer writes the first of the task's ``meta["search_queries"]`` the episode has not
+        searched yet (``ctx.state["searches"]``), the last one when all were, or the task's problem when
+        the record names none: naming a fact the question states is within every alias' skill. It is billed
+        for the context in and the query's tokens out, and takes the alias' latency for the category in
+        proportion to the tokens it writes. An endpoint writer gets the task and the transcript and is
+        asked for keywords alone; its reply's first line is the query."""
+        context = context_query(ctx, "Write a search query (keywords only) for the next fact the task needs.")
+        if alias in self.experts.simulated:
+            sim = self.experts.simulated[alias]
+            wanted = [str(q) for q in ctx.task.meta.get("search_queries") or []]
+            done = {q.strip().lower() for q in ctx.state.get("searches", [])}
+            todo = [q for q in wanted if q.strip().lower() not in done]
+            query = todo[0] if todo else (wanted[-1] if wanted else ctx.task.problem)
+            out = max(1, len(query) // 4)
+            usage = {"prompt_tokens": len(context) // 4 + sim.prompt_overhead_tokens, "completion_tokens": out}
+            p_in, p_out = self._prices(alias, ctx)
+            lo, hi = for_category(sim.latency_s, ctx.task.category)
+            latency = (lo + hi) / 2 * min(1.0, out / max(1, for_category(sim.output_tokens, ctx.task.category)))
+            if self.experts.sleep:
+                await asyncio.sleep(latency * self.experts.sleep_scale)
+            cost = (usage["prompt_tokens"] * p_in + usage["completion_tokens"] * p_out) / 1e6
+            result = ToolResult(observation=query, cost=cost, latency_s=latency, usage=usage, meta={"model": alias})
+            return query, result
+        result = await self._call_endpoint(alias, self.experts.endpoints[alias], context, ctx)
+        if result.error is not None:
+            return None, result
+        lines = result.observation.split(": ", 1)[-1].strip().splitlines()
+        query = lines[0].strip() if lines else ""
+        if not query:
+            err = f"expert {alias} wrote an empty search query"
+            return None, ToolResult(observation=f"{alias}: error: {err}", latency_s=result.latency_s, error=err)
+        return query, result
 
     async def _call_endpoint(self, alias: str, ep: EndpointExpertConfig, query: str, ctx: EpisodeContext) -> ToolResult:
         if self._session is None:

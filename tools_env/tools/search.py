@@ -3,8 +3,11 @@
 The corpus is fixed by the service config and never named by the policy: ``corpus`` (a folder
 of ``.jsonl``/``.txt`` files or one file, see ``tools_env.corpus``) or, when it is null, the
 synthetic world of ``corpus_seed`` (default 0) built in memory. Documents are loaded and
-indexed once per process. Arguments: ``{"query": str, "k": int (optional, capped at k_max)}``.
-Each query costs ``cost_per_query`` dollars ($0.01, the paper's web-search price).
+indexed once per process. Arguments: ``{"query": str, "k": int (optional, capped at k_max)}``, or, when
+the service has experts, ``{"model": alias}`` instead of the query: that expert writes the query from the
+task and the tool results so far (ToolOrchestra's ``search``, whose model argument names the model that
+writes the query; ``Expert.write_query``), billed and timed on top of the search. Each query costs
+``cost_per_query`` dollars ($0.01, the paper's web-search price).
 
 BM25 (Robertson/Sparck Jones, Lucene's idf):
     score(q, d) = sum_t idf(t) * tf(t,d) * (k1 + 1) / (tf(t,d) + k1 * (1 - b + b * |d| / avgdl))
@@ -23,6 +26,7 @@ from typing import Any
 
 from tools_env.corpus import Document, build_world, load_corpus
 from tools_env.tools.base import EpisodeContext, Tool, ToolArgumentError, ToolResult, register_tool
+from tools_env.tools.experts import Expert
 
 _TOKEN = re.compile(r"[a-z0-9]+")
 
@@ -87,6 +91,24 @@ class SearchTool(Tool):
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         super().__init__(config)
+        self.writer = (
+            Expert({"experts": self.config["experts"], "seed": self.config.get("seed", 0)})
+            if self.config.get("experts") is not None
+            else None
+        )
+        if self.writer is not None:
+            self.parameters = {
+                "type": "object",
+                "properties": {
+                    **type(self).parameters["properties"],
+                    "model": {
+                        "type": "string",
+                        "enum": self.writer.experts.aliases,
+                        "description": "or: the expert (from the expert table) that writes the query",
+                    },
+                },
+                "required": [],
+            }
         self.k_default = int(self.config.get("k_default", 3))
         self.k_max = int(self.config.get("k_max", 10))
         self.cost_per_query = float(self.config.get("cost_per_query", 0.01))
@@ -100,24 +122,44 @@ class SearchTool(Tool):
         )
         return s
 
+    def check_arguments(self, arguments: Any) -> dict[str, Any]:
+        args = super().check_arguments(arguments)
+        if self.writer is not None and ("query" in args) == ("model" in args):
+            raise ToolArgumentError("search: give either 'query' (keywords) or 'model' (an expert that writes them)")
+        if "query" in args and not args["query"].strip():
+            raise ToolArgumentError("search: 'query' is empty")
+        if args.get("k", self.k_default) < 1:
+            raise ToolArgumentError("search: 'k' must be >= 1")
+        return args
+
     async def call(self, arguments: dict[str, Any], ctx: EpisodeContext) -> ToolResult:
         t0 = time.perf_counter()
         try:
             arguments = self.check_arguments(arguments)
-            query = arguments["query"].strip()
-            if not query:
-                raise ToolArgumentError("search: 'query' is empty")
-            k = arguments.get("k", self.k_default)
-            if k < 1:
-                raise ToolArgumentError("search: 'k' must be >= 1")
         except ToolArgumentError as e:
             return ToolResult(observation=f"error: {e}", error=str(e))
-        hits = self.index.search(query, min(k, self.k_max))
+        written = None
+        if "model" in arguments:
+            assert self.writer is not None  # no model argument without experts, so check_arguments refused it
+            query, written = await self.writer.write_query(arguments["model"], ctx)
+            if query is None:  # the expert failed: its error is the observation, nothing was searched
+                return written
+        else:
+            query = arguments["query"].strip()
+        ctx.state.setdefault("searches", []).append(query)
+        hits = self.index.search(query, min(arguments.get("k", self.k_default), self.k_max))
         lines = [f"[{d.id}] {d.title}: {d.text[: self.snippet_chars]}" for d, _ in hits]
         observation = "\n".join(lines) if lines else "no documents match the query"
+        meta: dict[str, Any] = {"doc_ids": [d.id for d, _ in hits]}
+        if written is None:
+            return ToolResult(
+                observation=observation, cost=self.cost_per_query, latency_s=time.perf_counter() - t0, meta=meta
+            )
+        meta.update(model=arguments["model"], query=query)
         return ToolResult(
-            observation=observation,
-            cost=self.cost_per_query,
-            latency_s=time.perf_counter() - t0,
-            meta={"doc_ids": [d.id for d, _ in hits]},
+            observation=f"{arguments['model']} searched for: {query}\n{observation}",
+            cost=self.cost_per_query + written.cost,
+            latency_s=written.latency_s + time.perf_counter() - t0,
+            usage=written.usage,
+            meta=meta,
         )

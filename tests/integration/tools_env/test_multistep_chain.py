@@ -1,6 +1,7 @@
-"""Multi-step tasks through the real service with the default recipe's tools: the scripted chain (search,
-search, calculator, answer) is right exactly where the search tool's world holds both facts, and costs a
-fraction of one expert-large call, which answers at once."""
+"""Multi-step tasks through the real service with the default recipe's tools: the scripted chain (two searches
+whose queries an expert writes, the calculator, the answer) is right exactly where the search tool's world
+holds both facts, whichever expert writes, and costs a fraction of one expert-large call, which answers at
+once."""
 
 from __future__ import annotations
 
@@ -39,15 +40,17 @@ def test_the_chain_is_right_where_the_facts_are_found_and_costs_a_fraction_of_th
         async def main():
             client = ToolsEnvClient(list(handle.urls))
             try:
-                chains = [await _play(client, t, chain_call) for t in tasks]
+                chains = [await _play(client, t, lambda t, o: chain_call(t, o, "expert-small")) for t in tasks]
+                large = [await _play(client, t, lambda t, o: chain_call(t, o, "expert-large")) for t in tasks]
                 experts = [await _play(client, t, _expert_large) for t in tasks]
             finally:
                 await client.aclose()
-            return chains, experts
+            return chains, large, experts
 
-        chains, experts = asyncio.run(main())
-    for t, (turns, correct, cost) in zip(tasks, chains):
+        chains, large, experts = asyncio.run(main())
+    for t, (turns, correct, cost), by_large in zip(tasks, chains, large):
         assert turns == 4 and correct == t.meta["searchable"], t.problem
+        assert by_large[1] == correct and cost < by_large[2] < 0.002  # the dearer writer writes the same queries
         assert cost < 0.001
     assert sum(c for _, c, _ in chains) < len(tasks)  # some facts are missing from the world
     expert_cost = sum(cost for _, _, cost in experts) / len(experts)

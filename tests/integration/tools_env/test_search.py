@@ -88,3 +88,35 @@ def test_corpus_folder_with_jsonl_and_txt(tmp_path):
     (tmp_path / "b.jsonl").write_text('{"id": "x"}\n')
     with pytest.raises(ValueError, match="b.jsonl:1"):
         load_corpus(str(tmp_path))
+
+
+def test_a_simulated_expert_writes_the_task_s_queries_in_turn_and_is_billed_for_them(tmp_path):
+    """``search`` with ``model``: a simulated writer writes the first of the task's ``meta.search_queries``
+    not yet searched (the policy's own searches count), then the last again; without the list, the
+    problem. The writer's tokens are billed on top of the search's price."""
+    from tools_env.service_config import ExpertsConfig
+
+    world = build_world(0)
+    city, company = next(iter(world.cities)), next(iter(world.companies))
+    tool = SearchTool({"experts": ExpertsConfig(), "k_default": 1, "cost_per_query": 0.0001})
+    ctx = _ctx(tmp_path)
+    ctx.task.meta = {"search_queries": [city, company]}
+    first = asyncio.run(tool.call({"model": "expert-small"}, ctx))
+    assert first.observation.startswith(f"expert-small searched for: {city}\n[{world.doc_id[city]}]")
+    assert first.cost > 0.0001 and first.usage["completion_tokens"] >= 1 and first.meta["query"] == city
+    second = asyncio.run(tool.call({"model": "expert-large"}, ctx))
+    assert second.meta["query"] == company and second.meta["doc_ids"] == [world.doc_id[company]]
+    assert second.cost > first.cost  # the dearer writer
+    assert asyncio.run(tool.call({"model": "expert-small"}, ctx)).meta["query"] == company
+    ctx = _ctx(tmp_path)
+    ctx.task.meta = {"search_queries": [city, company]}
+    asyncio.run(tool.call({"query": city.lower()}, ctx))  # the policy searched the first itself
+    assert asyncio.run(tool.call({"model": "expert-small"}, ctx)).meta["query"] == company
+    assert asyncio.run(tool.call({"model": "expert-small"}, _ctx(tmp_path))).meta["query"] == "q"  # no list
+
+
+def test_without_experts_the_search_takes_only_a_query(tmp_path):
+    tool = SearchTool({})
+    assert "model" not in tool.schema()["function"]["parameters"]["properties"]
+    res = asyncio.run(tool.call({"model": "expert-small"}, _ctx(tmp_path)))
+    assert res.error and "unknown argument 'model'" in res.observation
