@@ -119,4 +119,4 @@ def test_without_experts_the_search_takes_only_a_query(tmp_path):
     tool = SearchTool({})
     assert "model" not in tool.schema()["function"]["parameters"]["properties"]
     res = asyncio.run(tool.call({"model": "expert-small"}, _ctx(tmp_path)))
-    assert res.error and "unknown argument 'model'" in res.observation
+    assert res.error and "missing argument 'query'" in res.observation
