@@ -114,9 +114,11 @@ def _reasoning(rng: random.Random) -> tuple[str, str, dict]:
 
 
 @functools.lru_cache(maxsize=4)
-def founding_years(corpus_seed: int = CORPUS_SEED) -> tuple[list[tuple[str, int]], list[tuple[str, int]], set[str]]:
+def founding_years(
+    corpus_seed: int = CORPUS_SEED,
+) -> tuple[list[tuple[str, int, str]], list[tuple[str, int, str]], set[str]]:
     """The entities of the search tool's world whose founding year a ``search`` by their name finds
-    (their own document ranks first): (cities and universities, companies), each ``(name, year)``,
+    (their own document ranks first): (cities and universities, companies), each ``(name, year, doc_id)``,
     and every word the world's names use."""
     from tools_env.corpus import build_world
     from tools_env.tools.search import BM25Index
@@ -128,10 +130,10 @@ def founding_years(corpus_seed: int = CORPUS_SEED) -> tuple[list[tuple[str, int]
         hits = index.search(name, 1)
         return bool(hits) and hits[0][0].id == world.doc_id[name]
 
-    early = [(n, c["founded"]) for n, c in world.cities.items()] + [
-        (n, u["founded"]) for n, u in world.universities.items()
+    early = [(n, c["founded"], world.doc_id[n]) for n, c in world.cities.items()] + [
+        (n, u["founded"], world.doc_id[n]) for n, u in world.universities.items()
     ]
-    late = [(n, c["year"]) for n, c in world.companies.items()]
+    late = [(n, c["year"], world.doc_id[n]) for n, c in world.companies.items()]
     names = [*world.cities, *world.universities, *world.companies, *world.people, *world.countries]
     return [e for e in early if found(e[0])], [e for e in late if found(e[0])], {w for n in names for w in n.split()}
 
@@ -156,22 +158,25 @@ def _multistep(
     one a company it lacks (another company's); their years are drawn as the world draws them. The task set's
     draw none of the first and ``MISSING_FACT_RATE`` of the second; ``meta.searchable``: the search finds both;
     ``meta.search_queries``: the two names, which a simulated expert asked to write a search writes in turn
-    (``Expert.write_query``)."""
+    (``Expert.write_query``); ``meta.evidence``, where both are found: their documents' ids, with which in
+    the tool results a simulated expert writing the answer has what the difference follows from."""
     from tools_env.corpus.generate import COMPANY_SUFFIX
 
     early, late, words = founding_years(corpus_seed)
     if rng.random() < unknown_early:
         a, year_a, found_a = f"University of {_unknown_word(rng, words)}", rng.randint(1300, 1950), False
     else:
-        (a, year_a), found_a = rng.choice(early), True
+        (a, year_a, doc_a), found_a = rng.choice(early), True
     candidates = [x for x in late if x[1] > year_a]
     if candidates and rng.random() >= unknown_late:
-        (b, year_b), found_b = rng.choice(candidates), True
+        (b, year_b, doc_b), found_b = rng.choice(candidates), True
     else:
         b = f"{_unknown_word(rng, words)} {rng.choice(COMPANY_SUFFIX)}"
         year_b, found_b = rng.randint(max(1925, year_a + 1), max(2035, year_a + 1)), False
     problem = f"How many years after the founding of {a} was {b} founded?"
-    meta = {"searchable": found_a and found_b, "search_queries": [a, b]}
+    meta: dict = {"searchable": found_a and found_b, "search_queries": [a, b]}
+    if found_a and found_b:
+        meta["evidence"] = [f"[{doc_a}]", f"[{doc_b}]"]
     return problem, str(year_b - year_a), {"type": "numeric", "abs_tol": 1e-6}, meta
 
 

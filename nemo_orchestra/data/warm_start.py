@@ -2,7 +2,8 @@
 
 A scripted orchestrator makes random valid choices for each task: first the calculator with the
 problem's expression (when it has one), a multi-step task's chain (``chain_call``: a search for each
-entity, its query written by a random expert alias, the calculator on the years found, the answer), a
+entity, its query written by a random expert alias, then at even odds the calculator on the years found
+and the answer, or the answer written by a random expert alias from the two results), a
 random expert alias asked about the task (the expert reads it: the call restates nothing), or straight to
 ``answer`` written by a random expert alias; after a tool result, ``answer`` with what the tool said or written by
 a random expert alias. Each turn opens with a short plan that restates the kind of task and the
@@ -109,14 +110,19 @@ def _choose(
     return "answer", {"model": rng.choice(aliases)}
 
 
-def chain_call(task: TaskRecord, observations: list[str], writer: str) -> tuple[str, dict]:
+def chain_call(
+    task: TaskRecord, observations: list[str], writer: str, finisher: str | None = None
+) -> tuple[str, dict]:
     """The next call of a multi-step task's chain after ``observations`` (the chain's results so far): a
     ``search`` whose query expert ``writer`` writes (the entities the question names, in its order), twice,
-    then the ``calculator`` on the later year minus the earlier (the years the two results state), then
-    ``answer`` with the difference. A result that states no year (a search that found nothing) ends the
-    chain: its answer is that result."""
+    then either ``answer`` written by expert ``finisher`` from the two results or, without one, the
+    ``calculator`` on the later year minus the earlier (the years the two results state) and ``answer``
+    with the difference. A result that states no year (a search that found nothing) ends the chain: its
+    answer is that result."""
     if len(observations) < 2:
         return "search", {"model": writer}
+    if len(observations) == 2 and finisher is not None:
+        return "answer", {"model": finisher}
     if len(observations) == 2:
         years = [_YEAR_RE.search(o) for o in observations]
         if all(years):
@@ -164,8 +170,9 @@ async def scripted_episodes(
             result = await client.step(ep["episode_id"], name, args)
             turns = [(name, args, str(result["observation"]))]
             chained = name == "search"
+            finisher = rng.choice(_aliases(ep["tools"], avoid)) if chained and rng.random() < 0.5 else None
             while chained and name != "answer" and not result["done"]:  # a chain: to its end, answer included
-                name, args = chain_call(task, [obs for _, _, obs in turns], turns[0][1]["model"])
+                name, args = chain_call(task, [obs for _, _, obs in turns], turns[0][1]["model"], finisher)
                 result = await client.step(ep["episode_id"], name, args)
                 turns.append((name, args, str(result["observation"])))
             extra = rng.randrange(max_calls) if max_calls > 1 and not copy and name != "answer" else 0

@@ -44,11 +44,13 @@ def test_a_multi_step_task_is_answered_by_the_years_its_entities_searches_find_u
         (doc_a, _), (doc_b, _) = index.search(early, 1)[0], index.search(late, 1)[0]
         found = int(_YEAR.search(doc_b.text).group(1)) - int(_YEAR.search(doc_a.text).group(1))
         assert doc_a.title == early and int(t.answer) > 0
+        assert t.meta["search_queries"] == [early, late]  # what a simulated expert asked for a query writes
         if t.meta["searchable"]:
             assert doc_b.title == late and found == int(t.answer)
+            assert t.meta["evidence"] == [f"[{doc_a.id}]", f"[{doc_b.id}]"]  # the documents the answer is in
         else:  # the world has no document of it: the chain finds another entity's year
             missing += 1
-            assert late not in world.doc_id and doc_b.title != late
+            assert late not in world.doc_id and doc_b.title != late and "evidence" not in t.meta
     assert abs(missing / len(tasks) - MISSING_FACT_RATE) < 0.06
 
 

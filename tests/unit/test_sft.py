@@ -249,6 +249,8 @@ def test_the_chain_searches_each_entity_subtracts_the_years_found_and_answers_th
     )
     t.problem = "How many years after the founding of University of Droufith was Kenaex Group founded?"
     assert chain_call(t, [uni, company], "s") == ("calculator", {"expression": "1949 - 1699"})
+    assert chain_call(t, [city], "s", "l") == ("search", {"model": "s"})  # or an expert writes the answer
+    assert chain_call(t, [city, company], "s", "l") == ("answer", {"model": "l"})
 
 
 def test_a_chain_copy_lesson_trains_the_chain_s_next_steps_but_not_its_first_choice():

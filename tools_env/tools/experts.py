@@ -260,14 +260,19 @@ class Expert(Tool):
         """The final answer written by expert ``alias`` from the task and the episode's tool results
         (ToolOrchestra's ``answer`` with a model argument); ``None`` when the expert failed.
 
-        A simulated writer answers at its accuracy for the category, or correctly whenever an
-        earlier tool result already states the gold answer (it has the evidence in front of it).
+        A simulated writer answers at its accuracy for the category, or correctly whenever the
+        evidence is in front of it: an earlier tool result states the gold answer, or the tool results
+        hold every string of the task's ``meta["evidence"]`` (the facts the answer follows from, such as
+        the documents a multi-step question's years are in).
         An endpoint writer gets the problem and the transcript and is asked for the answer alone."""
         transcript = ctx.state.get("transcript", [])
         query = context_query(ctx, "Reply with the final answer only.")
         if alias in self.experts.simulated:
             gold = normalize_answer(ctx.task.answer)
-            evidence = bool(gold) and any(_states(obs, gold) for _, obs in transcript)
+            facts = [str(f) for f in ctx.task.meta.get("evidence") or []]
+            evidence = (bool(gold) and any(_states(obs, gold) for _, obs in transcript)) or (
+                bool(facts) and all(any(f in obs for _, obs in transcript) for f in facts)
+            )
             result = await self._simulate(alias, self.experts.simulated[alias], query, ctx, evidence)
             return result.meta["answer"], result
         result = await self._call_endpoint(alias, self.experts.endpoints[alias], query, ctx)

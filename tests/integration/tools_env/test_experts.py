@@ -229,6 +229,32 @@ def test_a_simulated_writer_uses_evidence_from_earlier_tool_results(writers):
     assert not _step(writers, eid, "answer", {"model": "never"})["outcome"]["correct"]
 
 
+def test_a_simulated_writer_has_the_evidence_when_the_results_hold_every_fact_the_task_names(writers):
+    """``meta.evidence``: the strings the answer follows from (a multi-step question's documents); with all of
+    them among the tool results the weakest writer answers right, with one missing it draws as usual."""
+    from tools_env.corpus import build_world
+
+    world = build_world(0)
+    city, company = next(iter(world.cities)), next(iter(world.companies))
+    evidence = [f"[{world.doc_id[city]}]", f"[{world.doc_id[company]}]"]
+
+    def episode(meta):
+        status, created = http(f"{writers}/v1/episodes", "POST", qa_task(["search", "answer"], meta=meta))
+        assert status == 200, created
+        return created["episode_id"]
+
+    eid = episode({"evidence": evidence})
+    _step(writers, eid, "search", {"query": city})
+    _step(writers, eid, "search", {"query": company})
+    assert _step(writers, eid, "answer", {"model": "never"})["outcome"]["correct"]
+    eid = episode({"evidence": evidence})
+    _step(writers, eid, "search", {"query": city})
+    assert not _step(writers, eid, "answer", {"model": "never"})["outcome"]["correct"]
+    eid = episode({"evidence": []})  # no facts named: no evidence
+    _step(writers, eid, "search", {"query": city})
+    assert not _step(writers, eid, "answer", {"model": "never"})["outcome"]["correct"]
+
+
 def test_an_endpoint_writer_gets_the_task_and_the_transcript(svc):
     url = svc.urls[0]
     status, created = http(f"{url}/v1/episodes", "POST", qa_task(["expert", "answer"], answer="x"))

@@ -56,3 +56,34 @@ def test_the_chain_is_right_where_the_facts_are_found_and_costs_a_fraction_of_th
     expert_cost = sum(cost for _, _, cost in experts) / len(experts)
     assert expert_cost > 5 * max(cost for _, _, cost in chains)
     assert sum(c for _, c, _ in experts) >= 0.8 * len(tasks)
+
+
+def test_scripted_chains_end_either_way_at_even_odds_and_an_expert_finishing_one_has_the_documents():
+    """The warm start's chains: two searches whose queries an expert writes, then the calculator or an expert
+    writing the answer from the two results, at even odds; the expert's answer is right where the world
+    holds both documents, whichever expert writes it."""
+    from nemo_orchestra.data.warm_start import scripted_episodes
+
+    service = dict(load_config([]).tools.service)
+    tasks = generate_tasks(160, 5, "multistep")
+    with start_service(service, workers=1, token=None, timeout_s=60) as handle:
+
+        async def main():
+            client = ToolsEnvClient(list(handle.urls))
+            try:
+                return await scripted_episodes(tasks, client, seed=3)
+            finally:
+                await client.aclose()
+
+        episodes = asyncio.run(main())
+    chains = [ep for ep in episodes if ep.turns[0][0] == "search"]
+    by_expert = [ep for ep in chains if ep.turns[2][0] == "answer"]
+    assert len(chains) > 30 and 0.3 < len(by_expert) / len(chains) < 0.7
+    assert all(ep.turns[2][0] == "calculator" for ep in chains if ep not in by_expert)
+    for ep in by_expert:
+        assert [n for n, _, _ in ep.turns] == ["search", "search", "answer"] and "model" in ep.turns[2][1]
+        assert ep.turns[2][1]["model"] in ("expert-small", "expert-medium", "expert-large")
+        if ep.task.meta["searchable"]:  # elsewhere the expert answers at its skill (0.1 to 0.95)
+            assert ep.turns[2][2].endswith(f"wrote: {ep.task.answer}).")
+    small = [ep for ep in by_expert if ep.turns[2][1]["model"] == "expert-small"]
+    assert sum(ep.turns[2][2].endswith(f"wrote: {ep.task.answer}).") for ep in small) < len(small)  # not always
