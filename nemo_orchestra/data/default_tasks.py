@@ -74,7 +74,7 @@ KINDS = {  # category -> word in the plan
     "multistep": "multi-step",
 }
 MULTISTEP_TOOLS = ["search", "calculator", "expert", "answer"]
-MULTISTEP_TURNS = 5  # the chain takes 4 (two searches, the calculator, the answer); one to spare
+MULTISTEP_TURNS = 4  # the chain takes 3 (two searches, the answer); one to spare
 MISSING_FACT_RATE = 0.2  # multi-step tasks whose later entity has no document in the search tool's world
 CORPUS_SEED = 0  # the search tool's world (its ``corpus_seed``) the multi-step questions are about by default
 MULTISTEP_RE = re.compile(r"How many years after the founding of (.+) was (.+) founded\?")
@@ -147,35 +147,27 @@ def _unknown_word(rng: random.Random, taken: set[str]) -> str:
     return names.word(2)
 
 
-def _multistep(
-    rng: random.Random,
-    corpus_seed: int = CORPUS_SEED,
-    unknown_early: float = 0.0,
-    unknown_late: float = MISSING_FACT_RATE,
-) -> tuple[str, str, dict, dict]:
-    """Two entities' founding years and their difference. With probability ``unknown_early`` the earlier one is
-    a university the world lacks (a search finds another university's year), with ``unknown_late`` the later
-    one a company it lacks (another company's); their years are drawn as the world draws them. The task set's
-    draw none of the first and ``MISSING_FACT_RATE`` of the second; ``meta.searchable``: the search finds both;
-    ``meta.search_queries``: the two names, which a simulated expert asked to write a search writes in turn
-    (``Expert.write_query``); ``meta.evidence``, where both are found: their documents' ids, with which in
-    the tool results a simulated expert writing the answer has what the difference follows from."""
+def _multistep(rng: random.Random, corpus_seed: int = CORPUS_SEED) -> tuple[str, str, dict, dict]:
+    """Two entities' founding years and their difference: a city or university of the world, then, with
+    probability ``MISSING_FACT_RATE``, a company the world lacks (a search finds another company's year; its
+    year drawn as the world draws them), else one of its companies founded later. ``meta.searchable``: the
+    search finds both; ``meta.search_queries``: the two names, which a simulated expert asked to write a
+    search writes in turn (``Expert.write_query``); ``meta.evidence``, where both are found: their documents'
+    ids, with which in the tool results a simulated expert writing the answer has what the difference follows
+    from."""
     from tools_env.corpus.generate import COMPANY_SUFFIX
 
     early, late, words = founding_years(corpus_seed)
-    if rng.random() < unknown_early:
-        a, year_a, found_a = f"University of {_unknown_word(rng, words)}", rng.randint(1300, 1950), False
-    else:
-        (a, year_a, doc_a), found_a = rng.choice(early), True
+    a, year_a, doc_a = rng.choice(early)
     candidates = [x for x in late if x[1] > year_a]
-    if candidates and rng.random() >= unknown_late:
-        (b, year_b, doc_b), found_b = rng.choice(candidates), True
+    if candidates and rng.random() >= MISSING_FACT_RATE:
+        (b, year_b, doc_b), found = rng.choice(candidates), True
     else:
         b = f"{_unknown_word(rng, words)} {rng.choice(COMPANY_SUFFIX)}"
-        year_b, found_b = rng.randint(max(1925, year_a + 1), max(2035, year_a + 1)), False
+        year_b, found = rng.randint(max(1925, year_a + 1), max(2035, year_a + 1)), False
     problem = f"How many years after the founding of {a} was {b} founded?"
-    meta: dict = {"searchable": found_a and found_b, "search_queries": [a, b]}
-    if found_a and found_b:
+    meta: dict = {"searchable": found, "search_queries": [a, b]}
+    if found:
         meta["evidence"] = [f"[{doc_a}]", f"[{doc_b}]"]
     return problem, str(year_b - year_a), {"type": "numeric", "abs_tol": 1e-6}, meta
 
@@ -242,10 +234,11 @@ def copy_tasks(
     digits, negatives down to -89, and 4-digit products as often as the tasks the run is judged on
     have them: lessons of the wide shape alone leave the copy of those unlearned (docs/algorithm.md);
     a third has those operands with a repdigit (``_repeated_digit_arithmetic``), where the trained
-    policy's copies went wrong most. Multi-step lessons (the chain) name, for each entity, one of the
-    world's or, as often, one it does not have (``_multistep``): the world's few names alone are learned by
-    heart, and the chain's searches then ask for a remembered name instead of the question's."""
-    rng, categories = random.Random(seed), category_list(categories)
+    policy's copies went wrong most. No multi-step lessons: the chain's calls copy nothing (experts write
+    its queries and its answer)."""
+    rng, categories = random.Random(seed), tuple(c for c in category_list(categories) if c != CHAIN)
+    if not categories:
+        return []
     tasks = []
     for i in range(n):
         category = categories[i % len(categories)]
@@ -254,9 +247,6 @@ def copy_tasks(
         if category == "arithmetic" and shape != 1:
             make = _wide_arithmetic if shape == 0 else _repeated_digit_arithmetic
             task.problem, task.answer, task.verifier = make(rng)
-        if category == CHAIN:
-            task.problem, task.answer, task.verifier, meta = _multistep(rng, corpus_seed, 0.5, 0.5)
-            task.meta.update(meta)
         task.id = f"copy-{seed}-{i:05d}"
         tasks.append(task)
     return tasks

@@ -2,8 +2,8 @@
 
 A scripted orchestrator makes random valid choices for each task: first the calculator with the
 problem's expression (when it has one), a multi-step task's chain (``chain_call``: a search for each
-entity, its query written by a random expert alias, then at even odds the calculator on the years found
-and the answer, or the answer written by a random expert alias from the two results), a
+entity, its query written by a random expert alias, then the answer written by a random expert alias
+from the two results), a
 random expert alias asked about the task (the expert reads it: the call restates nothing), or straight to
 ``answer`` written by a random expert alias; after a tool result, ``answer`` with what the tool said or written by
 a random expert alias. Each turn opens with a short plan that restates the kind of task and the
@@ -48,7 +48,6 @@ from nemo_orchestra.types import TaskRecord, Trajectory, TurnRecord
 
 _EXPR_RE = re.compile(r"What is (-?\d+ [-+*] -?\d+)\?")
 _ANSWER_RE = re.compile(r"The answer is (.+?)\.?\s*$", re.DOTALL)
-_YEAR_RE = re.compile(r"(?:founded|established) in (\d+)")
 
 
 @dataclass
@@ -82,7 +81,7 @@ def _choose(
     are never called."""
     names, aliases = [t["function"]["name"] for t in tools], _aliases(tools, avoid)
     m = _EXPR_RE.match(task.problem)
-    chain = "search" in names and "calculator" in names and aliases and MULTISTEP_RE.match(task.problem)
+    chain = "search" in names and aliases and MULTISTEP_RE.match(task.problem)
     kinds = (
         (["answer"] if aliases else [])
         + (["expert"] if "expert" in names and aliases else [])
@@ -90,7 +89,7 @@ def _choose(
         + (["search"] if chain else [])
     )
     if copy:
-        kinds = [k for k in ("search", "calculator", "expert") if k in kinds][:1]
+        kinds = [k for k in ("calculator", "expert") if k in kinds][:1]
     elif calls_only:
         kinds = [k for k in kinds if k != "answer"]
     if not kinds:
@@ -102,7 +101,7 @@ def _choose(
         )
     kind = rng.choice(kinds)
     if kind == "search":
-        return chain_call(task, [], rng.choice(aliases))
+        return "search", {"model": rng.choice(aliases)}  # a chain's first call (chain_call)
     if kind == "calculator":
         return kind, {"expression": m.group(1)}
     if kind == "expert":
@@ -110,24 +109,13 @@ def _choose(
     return "answer", {"model": rng.choice(aliases)}
 
 
-def chain_call(
-    task: TaskRecord, observations: list[str], writer: str, finisher: str | None = None
-) -> tuple[str, dict]:
+def chain_call(task: TaskRecord, observations: list[str], writer: str, finisher: str) -> tuple[str, dict]:
     """The next call of a multi-step task's chain after ``observations`` (the chain's results so far): a
     ``search`` whose query expert ``writer`` writes (the entities the question names, in its order), twice,
-    then either ``answer`` written by expert ``finisher`` from the two results or, without one, the
-    ``calculator`` on the later year minus the earlier (the years the two results state) and ``answer``
-    with the difference. A result that states no year (a search that found nothing) ends the chain: its
-    answer is that result."""
+    then ``answer`` written by expert ``finisher`` from the two results."""
     if len(observations) < 2:
         return "search", {"model": writer}
-    if len(observations) == 2 and finisher is not None:
-        return "answer", {"model": finisher}
-    if len(observations) == 2:
-        years = [_YEAR_RE.search(o) for o in observations]
-        if all(years):
-            return "calculator", {"expression": f"{years[1].group(1)} - {years[0].group(1)}"}
-    return "answer", {"answer": answer_from(observations[-1])}
+    return "answer", {"model": finisher}
 
 
 def _final(observation: str, tools: list[dict], rng: random.Random, avoid: frozenset = frozenset()) -> dict:
@@ -170,7 +158,7 @@ async def scripted_episodes(
             result = await client.step(ep["episode_id"], name, args)
             turns = [(name, args, str(result["observation"]))]
             chained = name == "search"
-            finisher = rng.choice(_aliases(ep["tools"], avoid)) if chained and rng.random() < 0.5 else None
+            finisher = rng.choice(_aliases(ep["tools"], avoid)) if chained else ""
             while chained and name != "answer" and not result["done"]:  # a chain: to its end, answer included
                 name, args = chain_call(task, [obs for _, _, obs in turns], turns[0][1]["model"], finisher)
                 result = await client.step(ep["episode_id"], name, args)
@@ -237,9 +225,7 @@ def to_trajectory(ep: ScriptedEpisode, chat: ChatFormat, reward_cfg: RewardConfi
             raise ChatTemplateError(f"the chat template's own writing of a scripted turn is refused: {parsed.error}")
         messages.append(parsed.message)
         turn = chat.encode(text) + [chat.end_of_turn_id]
-        # a copy lesson trains the call, not the plan before it (the choice), except past a chain's first call:
-        # a chain's next steps are its format
-        untrained = chat.plan_length(text, turn) if ep.copy and not (i > 0 and ep.turns[0][0] == "search") else 0
+        untrained = chat.plan_length(text, turn) if ep.copy else 0  # a copy lesson trains the call, not the plan
         traj.turns.append(TurnRecord(start=len(traj.token_ids), calls=1))  # no action key: no per-turn credit
         traj.token_ids += turn
         traj.loss_mask += [0] * untrained + [1] * (len(turn) - untrained)

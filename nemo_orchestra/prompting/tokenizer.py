@@ -24,15 +24,10 @@ log = logging.getLogger(__name__)
 
 
 def build_embedded_tokenizer(
-    corpus: Iterable[str],
-    vocab_size: int = 2048,
-    max_token_length: int = 24,
-    phrases: Iterable[str] = (),
-    names_apart: bool = False,
+    corpus: Iterable[str], vocab_size: int = 2048, max_token_length: int = 24, phrases: Iterable[str] = ()
 ):
     """``phrases``: strings that are always one token each (matched before BPE), e.g. the plans
-    of ``default_tasks.plan_phrases``. ``names_apart``: a capitalized word is split from what surrounds it
-    (below), for task sets whose calls copy names from the question (the multi-step chain's searches)."""
+    of ``default_tasks.plan_phrases``."""
     from tokenizers import (
         AddedToken,
         Regex,
@@ -51,13 +46,8 @@ def build_embedded_tokenizer(
     # a negative number is the same tokens wherever it stands: a tool result's "-48" and an answer's
     # '"-48"' share "-", "4", "8" (merged into the text before it, the answer's sign would be part of
     # '"answer": "-' and the copy of a negative result a different task from a positive one's)
-    # names_apart: a name is the same tokens wherever it stands: "Reta" in a question ("the founding of Reta
-    # was") and in a call ('"query": "Reta"') share them, and copying one into the other is a copy of tokens
-    # (merged with their context, a name the task set repeats would become other tokens in each place)
-    names = [pre_tokenizers.Split(Regex(r"[A-Z][a-z]+"), behavior="isolated")] if names_apart else []
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            *names,
             pre_tokenizers.Split(Regex(r"-(?=\d)"), behavior="isolated"),
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),

@@ -13,7 +13,7 @@ from dataclasses import replace
 import torch
 
 from nemo_orchestra.config import Config, save_config, to_dict
-from nemo_orchestra.data.default_tasks import CHAIN, generate_tasks, plan_phrases
+from nemo_orchestra.data.default_tasks import generate_tasks, plan_phrases
 from nemo_orchestra.data.warm_start import render_text, to_trajectory
 from nemo_orchestra.grpo.reward import assign_rewards
 from nemo_orchestra.megatron.model import padded_vocab_size
@@ -154,12 +154,8 @@ def _build(
     # the embedded tokenizer is built from the scripted episodes' text
     scripted, copies = play_warm_start_episodes(cfg, plan, tasks, client, loop, corpus=tokenizer is None)
     if tokenizer is None:
-        # not the multi-step episodes: the few names of the search tool's world, repeated across them, would
-        # each become one token, whose copy from the question into a search the policy does not learn (a
-        # name's letters and syllables, shared by every name, it does)
-        corpus = [render_text(ep, QWEN3_CHAT_TEMPLATE, cfg.reward) for ep in scripted if ep.task.category != CHAIN]
-        chains = any(ep.task.category == CHAIN for ep in scripted)
-        tokenizer = build_embedded_tokenizer(corpus, phrases=plan_phrases(cfg.data.categories), names_apart=chains)
+        corpus = [render_text(ep, QWEN3_CHAT_TEMPLATE, cfg.reward) for ep in scripted]
+        tokenizer = build_embedded_tokenizer(corpus, phrases=plan_phrases(cfg.data.categories))
         chat = resolve_chat_format(tokenizer, *chat_options(cfg))
     tokenizer.chat_template = chat.template  # the template trained with is the one the export ships
     if info.is_main:

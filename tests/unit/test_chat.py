@@ -158,37 +158,6 @@ def test_a_negative_number_is_the_same_tokens_in_a_tool_result_and_in_an_answer(
         assert pieces == ["WhatĠisĠ", "3", "6", "Ġ-Ġ", "8", "4", "?"]  # the operator: " - ", free to merge
 
 
-def test_a_name_is_the_same_tokens_in_a_question_and_in_a_call():
-    """A search copies a name from the question: "Stequoum Labs" must be the same tokens after "founding of"
-    as inside the call's JSON string, however often BPE saw the text around it."""
-    names = ["Stequoum Labs", "Reta", "University of Fisem", "Quaehen Industries"]
-    corpus = [
-        render_chat(
-            QWEN3_CHAT_TEMPLATE,
-            [
-                {"role": "user", "content": f"How many years after the founding of {a} was {b} founded?"},
-                tool_call_message("search", {"query": a}),
-                {"role": "tool", "content": f"{a}: founded in 1164."},
-            ],
-            TOOLS,
-        )
-        for a in names
-        for b in names
-    ] * 5
-    merged = build_embedded_tokenizer(corpus, vocab_size=2000)  # BPE merges the names into their context
-    assert not all(_holds(merged, name) for name in names)
-    tok = build_embedded_tokenizer(corpus, vocab_size=2000, names_apart=True)
-    assert all(_holds(tok, name) for name in names)
-
-
-def _holds(tok, name):
-    """``name``'s own tokens stand in a question about it and in a search for it."""
-    question = tok.encode(f"How many years after the founding of {name} was Reta founded?", add_special_tokens=False)
-    call = tok.encode(format_tool_call("search", {"query": name}), add_special_tokens=False)
-    ids = tok.encode(name, add_special_tokens=False)
-    return all(any(seq[i : i + len(ids)] == ids for i in range(len(seq))) for seq in (question, call))
-
-
 @pytest.mark.parametrize(
     "text, plan",
     [

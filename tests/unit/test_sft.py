@@ -221,60 +221,25 @@ def _multistep_task():
     return t
 
 
-def test_a_multi_step_task_offers_the_chain_beside_the_experts_and_a_copy_lesson_takes_it():
+def test_a_multi_step_task_offers_the_chain_beside_the_experts_and_no_copy_lesson_takes_it():
     t = _multistep_task()
     seen = {_choose(t, MULTISTEP_TOOLS, random.Random(i))[0] for i in range(100)}
     assert seen == {"search", "expert", "answer"}  # no expression in the question: never the calculator first
-    firsts = [_choose(t, MULTISTEP_TOOLS, random.Random(i), copy=True) for i in range(20)]
-    assert all(name == "search" and set(args) == {"model"} and args["model"] in ALIASES for name, args in firsts)
-    assert len({args["model"] for _, args in firsts}) > 1  # which expert writes the query is left at even odds
+    firsts = [_choose(t, MULTISTEP_TOOLS, random.Random(i)) for i in range(100)]
+    searches = [args for name, args in firsts if name == "search"]
+    assert all(set(args) == {"model"} and args["model"] in ALIASES for args in searches)
+    assert len({args["model"] for args in searches}) > 1  # which expert writes the query is left at even odds
+    assert {_choose(t, MULTISTEP_TOOLS, random.Random(i), copy=True)[0] for i in range(20)} == {"expert"}
 
 
-def test_the_chain_searches_each_entity_subtracts_the_years_found_and_answers_the_difference():
+def test_the_chain_has_an_expert_write_each_search_and_then_the_answer():
     from nemo_orchestra.data.warm_start import chain_call
 
     t = _multistep_task()
     city = "[city-0001] Reta: Reta is a city in Thadisstan, founded in 1164 on the banks of the Tavor river."
     company = "[company-0200] Bremia Labs: ... It was founded in 1949 by Kaex Dou and is headquartered in Reta."
-    assert chain_call(t, [], "s") == ("search", {"model": "s"})  # the expert writes each entity's query
-    assert chain_call(t, [city], "s") == ("search", {"model": "s"})
-    assert chain_call(t, [city, company], "s") == ("calculator", {"expression": "1949 - 1164"})  # later - earlier
-    assert chain_call(t, [city, company, "785"], "s") == ("answer", {"answer": "785"})
-    assert chain_call(t, [city, "no documents match the query"], "s") == (
-        "answer",
-        {"answer": "no documents match the query"},
-    )
-    uni = (
-        "[university-0033] University of Droufith: The University of Droufith was established in 1699 in the city of X."
-    )
-    t.problem = "How many years after the founding of University of Droufith was Kenaex Group founded?"
-    assert chain_call(t, [uni, company], "s") == ("calculator", {"expression": "1949 - 1699"})
-    assert chain_call(t, [city], "s", "l") == ("search", {"model": "s"})  # or an expert writes the answer
-    assert chain_call(t, [city, company], "s", "l") == ("answer", {"model": "l"})
+    assert chain_call(t, [], "s", "l") == ("search", {"model": "s"})  # the expert writes each entity's query
+    assert chain_call(t, [city], "s", "l") == ("search", {"model": "s"})
+    assert chain_call(t, [city, company], "s", "l") == ("answer", {"model": "l"})  # and another the answer
 
 
-def test_a_chain_copy_lesson_trains_the_chain_s_next_steps_but_not_its_first_choice():
-    """Past its first call a chain's plans are its format (search again, the calculator, the answer), so a copy
-    lesson of a chain trains them; its first plan, the choice of the chain over an expert, stays untrained."""
-    from nemo_orchestra.config import load_config
-    from nemo_orchestra.data.default_tasks import CATEGORIES, plan_phrases, plan_text
-    from nemo_orchestra.data.warm_start import ScriptedEpisode, render_text, to_trajectory
-    from nemo_orchestra.prompting.chat import QWEN3_CHAT_TEMPLATE, ChatFormat
-    from nemo_orchestra.prompting.tokenizer import build_embedded_tokenizer
-
-    t = _multistep_task()
-    turns = [
-        ("search", {"model": "expert-small"}, "[city-0001] Reta: Reta is a city, founded in 1164."),
-        ("search", {"model": "expert-small"}, "[company-0200] Bremia Labs: It was founded in 1949."),
-        ("calculator", {"expression": "1949 - 1164"}, "785"),
-        ("answer", {"answer": "785"}, "Answer submitted."),
-    ]
-    reward = load_config([]).reward
-    corpus = [render_text(ScriptedEpisode(t, MULTISTEP_TOOLS, turns), QWEN3_CHAT_TEMPLATE, reward)] * 4
-    chat = ChatFormat(build_embedded_tokenizer(corpus, vocab_size=500, phrases=plan_phrases(CATEGORIES)))
-    lesson = to_trajectory(ScriptedEpisode(t, MULTISTEP_TOOLS, turns, copy=True), chat, reward)
-    trained = chat.decode([i for i, m in zip(lesson.token_ids, lesson.loss_mask) if m])
-    plans = [plan_text("multistep", "cost_sensitive", n, a) for n, a, _ in turns]
-    assert plans[0] == plans[1] and trained.count(plans[0]) == 1  # the second search's plan, not the first's
-    assert all(p in trained for p in plans[2:])
-    assert '"model": "expert-small"' in trained and '"expression": "1949 - 1164"' in trained

@@ -40,8 +40,9 @@ def test_the_chain_is_right_where_the_facts_are_found_and_costs_a_fraction_of_th
         async def main():
             client = ToolsEnvClient(list(handle.urls))
             try:
-                chains = [await _play(client, t, lambda t, o: chain_call(t, o, "expert-small")) for t in tasks]
-                large = [await _play(client, t, lambda t, o: chain_call(t, o, "expert-large")) for t in tasks]
+                small = "expert-small"
+                chains = [await _play(client, t, lambda t, o: chain_call(t, o, small, small)) for t in tasks]
+                large = [await _play(client, t, lambda t, o: chain_call(t, o, "expert-large", small)) for t in tasks]
                 experts = [await _play(client, t, _expert_large) for t in tasks]
             finally:
                 await client.aclose()
@@ -49,23 +50,25 @@ def test_the_chain_is_right_where_the_facts_are_found_and_costs_a_fraction_of_th
 
         chains, large, experts = asyncio.run(main())
     for t, (turns, correct, cost), by_large in zip(tasks, chains, large):
-        assert turns == 4 and correct == t.meta["searchable"], t.problem
-        assert by_large[1] == correct and cost < by_large[2] < 0.002  # the dearer writer writes the same queries
+        if t.meta["searchable"]:  # expert-small writes the answer from the two documents
+            assert correct, t.problem
+        assert turns == 3 and by_large[1] == correct and cost < by_large[2] < 0.002  # the dearer writer: same queries
         assert cost < 0.001
-    assert sum(c for _, c, _ in chains) < len(tasks)  # some facts are missing from the world
+    missing = [c for t, (_, c, _) in zip(tasks, chains) if not t.meta["searchable"]]
+    assert missing and sum(missing) < len(missing) / 2  # where a fact is missing expert-small rarely answers
     expert_cost = sum(cost for _, _, cost in experts) / len(experts)
     assert expert_cost > 5 * max(cost for _, _, cost in chains)
     assert sum(c for _, c, _ in experts) >= 0.8 * len(tasks)
 
 
-def test_scripted_chains_end_either_way_at_even_odds_and_an_expert_finishing_one_has_the_documents():
-    """The warm start's chains: two searches whose queries an expert writes, then the calculator or an expert
-    writing the answer from the two results, at even odds; the expert's answer is right where the world
-    holds both documents, whichever expert writes it."""
+def test_scripted_chains_have_experts_write_the_searches_and_the_answer_from_the_documents():
+    """The warm start's chains: two searches whose queries an expert writes, then an expert writing the answer
+    from the two results, each expert at random; the answer is right where the world holds both documents,
+    whichever expert writes it."""
     from nemo_orchestra.data.warm_start import scripted_episodes
 
     service = dict(load_config([]).tools.service)
-    tasks = generate_tasks(160, 5, "multistep")
+    tasks = generate_tasks(120, 5, "multistep")
     with start_service(service, workers=1, token=None, timeout_s=60) as handle:
 
         async def main():
@@ -77,13 +80,10 @@ def test_scripted_chains_end_either_way_at_even_odds_and_an_expert_finishing_one
 
         episodes = asyncio.run(main())
     chains = [ep for ep in episodes if ep.turns[0][0] == "search"]
-    by_expert = [ep for ep in chains if ep.turns[2][0] == "answer"]
-    assert len(chains) > 30 and 0.3 < len(by_expert) / len(chains) < 0.7
-    assert all(ep.turns[2][0] == "calculator" for ep in chains if ep not in by_expert)
-    for ep in by_expert:
-        assert [n for n, _, _ in ep.turns] == ["search", "search", "answer"] and "model" in ep.turns[2][1]
-        assert ep.turns[2][1]["model"] in ("expert-small", "expert-medium", "expert-large")
-        if ep.task.meta["searchable"]:  # elsewhere the expert answers at its skill (0.1 to 0.95)
+    assert len(chains) > 25
+    for ep in chains:
+        assert [n for n, _, _ in ep.turns] == ["search", "search", "answer"]
+        assert ep.turns[0][1] == ep.turns[1][1] and set(ep.turns[2][1]) == {"model"}
+        if ep.task.meta["searchable"]:
             assert ep.turns[2][2].endswith(f"wrote: {ep.task.answer}).")
-    small = [ep for ep in by_expert if ep.turns[2][1]["model"] == "expert-small"]
-    assert sum(ep.turns[2][2].endswith(f"wrote: {ep.task.answer}).") for ep in small) < len(small)  # not always
+    assert len({ep.turns[2][1]["model"] for ep in chains}) == 3
