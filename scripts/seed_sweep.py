@@ -25,7 +25,9 @@ at least 0.5, cost-sensitive arithmetic at accuracy 0.8 or better for $0.0002 or
 multi-step tasks accuracy of at least 0.8, on their cost-sensitive ones at least 0.7 of rollouts taking the
 chain (no expert-large call) at a cost per correct answer of at most a third of the warm start's, and
 expert-large called on accuracy-first ones in a share of rollouts at least 0.5 above the cost-sensitive
-ones'; format errors a turn after GRPO at most the warm start's plus 0.01.
+ones'; format errors a turn after GRPO at most the warm start's plus 0.01. The multi-step separation cell
+also names the first GRPO step at which it reached 0.5 over the last ``SEPARATION_WINDOW`` steps' rollouts
+(``first_separated_step``, from metrics.jsonl).
 
 The figures come from the run's sampled held-out evaluation (``evaluation.samples`` rollouts per
 task at the rollout temperature and top-p: the policy GRPO trains, with 8 x the episodes) where the
@@ -64,14 +66,15 @@ def _large_calls(s: dict) -> float:
 
 # the expert a cost-sensitive task's reward prefers under the default simulated experts, by category
 # (default_tasks.py); arithmetic that offers the calculator takes it under either preference, a
-# cost-sensitive multi-step task the chain (search, search, calculator, answer)
-PREFERRED = {"lookup": "expert-small", "reasoning": "expert-medium"}
+# cost-sensitive multi-step task the chain (two searches and the answer, each written by expert-small)
+PREFERRED = {"lookup": "expert-small", "reasoning": "expert-medium", CHAIN: "expert-small"}
 
 
 def preference_ceiling(run_dir: str) -> float:
     """The held-out set's expected accuracy when every task takes the route its own reward prefers: the
     calculator (exact) on arithmetic that offers it, the expert ``PREFERRED`` names on cost-sensitive
-    tasks, the chain on cost-sensitive multi-step tasks (exact where the search finds both facts), else
+    tasks, the chain on cost-sensitive multi-step tasks (exact where the search finds both facts, elsewhere
+    its answer as good as the expert that writes it), else
     (or where the run lacks that expert) the most accurate of the run's simulated experts for the task's
     category. NaN without the run's heldout.jsonl and config.yaml, with endpoint experts, or with a
     multi-step task that does not say whether the search finds its facts (``meta.searchable``)."""
@@ -94,10 +97,12 @@ def preference_ceiling(run_dir: str) -> float:
     def expected(t, calculator: bool) -> float:
         if calculator:
             return 1.0
-        if t.category == CHAIN and t.meta.get("preference_name") == "cost_sensitive":
-            # the chain is exact where the search finds both facts; a record that does not say: unknown
-            return {True: 1.0, False: 0.0}.get(t.meta.get("searchable"), math.nan)
         alias = PREFERRED.get(t.category) if t.meta.get("preference_name") == "cost_sensitive" else None
+        if t.category == CHAIN and alias:
+            # the chain is exact where the search finds both facts; a record that does not say: unknown
+            if t.meta.get("searchable") is None:
+                return math.nan
+            return 1.0 if t.meta["searchable"] else for_category(experts[alias].accuracy, t.category)
         if alias in experts:
             return for_category(experts[alias].accuracy, t.category)
         return max(for_category(e.accuracy, t.category) for e in experts.values())
@@ -148,6 +153,7 @@ def summary(run_dir: str, stages: str = "sampled") -> dict:
         ),
         "multistep_separation": _large_calls(after.get(f"category/{CHAIN}/accuracy_first"))
         - _large_calls(after.get(f"category/{CHAIN}/cost_sensitive")),
+        "separation_step": first_separated_step(run_dir),
         "format_errors": (
             before["all"].get("format_error_rate", math.nan),
             after["all"].get("format_error_rate", math.nan),
@@ -160,6 +166,32 @@ def summary(run_dir: str, stages: str = "sampled") -> dict:
     else:
         out["time_s"] = math.nan
     return out
+
+
+SEPARATION_WINDOW = 10  # steps: a step's 8 prompts hold one or two multi-step tasks of each preference
+
+
+def first_separated_step(run_dir: str, threshold: float = 0.5, window: int = SEPARATION_WINDOW) -> float:
+    """The first GRPO step at which, over the last ``window`` steps, the share of rollouts calling expert-large
+    on multi-step accuracy-first tasks exceeds that on cost-sensitive ones by ``threshold``
+    (``rollout/large_rollouts/<category>/<profile>``, averaged over the steps that had such tasks; both
+    profiles seen); inf when it never does, NaN when the run has no metrics.jsonl."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return math.nan
+    keys = [f"rollout/large_rollouts/{CHAIN}/{p}" for p in ("accuracy_first", "cost_sensitive")]
+    seen: list[tuple[int, dict]] = []
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if "step" in r and any(k in r for k in keys):
+                seen.append((int(r["step"]), {k: r[k] for k in keys if k in r}))
+    for i, (step, _) in enumerate(seen):
+        recent = [v for st, v in seen[: i + 1] if st > step - window]
+        shares = [[v[k] for v in recent if k in v] for k in keys]
+        if all(shares) and sum(shares[0]) / len(shares[0]) - sum(shares[1]) / len(shares[1]) >= threshold:
+            return float(step)
+    return math.inf
 
 
 def gap_closed(s: dict) -> float:
@@ -247,8 +279,10 @@ def row(seed: str, s: dict, minutes: float = 10.0) -> str:
     ceiling_text = "?" if math.isnan(ceiling) else f"{ceiling:.3f}"
     gap_text = "?" if math.isnan(ceiling) else "none to close" if math.isnan(gap) else f"{gap:.2f}"
     (m0, m1), (f0, f1) = s["cpc_chain"], s["format_errors"]
+    at = s.get("separation_step", math.nan)
     chain = (
         f"{s['multistep_acc']:.3f} | {s['chain_share']:.2f}, {m0:.6f} -> {m1:.6f} | {s['multistep_separation']:+.2f}"
+        f" ({'step ?' if math.isnan(at) else 'never 0.5' if math.isinf(at) else f'0.5 at step {int(at)}'})"
         if s["has_chain"]
         else "- | - | -"  # no multi-step tasks in the run
     )
