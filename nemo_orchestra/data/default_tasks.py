@@ -10,11 +10,12 @@ Categories (the service's default simulated experts are tuned to them):
 - ``reasoning``: puzzles the strong (expensive) expert solves reliably (0.9), the medium one at
   0.6 and the cheap one rarely.
 - ``multistep`` (FRAMES-shaped): "How many years after the founding of A was B founded?" about two
-  entities of the search tool's world (``tools_env.corpus``). A chain of cheap calls answers it
-  (``search`` A, ``search`` B, ``calculator`` on the two years, ``answer``), unless the world has no
-  document of B (a fifth of the tasks, ``MISSING_FACT_RATE``): the search then finds another entity's
-  year, as retrieval misses a fact. The strong expert answers at once (0.95), dear and slow; the others
-  rarely. So the chain is preferred at low cost and the strong expert when accuracy comes first.
+  entities of the search tool's world (``tools_env.corpus``). A chain of cheap calls answers it (two
+  ``search`` calls whose queries an expert writes, then ``answer`` written by an expert from the two
+  documents), unless the world has no document of B (every tenth task, ``MISSING_EVERY``): the search then
+  finds another entity's year, as retrieval misses a fact, and the writer is left to its own skill. The
+  strong expert answers at once (0.95), dear and slow; the others rarely. So the chain is preferred at low
+  cost and the strong expert when accuracy comes first.
 
 The final answer is the policy's own (``answer`` with ``answer``) or written by an expert
 (``answer`` with ``model``), as in ToolOrchestra.
@@ -39,7 +40,7 @@ from nemo_orchestra.prompting.preferences import PREFERENCES
 from tools_env.task import TaskRecord
 
 CATEGORIES = EMBEDDED_CATEGORIES  # data.categories names a subset
-DEFAULT_CATEGORIES = CATEGORIES[:3]  # the default recipe's
+DEFAULT_CATEGORIES = CATEGORIES  # the default recipe's
 CHAIN = "multistep"  # the category a chain of cheap calls answers
 
 
@@ -75,7 +76,9 @@ KINDS = {  # category -> word in the plan
 }
 MULTISTEP_TOOLS = ["search", "calculator", "expert", "answer"]
 MULTISTEP_TURNS = 4  # the chain takes 3 (two searches, the answer); one to spare
-MISSING_FACT_RATE = 0.2  # multi-step tasks whose later entity has no document in the search tool's world
+MISSING_EVERY = 10  # every tenth multi-step task names a later entity the search tool's world has no document of,
+#   exactly, so a held-out set's twelve hold one (not a draw of 0 to 5): the chain's ceiling (0.9, and the cheap
+#   writer's 0.1 of the rest) stays under expert-large's 0.95
 CORPUS_SEED = 0  # the search tool's world (its ``corpus_seed``) the multi-step questions are about by default
 MULTISTEP_RE = re.compile(r"How many years after the founding of (.+) was (.+) founded\?")
 _SYL = ["ka", "lo", "mi", "ra", "te", "vo", "zu", "ne", "sha", "dri", "pel", "tor", "vin", "qua", "bel"]
@@ -147,10 +150,10 @@ def _unknown_word(rng: random.Random, taken: set[str]) -> str:
     return names.word(2)
 
 
-def _multistep(rng: random.Random, corpus_seed: int = CORPUS_SEED) -> tuple[str, str, dict, dict]:
-    """Two entities' founding years and their difference: a city or university of the world, then, with
-    probability ``MISSING_FACT_RATE``, a company the world lacks (a search finds another company's year; its
-    year drawn as the world draws them), else one of its companies founded later. ``meta.searchable``: the
+def _multistep(rng: random.Random, corpus_seed: int = CORPUS_SEED, missing: bool = False) -> tuple[str, str, dict, dict]:
+    """Two entities' founding years and their difference: a city or university of the world, then, where
+    ``missing``, a company the world lacks (a search finds another company's year; its year drawn as the world
+    draws them), else one of its companies founded later. ``meta.searchable``: the
     search finds both; ``meta.search_queries``: the two names, which a simulated expert asked to write a
     search writes in turn (``Expert.write_query``); ``meta.evidence``, where both are found: their documents'
     ids, with which in the tool results a simulated expert writing the answer has what the difference follows
@@ -160,7 +163,7 @@ def _multistep(rng: random.Random, corpus_seed: int = CORPUS_SEED) -> tuple[str,
     early, late, words = founding_years(corpus_seed)
     a, year_a, doc_a = rng.choice(early)
     candidates = [x for x in late if x[1] > year_a]
-    if candidates and rng.random() >= MISSING_FACT_RATE:
+    if candidates and not missing:
         (b, year_b, doc_b), found = rng.choice(candidates), True
     else:
         b = f"{_unknown_word(rng, words)} {rng.choice(COMPANY_SUFFIX)}"
@@ -175,9 +178,13 @@ def _multistep(rng: random.Random, corpus_seed: int = CORPUS_SEED) -> tuple[str,
 _MAKERS = {"arithmetic": _arithmetic, "lookup": _lookup, "reasoning": _reasoning}
 
 
-def make_task(rng: random.Random, category: str, corpus_seed: int = CORPUS_SEED) -> TaskRecord:
-    """A task of ``category``; a multi-step one about the search tool's world of ``corpus_seed``."""
-    problem, answer, verifier, *extra = _multistep(rng, corpus_seed) if category == CHAIN else _MAKERS[category](rng)
+def make_task(rng: random.Random, category: str, corpus_seed: int = CORPUS_SEED, missing: bool = False) -> TaskRecord:
+    """A task of ``category``; a multi-step one about the search tool's world of ``corpus_seed``, naming an entity
+    it lacks where ``missing``."""
+    if category == CHAIN:
+        problem, answer, verifier, *extra = _multistep(rng, corpus_seed, missing)
+    else:
+        problem, answer, verifier, *extra = _MAKERS[category](rng)
     if category == CHAIN:
         tools = list(MULTISTEP_TOOLS)
     else:
@@ -260,7 +267,9 @@ def generate_tasks(
     rng, categories = random.Random(seed), category_list(categories)
     tasks = []
     for i in range(n):
-        task = make_task(rng, categories[i % len(categories)], corpus_seed)
+        category = categories[i % len(categories)]
+        missing = category == CHAIN and (i // len(categories)) % MISSING_EVERY == MISSING_EVERY - 1
+        task = make_task(rng, category, corpus_seed, missing)
         task.id = f"default-{seed}-{i:05d}"
         tasks.append(task)
     return tasks
