@@ -174,8 +174,8 @@ SEPARATION_WINDOW = 10  # steps: a step's 8 prompts hold one or two multi-step t
 def first_separated_step(run_dir: str, threshold: float = 0.5, window: int = SEPARATION_WINDOW) -> float:
     """The first GRPO step at which, over the last ``window`` steps, the share of rollouts calling expert-large
     on multi-step accuracy-first tasks exceeds that on cost-sensitive ones by ``threshold``
-    (``rollout/large_rollouts/<category>/<profile>``, averaged over the steps that had such tasks; both
-    profiles seen); inf when it never does, NaN when the run has no metrics.jsonl."""
+    (``rollout/large_rollouts/<category>/<profile>``, averaged over the steps that had such tasks, at least three
+    of each); inf when it never does, NaN when the run has no metrics.jsonl."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
         return math.nan
@@ -189,7 +189,7 @@ def first_separated_step(run_dir: str, threshold: float = 0.5, window: int = SEP
     for i, (step, _) in enumerate(seen):
         recent = [v for st, v in seen[: i + 1] if st > step - window]
         shares = [[v[k] for v in recent if k in v] for k in keys]
-        if all(shares) and sum(shares[0]) / len(shares[0]) - sum(shares[1]) / len(shares[1]) >= threshold:
+        if min(map(len, shares)) >= 3 and sum(shares[0]) / len(shares[0]) - sum(shares[1]) / len(shares[1]) >= threshold:
             return float(step)
     return math.inf
 

@@ -52,9 +52,9 @@ def test_a_multi_step_task_is_answered_by_the_years_its_entities_searches_find_u
         else:  # the world has no document of it: the chain finds another entity's year
             missing += 1
             assert late not in world.doc_id and doc_b.title != late and "evidence" not in t.meta
-    assert missing == len(tasks) // MISSING_EVERY  # exactly every tenth
-    held_out = [t for t in generate_tasks(48, 9, CATEGORIES) if t.category == "multistep"]
-    assert sum(not t.meta["searchable"] for t in held_out) == 1  # a held-out set's twelve hold one
+    assert missing == len(tasks) // MISSING_EVERY  # exactly every fifth
+    held_out = [t for t in generate_tasks(96, 9, CATEGORIES) if t.category == "multistep"]
+    assert sum(not t.meta["searchable"] for t in held_out) == 24 // MISSING_EVERY  # a held-out set's 24 hold 4
 
 
 def test_copy_lessons_leave_multi_step_tasks_out():

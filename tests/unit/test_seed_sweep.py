@@ -258,13 +258,14 @@ def test_the_ceiling_puts_cost_sensitive_multi_step_tasks_on_the_chain(tmp_path)
 
 def test_the_first_step_of_multi_step_separation_over_a_window_of_steps(tmp_path):
     """The step at which expert-large's share of rollouts on multi-step accuracy-first tasks first exceeds
-    the cost-sensitive share by 0.5, each averaged over the last 10 steps that had such tasks: a single
-    lucky step does not count, a step without one profile carries the last ones."""
+    the cost-sensitive share by 0.5, each averaged over the last 10 steps that had such tasks (at least three
+    of each): a single lucky step does not count, a step without one profile carries the last ones."""
     from scripts.seed_sweep import first_separated_step
 
     key = "rollout/large_rollouts/multistep/"
     rows = [{"step": 1, key + "accuracy_first": 1.0}]  # one profile only: not judged
-    rows += [{"step": s, key + "accuracy_first": 0.6, key + "cost_sensitive": 0.5} for s in range(2, 12)]
+    rows += [{"step": 2, key + "accuracy_first": 1.0, key + "cost_sensitive": 0.0}]  # one step of each: not judged
+    rows += [{"step": s, key + "accuracy_first": 0.6, key + "cost_sensitive": 0.5} for s in range(3, 12)]
     rows += [{"step": 12, key + "accuracy_first": 1.0, key + "cost_sensitive": 0.0}]  # one step: not enough
     rows += [{"step": s, key + "accuracy_first": 1.0} for s in range(13, 16)]  # steps without the category's
     rows += [{"step": 16, "loss": 0.1}]  # cost-sensitive tasks, then none
