@@ -189,7 +189,10 @@ def first_separated_step(run_dir: str, threshold: float = 0.5, window: int = SEP
     for i, (step, _) in enumerate(seen):
         recent = [v for st, v in seen[: i + 1] if st > step - window]
         shares = [[v[k] for v in recent if k in v] for k in keys]
-        if min(map(len, shares)) >= 3 and sum(shares[0]) / len(shares[0]) - sum(shares[1]) / len(shares[1]) >= threshold:
+        if (
+            min(map(len, shares)) >= 3
+            and sum(shares[0]) / len(shares[0]) - sum(shares[1]) / len(shares[1]) >= threshold
+        ):
             return float(step)
     return math.inf
 

@@ -150,7 +150,9 @@ def _unknown_word(rng: random.Random, taken: set[str]) -> str:
     return names.word(2)
 
 
-def _multistep(rng: random.Random, corpus_seed: int = CORPUS_SEED, missing: bool = False) -> tuple[str, str, dict, dict]:
+def _multistep(
+    rng: random.Random, corpus_seed: int = CORPUS_SEED, missing: bool = False
+) -> tuple[str, str, dict, dict]:
     """Two entities' founding years and their difference: a city or university of the world, then, where
     ``missing``, a company the world lacks (a search finds another company's year; its year drawn as the world
     draws them), else one of its companies founded later. ``meta.searchable``: the

@@ -241,5 +241,3 @@ def test_the_chain_has_an_expert_write_each_search_and_then_the_answer():
     assert chain_call(t, [], "s", "l") == ("search", {"model": "s"})  # the expert writes each entity's query
     assert chain_call(t, [city], "s", "l") == ("search", {"model": "s"})
     assert chain_call(t, [city, company], "s", "l") == ("answer", {"model": "l"})  # and another the answer
-
-
