@@ -146,7 +146,7 @@ def _unknown_word(rng: random.Random, taken: set[str]) -> str:
     from tools_env.corpus.generate import _Names
 
     names = _Names(rng)
-    names.used = taken
+    names.used = set(taken)  # a copy: the word it draws must not join the cached world's words
     return names.word(2)
 
 

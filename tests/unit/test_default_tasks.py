@@ -57,6 +57,13 @@ def test_a_multi_step_task_is_answered_by_the_years_its_entities_searches_find_u
     assert sum(not t.meta["searchable"] for t in held_out) == 24 // MISSING_EVERY  # a held-out set's 24 hold 4
 
 
+def test_the_task_set_is_the_same_however_often_it_is_drawn():
+    """A name the world lacks is drawn apart from the world's words, which are computed once: drawing one must
+    not add it to them, or the next draw of the same seed names other entities."""
+    first = [t.to_json() for t in generate_tasks(200, 5, CATEGORIES)]
+    assert [t.to_json() for t in generate_tasks(200, 5, CATEGORIES)] == first
+
+
 def test_copy_lessons_leave_multi_step_tasks_out():
     """The chain copies nothing (experts write its queries and its answer): no lesson is a multi-step task,
     and the other categories' lessons are those of the default."""
