@@ -261,9 +261,10 @@ class Expert(Tool):
         (ToolOrchestra's ``answer`` with a model argument); ``None`` when the expert failed.
 
         A simulated writer answers at its accuracy for the category, or correctly whenever the
-        evidence is in front of it: an earlier tool result states the gold answer, or the tool results
+        evidence is in front of it: an earlier tool result states the gold answer, or the search results
         hold every string of the task's ``meta["evidence"]`` (the facts the answer follows from, such as
-        the documents a multi-step question's years are in).
+        the documents a multi-step question's years are in; only ``search`` results count, so that no tool
+        that prints what the policy writes, such as ``python``, can stand in for a retrieved document).
         An endpoint writer gets the problem and the transcript and is asked for the answer alone."""
         transcript = ctx.state.get("transcript", [])
         query = context_query(ctx, "Reply with the final answer only.")
@@ -271,7 +272,7 @@ class Expert(Tool):
             gold = normalize_answer(ctx.task.answer)
             facts = [str(f) for f in ctx.task.meta.get("evidence") or []]
             evidence = (bool(gold) and any(_states(obs, gold) for _, obs in transcript)) or (
-                bool(facts) and all(any(f in obs for _, obs in transcript) for f in facts)
+                bool(facts) and all(any(f in obs for name, obs in transcript if name == "search") for f in facts)
             )
             result = await self._simulate(alias, self.experts.simulated[alias], query, ctx, evidence)
             return result.meta["answer"], result

@@ -250,6 +250,13 @@ def test_a_simulated_writer_has_the_evidence_when_the_results_hold_every_fact_th
     eid = episode({"evidence": evidence})
     _step(writers, eid, "search", {"query": city})
     assert not _step(writers, eid, "answer", {"model": "never"})["outcome"]["correct"]
+    status, r = http(
+        f"{writers}/v1/episodes", "POST", qa_task(["search", "python", "answer"], meta={"evidence": evidence})
+    )
+    eid = r["episode_id"]  # the policy's code printing the second document's id is not that document
+    _step(writers, eid, "search", {"query": city})
+    assert evidence[1] in _step(writers, eid, "python", {"code": f"print({evidence[1]!r})"})["observation"]
+    assert not _step(writers, eid, "answer", {"model": "never"})["outcome"]["correct"]
     eid = episode({"evidence": []})  # no facts named: no evidence
     _step(writers, eid, "search", {"query": city})
     assert not _step(writers, eid, "answer", {"model": "never"})["outcome"]["correct"]
