@@ -40,7 +40,7 @@ from nemo_orchestra.prompting.preferences import PREFERENCES
 from tools_env.task import TaskRecord
 
 CATEGORIES = EMBEDDED_CATEGORIES  # data.categories names a subset
-DEFAULT_CATEGORIES = CATEGORIES  # the default recipe's
+DEFAULT_CATEGORIES = CATEGORIES[:3]  # the default recipe's
 CHAIN = "multistep"  # the category a chain of cheap calls answers
 
 

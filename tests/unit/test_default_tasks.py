@@ -20,15 +20,15 @@ from tools_env.tools.search import BM25Index
 _YEAR = re.compile(r"(?:founded|established) in (\d+)")
 
 
-def test_the_default_categories_are_all_four_and_a_subset_keeps_its_own_draws():
+def test_the_default_categories_are_the_first_three_and_multistep_only_when_named():
     default = generate_tasks(40, 7)
-    assert [t.category for t in default[:4]] == list(CATEGORIES) and len({t.id for t in default}) == 40
-    three = generate_tasks(40, 7, "arithmetic,lookup,reasoning")
-    assert {t.category for t in three} == {"arithmetic", "lookup", "reasoning"}
-    assert not any("search" in p for p in plan_phrases("arithmetic,lookup,reasoning"))
-    assert any("multi-step" in p and "search by" in p for p in plan_phrases())
+    assert {t.category for t in default} == {"arithmetic", "lookup", "reasoning"}
+    assert [t.to_json() for t in default] == [t.to_json() for t in generate_tasks(40, 7, "arithmetic,lookup,reasoning")]
+    assert not any("search" in p for p in plan_phrases())
+    assert any("multi-step" in p and "search by" in p for p in plan_phrases(CATEGORIES))
+    four = generate_tasks(40, 7, CATEGORIES)
+    assert [t.category for t in four[:4]] == list(CATEGORIES) and len({t.id for t in four}) == 40
     assert load_config(["data.categories=multistep,arithmetic"]).data.categories == "multistep,arithmetic"
-    assert load_config([]).data.categories == ",".join(CATEGORIES)  # the default recipe's
     for bad, why in (("arithmetic,maths", "unknown"), ("lookup,lookup", "twice")):
         with pytest.raises(ConfigError, match=f"data.categories.*{why}"):
             load_config([f"data.categories={bad}"])
