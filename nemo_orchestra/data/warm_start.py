@@ -3,9 +3,8 @@
 A scripted orchestrator makes random valid choices for each task: first the calculator with the
 problem's expression (when it has one), a multi-step task's chain (``chain_call``: a search for each
 entity, its query written by a random expert alias, then the answer written by a random expert alias
-from the two results), a
-random expert alias asked about the task (the expert reads it: the call restates nothing), or straight to
-``answer`` written by a random expert alias; after a tool result, ``answer`` with what the tool said or written by
+from the two results), a random expert alias asked the problem, or straight to ``answer`` written by a
+random expert alias; after a tool result, ``answer`` with what the tool said or written by
 a random expert alias. Each turn opens with a short plan that restates the kind of task and the
 user's preference and then names the call (``plan_text``; one token with the embedded tokenizer),
 so the choice is made together with what it should depend on. The episodes run against the tool
@@ -105,7 +104,7 @@ def _choose(
     if kind == "calculator":
         return kind, {"expression": m.group(1)}
     if kind == "expert":
-        return kind, {"model": rng.choice(aliases)}
+        return kind, {"model": rng.choice(aliases), "query": task.problem}
     return "answer", {"model": rng.choice(aliases)}
 
 
