@@ -1,9 +1,7 @@
 """`expert`: ask a stronger model, by alias — a real OpenAI-compatible endpoint or a simulated one.
 
-Arguments ``{"model": alias, "query": str}``; without ``query`` the expert works from the task and the
-episode's tool results so far (ToolOrchestra's tools take a model argument and the chosen model writes
-from the context, so the orchestrator need not restate the question). The description shown to the policy
-embeds a price and latency table per alias; a task's ``prices`` override the configured prices for its
+Arguments ``{"model": alias, "query": str}``. The description shown to the policy embeds a
+price and latency table per alias; a task's ``prices`` override the configured prices for its
 episode (and the table shows the episode's prices).
 
 - Endpoint experts (vLLM, NIM, hosted APIs): ``POST {base_url}/chat/completions``; cost from the
@@ -13,7 +11,7 @@ episode (and the table shows the episode's prices).
 - Simulated experts (offline runs): with probability ``accuracy[category]`` the observation is
   ``"<alias>: The answer is <gold>."``, otherwise a plausible wrong answer. The draw is seeded by
   (service seed, task id, turn, ``task.meta["seed"]`` if any), so runs are reproducible. Usage:
-  ``len(query) / 4 + prompt_overhead_tokens`` in (the context's length when there is no query), ``output_tokens[category]`` out. The latency is
+  ``len(query) / 4 + prompt_overhead_tokens`` in, ``output_tokens[category]`` out. The latency is
   reported, not slept, unless ``experts.sleep`` is true (then it waits ``latency * sleep_scale``).
 """
 
@@ -174,13 +172,9 @@ class Expert(Tool):
             "type": "object",
             "properties": {
                 "model": {"type": "string", "enum": aliases, "description": "expert alias from the table"},
-                "query": {
-                    "type": "string",
-                    "description": "the question, self-contained; leave it out to have the expert answer the task "
-                    "from the tool results so far",
-                },
+                "query": {"type": "string", "description": "the question, self-contained"},
             },
-            "required": ["model"],
+            "required": ["model", "query"],
         }
         self._session: aiohttp.ClientSession | None = None
         self._schema_cache: dict[str, dict[str, Any]] = {}
@@ -224,12 +218,9 @@ class Expert(Tool):
 
     async def call(self, arguments: dict[str, Any], ctx: EpisodeContext) -> ToolResult:
         alias = arguments["model"]
-        query = arguments.get("query")
-        if query is None:
-            query = context_query(ctx, "Answer the task.")
         if alias in self.experts.simulated:
-            return await self._simulate(alias, self.experts.simulated[alias], query, ctx)
-        return await self._call_endpoint(alias, self.experts.endpoints[alias], query, ctx)
+            return await self._simulate(alias, self.experts.simulated[alias], arguments["query"], ctx)
+        return await self._call_endpoint(alias, self.experts.endpoints[alias], arguments["query"], ctx)
 
     async def _simulate(
         self, alias: str, sim: SimulatedExpertConfig, query: str, ctx: EpisodeContext, evidence: bool = False

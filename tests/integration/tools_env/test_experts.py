@@ -277,28 +277,6 @@ def test_an_endpoint_writer_gets_the_task_and_the_transcript(svc):
     assert r["error"] and not r["done"]  # a writer that fails leaves the episode open
 
 
-def test_an_expert_asked_without_a_query_reads_the_task_and_the_tool_results(svc):
-    """ToolOrchestra's tools take a model argument and the model writes from the context: an ``expert``
-    call without ``query`` sends the task and what the tools returned, so the policy restates nothing."""
-    url = svc.urls[0]
-    status, created = http(f"{url}/v1/episodes", "POST", qa_task(["expert", "answer"], answer="x"))
-    eid = created["episode_id"]
-    first = _step(url, eid, "expert", {"model": "echo"})
-    assert first["observation"] == "echo: echo: Task: What is 6 * 7? ()\n\nAnswer the task."  # echo: its prompt
-    second = _step(url, eid, "expert", {"model": "echo"})
-    assert "expert returned: echo: echo: Task: What is 6 * 7?" in second["observation"]  # the first result too
-
-
-def test_a_simulated_expert_without_a_query_is_billed_for_the_context():
-    tool = Expert({"seed": 0})
-    ctx = ctx_for()
-    asked = run(tool.call({"model": "expert-small", "query": "q"}, ctx))
-    read = run(tool.call({"model": "expert-small"}, ctx))
-    context = f"Task: {ctx.task.problem}\n\nAnswer the task."
-    assert read.usage["prompt_tokens"] - asked.usage["prompt_tokens"] == len(context) // 4 - len("q") // 4
-    assert read.observation == asked.observation  # the same draw: the query does not move a simulated expert
-
-
 def test_an_endpoint_writes_a_search_query_from_the_context(svc):
     """``search`` with ``model``: the endpoint gets the task and the tool results and its reply's first line
     is the query; the search and the writer are billed together."""
