@@ -27,7 +27,7 @@ import aiohttp
 
 from tools_env.service_config import JudgeConfig
 from tools_env.tools.base import EpisodeContext, Tool, ToolArgumentError, ToolResult, register_tool
-from tools_env.tools.experts import EndpointError, Expert, chat_completion
+from tools_env.tools.experts import EndpointError, chat_completion, writer_from
 from tools_env.verify import next_user_turn, verify
 
 JUDGE_SYSTEM = """You grade answers. Decide whether the predicted answer means the same as the gold answer \
@@ -120,11 +120,7 @@ class Answer(Tool):
         if judge is not None and not isinstance(judge, JudgeConfig):
             judge = JudgeConfig.from_dict(judge)
         self.judge = LLMJudge(judge) if judge is not None else None
-        self.writer = (
-            Expert({"experts": self.config["experts"], "seed": self.config.get("seed", 0)})
-            if self.config.get("experts") is not None
-            else None
-        )
+        self.writer = writer_from(self.config)
         aliases = self.writer.experts.aliases if self.writer is not None else []
         self.parameters = {
             "type": "object",

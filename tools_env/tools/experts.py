@@ -144,6 +144,14 @@ def _states(observation: str, gold: str) -> bool:
     return re.search(rf"(?<![\w.]){re.escape(gold)}(?![\w]|\.\d)", normalize_answer(observation)) is not None
 
 
+def writer_from(config: dict[str, Any]) -> "Expert | None":
+    """The expert that writes for a tool (``answer``'s answer, ``search``'s query) from the tool's config
+    (``experts`` and ``seed``, as the service passes them); None without experts."""
+    if config.get("experts") is None:
+        return None
+    return Expert({"experts": config["experts"], "seed": config.get("seed", 0)})
+
+
 def context_query(ctx: EpisodeContext, instruction: str) -> str:
     """What an expert that writes from the context is sent: the task, each tool result so far, then
     ``instruction``."""

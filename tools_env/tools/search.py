@@ -26,7 +26,7 @@ from typing import Any
 
 from tools_env.corpus import Document, build_world, load_corpus
 from tools_env.tools.base import EpisodeContext, Tool, ToolArgumentError, ToolResult, register_tool
-from tools_env.tools.experts import Expert
+from tools_env.tools.experts import writer_from
 
 _TOKEN = re.compile(r"[a-z0-9]+")
 
@@ -91,11 +91,7 @@ class SearchTool(Tool):
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         super().__init__(config)
-        self.writer = (
-            Expert({"experts": self.config["experts"], "seed": self.config.get("seed", 0)})
-            if self.config.get("experts") is not None
-            else None
-        )
+        self.writer = writer_from(self.config)
         if self.writer is not None:
             self.parameters = {
                 "type": "object",
