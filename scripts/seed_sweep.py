@@ -73,8 +73,8 @@ PREFERRED = {"lookup": "expert-small", "reasoning": "expert-medium", CHAIN: "exp
 def preference_ceiling(run_dir: str) -> float:
     """The held-out set's expected accuracy when every task takes the route its own reward prefers: the
     calculator (exact) on arithmetic that offers it, the expert ``PREFERRED`` names on cost-sensitive
-    tasks, the chain on cost-sensitive multi-step tasks (exact where the search finds both facts, elsewhere
-    its answer as good as the expert that writes it), else
+    tasks, the chain on cost-sensitive multi-step tasks (where the search finds both facts its writer's
+    accuracy with the evidence, elsewhere its accuracy alone), else
     (or where the run lacks that expert) the most accurate of the run's simulated experts for the task's
     category. NaN without the run's heldout.jsonl and config.yaml, with endpoint experts, or with a
     multi-step task that does not say whether the search finds its facts (``meta.searchable``)."""
@@ -102,7 +102,10 @@ def preference_ceiling(run_dir: str) -> float:
             # the chain is exact where the search finds both facts; a record that does not say: unknown
             if t.meta.get("searchable") is None:
                 return math.nan
-            return 1.0 if t.meta["searchable"] else for_category(experts[alias].accuracy, t.category)
+            e = experts[alias]
+            if t.meta["searchable"]:
+                return max(for_category(e.evidence_accuracy, t.category), for_category(e.accuracy, t.category))
+            return for_category(e.accuracy, t.category)
         if alias in experts:
             return for_category(experts[alias].accuracy, t.category)
         return max(for_category(e.accuracy, t.category) for e in experts.values())

@@ -129,6 +129,10 @@ class SimulatedExpertConfig:
     latency_s: dict[str, tuple[float, float]]  # reported latency range by category
     output_tokens: dict[str, int]  # simulated completion tokens by category
     prompt_overhead_tokens: int = 200  # added to len(query) / 4 for input tokens
+    # P(correct) by category of an answer it writes with the task's evidence found (``meta.evidence``:
+    # the documents the answer follows from); at least ``accuracy``. An answer a tool result states is
+    # copied, always right.
+    evidence_accuracy: dict[str, float] = field(default_factory=lambda: {"default": 1.0})
 
     @classmethod
     def from_dict(cls, d: Any, path: str) -> "SimulatedExpertConfig":
@@ -140,6 +144,8 @@ class SimulatedExpertConfig:
         kw["accuracy"] = _per_category(d["accuracy"], f"{path}.accuracy", float)
         kw["latency_s"] = _per_category(d["latency_s"], f"{path}.latency_s", tuple)
         kw["output_tokens"] = _per_category(d["output_tokens"], f"{path}.output_tokens", int)
+        if "evidence_accuracy" in d:
+            kw["evidence_accuracy"] = _per_category(d["evidence_accuracy"], f"{path}.evidence_accuracy", float)
         return cls(**kw)
 
 
@@ -175,14 +181,22 @@ class EndpointExpertConfig:
 
 
 def _default_simulated() -> dict[str, SimulatedExpertConfig]:
-    def sim(price, acc, lat, out):
+    def sim(price, acc, lat, out, with_evidence):
         return SimulatedExpertConfig.from_dict(
-            {"price_in": price[0], "price_out": price[1], "accuracy": acc, "latency_s": lat, "output_tokens": out},
+            {
+                "price_in": price[0],
+                "price_out": price[1],
+                "accuracy": acc,
+                "latency_s": lat,
+                "output_tokens": out,
+                "evidence_accuracy": with_evidence,
+            },
             "experts.simulated",
         )
 
     # multistep: two facts to recall and a difference to take (the default task set's FRAMES-shaped
-    # category), which only the strong expert gets right reliably
+    # category), which only the strong expert gets right reliably; with both documents found the
+    # recall is done, the difference still slips a smaller model
     cats = ("arithmetic", "lookup", "reasoning", "multistep", "default")
     return {  # priced like Qwen2.5-Math-7B, Qwen3-32B and gpt-5 respectively
         "expert-small": sim(
@@ -190,18 +204,21 @@ def _default_simulated() -> dict[str, SimulatedExpertConfig]:
             dict(zip(cats, (0.5, 0.8, 0.2, 0.1, 0.5))),
             {"default": [1.0, 2.0]},
             dict(zip(cats, (120, 40, 200, 150, 120))),
+            {"multistep": 0.9, "default": 1.0},
         ),
         "expert-medium": sim(
             (0.8, 0.8),
             dict(zip(cats, (0.7, 0.9, 0.6, 0.3, 0.7))),
             {"default": [3.0, 4.0]},
             dict(zip(cats, (250, 80, 400, 300, 250))),
+            {"multistep": 0.95, "default": 1.0},
         ),
         "expert-large": sim(
             (1.25, 10.0),
             dict(zip(cats, (0.95, 0.98, 0.9, 0.95, 0.9))),
             {"default": [8.0, 10.0]},
             dict(zip(cats, (500, 200, 900, 600, 500))),
+            {"default": 1.0},
         ),
     }
 

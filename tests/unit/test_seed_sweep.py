@@ -237,16 +237,25 @@ def test_a_chain_no_rollout_leaves_and_a_run_without_multi_step_tasks(tmp_path, 
 def test_the_ceiling_puts_cost_sensitive_multi_step_tasks_on_the_chain(tmp_path):
     d = _run(tmp_path, "seed-5", 0.9, 0.86, 500.0)
     tasks = [
-        {"category": "multistep", "meta": {"preference_name": "cost_sensitive", "searchable": True}},  # 1.0
+        {"category": "multistep", "meta": {"preference_name": "cost_sensitive", "searchable": True}},  # small: 0.9
         {"category": "multistep", "meta": {"preference_name": "cost_sensitive", "searchable": False}},  # small: 0.1
         {"category": "multistep", "meta": {"preference_name": "accuracy_first", "searchable": True}},  # large: 0.95
     ]
     tasks = [{"problem": "q", "answer": "1", "tools": ["search", "calculator", "expert", "answer"], **t} for t in tasks]
     (tmp_path / "seed-5" / "heldout.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
     simulated = {
-        "expert-small": {**EXPERT, "accuracy": {"multistep": 0.1, "default": 0.5}},
+        "expert-small": {
+            **EXPERT,
+            "accuracy": {"multistep": 0.1, "default": 0.5},
+            "evidence_accuracy": {"multistep": 0.9, "default": 1.0},  # the documents found: the writer's odds
+        },
         "expert-large": {**EXPERT, "accuracy": {"multistep": 0.95, "default": 0.5}},
     }
+    (tmp_path / "seed-5" / "config.yaml").write_text(
+        json.dumps({"tools": {"service": {"experts": {"simulated": simulated}}}})
+    )
+    assert abs(summary(d)["ceiling"] - (0.9 + 0.1 + 0.95) / 3) < 1e-9
+    del simulated["expert-small"]["evidence_accuracy"]  # unset: exact with the documents
     (tmp_path / "seed-5" / "config.yaml").write_text(
         json.dumps({"tools": {"service": {"experts": {"simulated": simulated}}}})
     )

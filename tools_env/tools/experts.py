@@ -231,11 +231,13 @@ class Expert(Tool):
         return await self._call_endpoint(alias, self.experts.endpoints[alias], arguments["query"], ctx)
 
     async def _simulate(
-        self, alias: str, sim: SimulatedExpertConfig, query: str, ctx: EpisodeContext, evidence: bool = False
+        self, alias: str, sim: SimulatedExpertConfig, query: str, ctx: EpisodeContext, evidence: float = 0.0
     ) -> ToolResult:
+        """One simulated answer: right with the alias' accuracy for the category, or ``evidence`` where
+        that is higher (the writer's odds with the answer's evidence in front of it)."""
         task, category = ctx.task, ctx.task.category
         rng = random.Random(f"{self.seed}|{task.id}|{ctx.turn}|{task.meta.get('seed', '')}")
-        correct = rng.random() < for_category(sim.accuracy, category) or evidence
+        correct = rng.random() < max(for_category(sim.accuracy, category), evidence)
         answer = task.answer if correct else wrong_answer(task.answer, rng)
         lo, hi = for_category(sim.latency_s, category)
         latency = lo if lo == hi else rng.uniform(lo, hi)
@@ -259,21 +261,25 @@ class Expert(Tool):
         """The final answer written by expert ``alias`` from the task and the episode's tool results
         (ToolOrchestra's ``answer`` with a model argument); ``None`` when the expert failed.
 
-        A simulated writer answers at its accuracy for the category, or correctly whenever the
-        evidence is in front of it: an earlier tool result states the gold answer, or the search results
-        hold every string of the task's ``meta["evidence"]`` (the facts the answer follows from, such as
-        the documents a multi-step question's years are in; only ``search`` results count, so that no tool
-        that prints what the policy writes, such as ``python``, can stand in for a retrieved document).
+        A simulated writer answers at its accuracy for the category; it copies the gold answer where an
+        earlier tool result states it (always right), and where the search results hold every string of
+        the task's ``meta["evidence"]`` (the facts the answer follows from, such as the documents a
+        multi-step question's years are in) it answers at its ``evidence_accuracy`` for the category. Only
+        ``search`` results count as evidence, so that no tool that prints what the policy writes, such as
+        ``python``, can stand in for a retrieved document.
         An endpoint writer gets the problem and the transcript and is asked for the answer alone."""
         transcript = ctx.state.get("transcript", [])
         query = context_query(ctx, "Reply with the final answer only.")
         if alias in self.experts.simulated:
+            sim = self.experts.simulated[alias]
             gold = normalize_answer(ctx.task.answer)
             facts = [str(f) for f in ctx.task.meta.get("evidence") or []]
-            evidence = (bool(gold) and any(_states(obs, gold) for _, obs in transcript)) or (
-                bool(facts) and all(any(f in obs for name, obs in transcript if name == "search") for f in facts)
-            )
-            result = await self._simulate(alias, self.experts.simulated[alias], query, ctx, evidence)
+            evidence = 0.0
+            if bool(gold) and any(_states(obs, gold) for _, obs in transcript):
+                evidence = 1.0
+            elif facts and all(any(f in obs for name, obs in transcript if name == "search") for f in facts):
+                evidence = for_category(sim.evidence_accuracy, ctx.task.category)
+            result = await self._simulate(alias, sim, query, ctx, evidence)
             return result.meta["answer"], result
         result = await self._call_endpoint(alias, self.experts.endpoints[alias], query, ctx)
         if result.error is not None:

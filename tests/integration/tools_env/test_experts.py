@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tools_env.service_config import ExpertsConfig
+from tools_env.service_config import ExpertsConfig, for_category
 from tools_env.supervisor import start_service
 from tools_env.task import TaskRecord
 from tools_env.tools.base import EpisodeContext
@@ -260,6 +260,38 @@ def test_a_simulated_writer_has_the_evidence_when_the_results_hold_every_fact_th
     eid = episode({"evidence": []})  # no facts named: no evidence
     _step(writers, eid, "search", {"query": city})
     assert not _step(writers, eid, "answer", {"model": "never"})["outcome"]["correct"]
+
+
+def test_a_writer_with_the_documents_answers_at_its_evidence_accuracy():
+    """With the documents found, a simulated writer answers at its ``evidence_accuracy`` (a difference of two
+    years still slips a small model); a tool result that states the answer is copied, always right; the
+    default experts' odds with the documents follow their size."""
+    cfg = ExpertsConfig.from_dict(
+        {
+            "simulated": {
+                "w": {
+                    **_sim({"multistep": 0.1, "default": 0.0}),
+                    "evidence_accuracy": {"multistep": 0.6, "default": 1.0},
+                }
+            }
+        }
+    )
+    tool = Expert({"seed": 5, "experts": cfg})
+    facts = ["[d1]", "[d2]"]
+    right = stated = 0
+    for i in range(400):
+        c = ctx_for(category="multistep", answer="31", tag=str(i), meta={"evidence": facts})
+        c.state["transcript"] = [("search", "[d1] Founded in 1950."), ("search", "[d2] Founded in 1981.")]
+        right += run(tool.write_answer("w", c))[0] == "31"
+        c.state["transcript"] = [("calculator", "31")]
+        stated += run(tool.write_answer("w", c))[0] == "31"
+    assert 0.52 * 400 <= right <= 0.68 * 400 and stated == 400  # 0.6; 4 sigma is about +-0.05
+    with pytest.raises(ValueError, match="evidence_accuracy.multistep"):
+        ExpertsConfig.from_dict(
+            {"simulated": {"w": {**_sim(0.5), "evidence_accuracy": {"multistep": 1.5, "default": 1}}}}
+        )
+    odds = {a: for_category(e.evidence_accuracy, "multistep") for a, e in ExpertsConfig().simulated.items()}
+    assert odds["expert-small"] < odds["expert-medium"] < odds["expert-large"] == 1.0
 
 
 def test_an_endpoint_writer_gets_the_task_and_the_transcript(svc):
