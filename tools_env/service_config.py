@@ -17,7 +17,7 @@ experts:                          # sleep/sleep_scale alone keep the default exp
     gpt-5: {base_url: http://host:8000/v1, model: gpt-5, price_in: 1.25, price_out: 10, api_key_env: OPENAI_API_KEY}
   simulated:                      # offline stand-ins, per task category with a `default`
     expert-small: {price_in: 0.2, price_out: 0.2, accuracy: {default: 0.5}, latency_s: {default: [1, 2]},
-                   output_tokens: {default: 150}}
+                   output_tokens: {default: 150}, evidence_accuracy: {default: 1.0}}  # the last: optional
 python: {cpu_time_s: 10, wall_time_s: 15, memory_mb: 512, max_concurrency: 0, warm: true,
          require_fs_allowlist: false}  # true: refuse to start unless the sandbox hides the host's files
 judge: null                       # or {base_url, model, api_key_env, max_answer_chars: 2000}

@@ -77,8 +77,9 @@ KINDS = {  # category -> word in the plan
 MULTISTEP_TOOLS = ["search", "calculator", "expert", "answer"]
 MULTISTEP_TURNS = 4  # the chain takes 3 (two searches, the answer); one to spare
 MISSING_EVERY = 5  # every fifth multi-step task names a later entity the search tool's world has no document of,
-#   exactly (not a draw: twelve held-out tasks would hold 0 to 5): the chain's ceiling (0.8, and the cheap writer's
-#   0.1 of the rest) stays well under the strong expert's (0.95 alone, 0.99 after the two searches)
+#   exactly (not a draw: twelve held-out tasks would hold 0 to 5): the cheap chain's ceiling (its writer's 0.9 with
+#   the documents on four fifths, 0.1 on the rest) stays well under the strong expert's (0.95 alone, 0.99 after
+#   the two searches)
 CORPUS_SEED = 0  # the search tool's world (its ``corpus_seed``) the multi-step questions are about by default
 MULTISTEP_RE = re.compile(r"How many years after the founding of (.+) was (.+) founded\?")
 _SYL = ["ka", "lo", "mi", "ra", "te", "vo", "zu", "ne", "sha", "dri", "pel", "tor", "vin", "qua", "bel"]
