@@ -99,7 +99,7 @@ def preference_ceiling(run_dir: str) -> float:
             return 1.0
         alias = PREFERRED.get(t.category) if t.meta.get("preference_name") == "cost_sensitive" else None
         if t.category == CHAIN and alias:
-            # the chain is exact where the search finds both facts; a record that does not say: unknown
+            # a record that does not say whether the search finds both facts: unknown
             if t.meta.get("searchable") is None:
                 return math.nan
             e = experts[alias]

@@ -139,6 +139,10 @@ def wrong_answer(gold: str, rng: random.Random) -> str:
     return rng.choice(choices)
 
 
+# tools whose result is text the policy wrote or had printed: never a stated answer or evidence for a writer
+PRINTS_POLICY_TEXT = frozenset({"python"})
+
+
 def _states(observation: str, gold: str) -> bool:
     """Whether a tool result states ``gold`` (normalized) as a whole word or number."""
     return re.search(rf"(?<![\w.]){re.escape(gold)}(?![\w]|\.\d)", normalize_answer(observation)) is not None
@@ -264,9 +268,10 @@ class Expert(Tool):
         A simulated writer answers at its accuracy for the category; it copies the gold answer where an
         earlier tool result states it (always right), and where the search results hold every string of
         the task's ``meta["evidence"]`` (the facts the answer follows from, such as the documents a
-        multi-step question's years are in) it answers at its ``evidence_accuracy`` for the category. Only
-        ``search`` results count as evidence, so that no tool that prints what the policy writes, such as
-        ``python``, can stand in for a retrieved document.
+        multi-step question's years are in) it answers at its ``evidence_accuracy`` for the category. No
+        tool that prints what the policy writes (``PRINTS_POLICY_TEXT``) counts for either: code printing
+        every number up to 5000 states any gold number without knowing it, and a printed id is not a
+        retrieved document; only ``search`` results count as evidence.
         An endpoint writer gets the problem and the transcript and is asked for the answer alone."""
         transcript = ctx.state.get("transcript", [])
         query = context_query(ctx, "Reply with the final answer only.")
@@ -275,7 +280,7 @@ class Expert(Tool):
             gold = normalize_answer(ctx.task.answer)
             facts = [str(f) for f in ctx.task.meta.get("evidence") or []]
             evidence = 0.0
-            if bool(gold) and any(_states(obs, gold) for _, obs in transcript):
+            if bool(gold) and any(_states(obs, gold) for name, obs in transcript if name not in PRINTS_POLICY_TEXT):
                 evidence = 1.0
             elif facts and all(any(f in obs for name, obs in transcript if name == "search") for f in facts):
                 evidence = for_category(sim.evidence_accuracy, ctx.task.category)

@@ -227,6 +227,10 @@ def test_a_simulated_writer_uses_evidence_from_earlier_tool_results(writers):
     eid, _ = _episode(writers)  # a wrong number is no evidence
     _step(writers, eid, "calculator", {"expression": "6 * 8"})
     assert not _step(writers, eid, "answer", {"model": "never"})["outcome"]["correct"]
+    status, created = http(f"{writers}/v1/episodes", "POST", qa_task(["python", "answer"]))
+    eid = created["episode_id"]  # code that prints every candidate states the gold without knowing it
+    assert " 42 " in _step(writers, eid, "python", {"code": "print(*range(100))"})["observation"]
+    assert not _step(writers, eid, "answer", {"model": "never"})["outcome"]["correct"]
 
 
 def test_a_simulated_writer_has_the_evidence_when_the_results_hold_every_fact_the_task_names(writers):
