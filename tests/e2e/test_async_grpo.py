@@ -166,7 +166,13 @@ def test_fill_informative_groups_draws_extra_prompts_within_its_cap(tmp_path, mo
 
 
 def test_reference_reset_every_n_steps_and_across_a_resume(tmp_path):
-    resets = [*WARM, "reference.reset_every=3", "checkpoint.save_every=1"]
+    # the three one-call categories: their first two steps have rewarded rollouts to move the policy off the reference
+    resets = [
+        *WARM,
+        "reference.reset_every=3",
+        "checkpoint.save_every=1",
+        "data.categories=arithmetic,lookup,reasoning",
+    ]
     ref: dict = {}
     full_w, full, _ = run(tmp_path, "full", resets, steps=4, reference=ref)
     assert [m["train/reference_reset"] for m in full] == [0.0, 0.0, 1.0, 0.0]

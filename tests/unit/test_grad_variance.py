@@ -133,7 +133,7 @@ def test_an_episode_runs_turn_view_baselines_on_every_rollout_as_per_turn_traini
     from nemo_orchestra.train.grad_variance import credit_views
     from tests.unit.test_turn_credit import _group
 
-    cfg = load_config(["advantage.min_group_std=-1"]).advantage
+    cfg = load_config(["advantage.min_group_std=-1", "advantage.credit=episode"]).advantage
     rewards, keys = [1.0, 0.0, 0.6, 0.2], [["x", "a"], ["x", "b"], ["y", "a", "a"], ["x", "c"]]
     rollouts = _group(rewards, keys)
     trained = rollouts[:3]  # the fourth filtered out of the loss (a malformed call), still a peer

@@ -152,7 +152,7 @@ def _group(rewards, keys, group=0):
 
 @pytest.mark.parametrize("mode", ["std", "mean", "loo"])
 def test_a_single_turn_group_gets_the_episodes_advantages(mode):
-    cfg = load_config([f"advantage.mode={mode}", "advantage.min_group_std=-1"]).advantage
+    cfg = load_config([f"advantage.mode={mode}", "advantage.min_group_std=-1", "advantage.credit=episode"]).advantage
     rewards = [0.9, 0.1, 0.5, 0.5, 0.0]
     keys = [["a"], ["b"], ["a"], ["c"], ["b"]]
     episode, _ = assign_advantages(_group(rewards, keys), cfg)
