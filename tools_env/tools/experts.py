@@ -139,8 +139,10 @@ def wrong_answer(gold: str, rng: random.Random) -> str:
     return rng.choice(choices)
 
 
-# tools whose result is text the policy wrote or had printed: never a stated answer or evidence for a writer
-PRINTS_POLICY_TEXT = frozenset({"python"})
+# the tools whose results a simulated writer copies a stated answer from: an expert's answer, the calculator's one
+# value, a document of the service's corpus. Any other result can hold text the policy wrote (code's output, a
+# field a domain tool stores and reads back), which would state the gold without the policy knowing it.
+STATED_ANSWER_SOURCES = frozenset({"expert", "calculator", "search"})
 
 
 def _states(observation: str, gold: str) -> bool:
@@ -268,10 +270,10 @@ class Expert(Tool):
         A simulated writer answers at its accuracy for the category; it copies the gold answer where an
         earlier tool result states it (always right), and where the search results hold every string of
         the task's ``meta["evidence"]`` (the facts the answer follows from, such as the documents a
-        multi-step question's years are in) it answers at its ``evidence_accuracy`` for the category. No
-        tool that prints what the policy writes (``PRINTS_POLICY_TEXT``) counts for either: code printing
-        every number up to 5000 states any gold number without knowing it, and a printed id is not a
-        retrieved document; only ``search`` results count as evidence.
+        multi-step question's years are in) it answers at its ``evidence_accuracy`` for the category. A
+        stated answer counts only from ``STATED_ANSWER_SOURCES`` and evidence only from ``search``: code
+        printing every number up to 5000 states any gold number without knowing it, and a printed id is not
+        a retrieved document.
         An endpoint writer gets the problem and the transcript and is asked for the answer alone."""
         transcript = ctx.state.get("transcript", [])
         query = context_query(ctx, "Reply with the final answer only.")
@@ -280,7 +282,7 @@ class Expert(Tool):
             gold = normalize_answer(ctx.task.answer)
             facts = [str(f) for f in ctx.task.meta.get("evidence") or []]
             evidence = 0.0
-            if bool(gold) and any(_states(obs, gold) for name, obs in transcript if name not in PRINTS_POLICY_TEXT):
+            if bool(gold) and any(_states(obs, gold) for name, obs in transcript if name in STATED_ANSWER_SOURCES):
                 evidence = 1.0
             elif facts and all(any(f in obs for name, obs in transcript if name == "search") for f in facts):
                 evidence = for_category(sim.evidence_accuracy, ctx.task.category)
