@@ -22,7 +22,8 @@ Launch:
         policies=openai:http://127.0.0.1:8000/v1:Qwen3-8B tools_env.url=http://127.0.0.1:8700
 Every policy runs in the agent loop training uses (``nemo_orchestra.rollout.loop``), with the
 prompt training uses. A checkpoint of a run folder is evaluated under that run's rollout settings
-(turns, context, tokens per turn, prices, default preference), so its figures are the run's
+(turns, context, tokens per turn, prices, default preference) and, in a service started here, its tool
+service's config (``tools.service``: the default recipe's one-document search), so its figures are the run's
 held-out figures; the other policies under ``max_turns``, ``orchestrator.*`` and ``default_preference``.
 Turns: a record's own ``max_turns`` when it has one, else 12; ``max_turns=N`` gives every episode N.
 An ``openai:`` policy evaluated beside a ``checkpoint:RUN`` (such as that run's export served by
@@ -137,17 +138,29 @@ def parse_preferences(spec: str) -> dict:
 
 
 def service_config(cfg: EvalConfig) -> dict:
-    """The local service's config: a given file, plus the synthesized folder's corpus for `search`. Its
-    ``guards.max_turns``, unless the file sets it, is at least the largest turn budget an episode gets
-    (``max_turns``, else its record's), so the budget ends an episode and not the service's guard."""
+    """The local service's config: a ``checkpoint:RUN`` policy's run's (``tools.service`` of its config.yaml: the
+    tools' prices and settings its held-out report ran with), a given file over it, then the synthesized
+    folder's corpus for `search`. Its ``guards.max_turns``, unless set, is at least the largest turn budget an
+    episode gets (``max_turns``, else its record's), so the budget ends an episode and not the service's guard.
+    Runs trained with different service configs are refused together: one service cannot be both."""
+    import copy
+
+    from nemo_orchestra.evaluation.checkpoint_policy import run_settings
     from tools_env.service_config import GuardConfig
 
-    config: dict = {}
+    specs = [s.strip().split(":", 1)[1] for s in cfg.policies.split(",") if s.strip().startswith("checkpoint:")]
+    runs = {spec: settings.service for spec in specs if (settings := run_settings(spec)) and settings.service}
+    if len({json.dumps(v, sort_keys=True) for v in runs.values()}) > 1:
+        raise ValueError(
+            f"policies: the runs {', '.join(runs)} were trained with different tool service configs "
+            "(tools.service); evaluate them one at a time"
+        )
+    config: dict = copy.deepcopy(next(iter(runs.values()), {}))
     if cfg.tools_env.config:
         import yaml
 
         with open(cfg.tools_env.config) as f:
-            config = yaml.safe_load(f) or {}
+            config = _merged(config, yaml.safe_load(f) or {})
     budgets = [cfg.max_turns] if cfg.max_turns else [r.max_turns or MAX_TURNS for r in load_jsonl(cfg.tasks)]
     guards = config.setdefault("guards", {})
     if isinstance(guards, dict) and "max_turns" not in guards:
@@ -163,6 +176,14 @@ def service_config(cfg: EvalConfig) -> dict:
                 section["corpus"] = os.path.join(base, section["corpus"])
             config.setdefault("tools", {}).setdefault(name, {}).update(section)
     return config
+
+
+def _merged(base: dict, over: dict) -> dict:
+    """``over`` on ``base``, mapping by mapping."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def policy_runs(cfg: EvalConfig, records: list) -> list:
@@ -282,6 +303,7 @@ def main(argv: list) -> int:
             raise ValueError(f"tasks: no such file {cfg.tasks}")
         if not load_jsonl(cfg.tasks):  # a malformed line raises, naming the file, line and field
             raise ValueError(f"tasks: {cfg.tasks} holds no task records")
+        service = None if cfg.tools_env.url else service_config(cfg)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -291,7 +313,7 @@ def main(argv: list) -> int:
     else:
         from tools_env.supervisor import start_service
 
-        with start_service(service_config(cfg)) as svc:
+        with start_service(service) as svc:
             results = asyncio.run(evaluate(cfg, svc.urls, svc.token))
     rows = summarize(results)
     meta = {
@@ -301,7 +323,7 @@ def main(argv: list) -> int:
         "title": f"{os.path.basename(cfg.tasks)}: accuracy vs cost",
         "config": asdict(cfg),
         # the simulated user of tau2 tasks, for the tau2 result files; a service not started here: not known
-        "tau2_user": None if cfg.tools_env.url else service_config(cfg).get("user"),
+        "tau2_user": None if service is None else service.get("user"),
     }
     paths = write_report(cfg.output, rows, results, meta)
     print_rows(rows)

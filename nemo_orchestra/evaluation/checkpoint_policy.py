@@ -6,7 +6,8 @@ rollouts: the prompt is the chat template's rendering of the episode's messages 
 policy's own turns stay as it generated them. Generation is greedy by default; sampled turns
 draw from their own seeds (``loop.turn_seed``), as in training. A run folder's
 ``config.yaml`` supplies the settings its held-out report used (``run_settings``): turn and
-context limits, tokens per turn, the orchestrator's token prices and the default preference.
+context limits, tokens per turn, the orchestrator's token prices, the default preference and the tool
+service's config (a local service evaluate.py starts runs with it).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class RunSettings:
     default_preference: dict[str, float]
     enable_thinking: bool | None = None  # the template variable the run rendered with (model.enable_thinking)
     reasoning_parser: bool = False  # the run's turns were read as a reasoning parser reads them
+    service: dict | None = None  # the run's tool service config (``tools.service``: its tools' prices and settings)
 
 
 def run_settings(path: str) -> RunSettings | None:
@@ -62,6 +64,7 @@ def run_settings(path: str) -> RunSettings | None:
                     dict(cfg["reward"]["default_preference"]),
                     (cfg.get("model") or {}).get("enable_thinking"),
                     bool((cfg.get("model") or {}).get("reasoning_parser", False)),
+                    (cfg.get("tools") or {}).get("service"),
                 )
             except (KeyError, TypeError) as e:
                 raise ValueError(

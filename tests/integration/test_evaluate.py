@@ -409,3 +409,30 @@ def test_a_served_policy_renders_with_the_runs_thinking_switch(monkeypatch):
     assert evaluate.policy_runs(given, [])[0].policy.request(ep)["chat_template_kwargs"] == {"enable_thinking": True}
     alone = evaluate.policy_runs(evaluate.EvalConfig(policies="openai:http://127.0.0.1:9/v1:m"), [])[0].policy
     assert "chat_template_kwargs" not in alone.request(ep)
+
+
+def test_a_runs_checkpoint_is_evaluated_with_the_tool_service_it_trained_with(tmp_path):
+    """The default recipe's search (one document, its price): a local service for ``checkpoint:RUN`` runs with
+    the run's ``tools.service``, a given file's keys over it; runs trained with different ones are refused."""
+    from nemo_orchestra.config import load_config, save_config
+
+    evaluate = _recipe()
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text(json.dumps(_counting_task(1, 5)) + "\n")
+    runs = {}
+    for name, k in (("a", 1), ("b", 3)):
+        (tmp_path / name / "hf").mkdir(parents=True)
+        (tmp_path / name / "hf" / "config.json").write_text("{}")
+        save_config(load_config([f"tools.service.tools.search.k_default={k}"]), str(tmp_path / name / "config.yaml"))
+        runs[name] = f"checkpoint:{tmp_path / name}"
+    search = evaluate.service_config(evaluate.EvalConfig(tasks=str(tasks), policies=runs["a"]))["tools"]["search"]
+    assert search["k_default"] == 1 and search["cost_per_query"] == 0.0001  # tiny_cpu's, not the tool's own
+    config = tmp_path / "service.yaml"
+    config.write_text("tools: {search: {cost_per_query: 0.01}}\n")
+    given = evaluate.EvalConfig(
+        tasks=str(tasks), policies=runs["a"], tools_env=evaluate.ToolsEnvOptions(config=str(config))
+    )
+    assert evaluate.service_config(given)["tools"]["search"] == {**search, "cost_per_query": 0.01}
+    assert "search" not in evaluate.service_config(evaluate.EvalConfig(tasks=str(tasks))).get("tools", {})
+    with pytest.raises(ValueError, match="different tool service configs"):
+        evaluate.service_config(evaluate.EvalConfig(tasks=str(tasks), policies=f"{runs['a']},{runs['b']}"))
