@@ -240,6 +240,7 @@ class AdvantageConfig:
     min_group_std: float = MISSING
     drop_format_errors: bool = MISSING  # rollouts with a malformed call (unparsed or off-schema): out of the loss
     drop_unanswered: bool = MISSING  # rollouts that never called answer: out of the loss
+    train_malformed_calls: bool = MISSING  # of a rollout the format filter drops, each malformed turn's broken token
     grad_variance_every: int = MISSING  # N: every N steps, the policy-gradient estimate's variance under both credits
 
     def validate(self) -> None:
@@ -612,7 +613,6 @@ def compose(overrides: List[str] = (), base: str = "grpo_orchestrator", conf_dir
 # figures and the commit to go back to.
 REMOVED_LOG = "docs/results/negative_and_superseded.md"
 REMOVED_KEYS = {
-    "advantage.train_malformed_calls": "malformed calls of filtered rollouts trained as failures",
     "loss.lesson_schemas": "GRPO's copy lessons written with the tool schemas",
 }
 # Keys that have another name now (one name per concept): each old name is refused, naming the new one.

@@ -33,6 +33,9 @@ class TurnRecord:
     start: int | None = None  # where its generated ids start in token_ids; None: a policy on messages (no ids)
     cost: float = 0.0  # $: its calls' and its own tokens'
     calls: int = 0  # the calls it made (its slice of Trajectory.call_latencies_s)
+    # a malformed turn's [start, end) of token_ids trained as a failure (``advantage.train_malformed_calls``): the
+    # token where it left every well-formed turn, else (a turn cut inside its call) its call; None: well-formed
+    broken: tuple[int, int] | None = None
 
 
 @dataclass

@@ -57,6 +57,8 @@ def adv_cfg(**kw) -> AdvantageConfig:
         min_group_std=0.0,
         drop_format_errors=False,
         drop_unanswered=False,
+        train_malformed_calls=False,
+        credit="episode",
     )
     base.update(kw)
     return AdvantageConfig(**base)

@@ -18,6 +18,7 @@ failed user turn, nothing later can earn the reward, and the later turns' advant
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import statistics
 from collections.abc import Callable, Sequence
@@ -62,14 +63,53 @@ def assign_advantages(
     malformed = [t for t in kept if cfg.drop_format_errors and t.format_errors + t.schema_errors > 0]
     unanswered = [t for t in kept if cfg.drop_unanswered and t.stop_reason != StopReason.ANSWER]
     dropped = {id(t) for t in malformed + unanswered}
-    return [t for t in kept if id(t) not in dropped], {
+    calls = malformed_call_rollouts(malformed, trajectories, cfg) if cfg.train_malformed_calls else {}
+    trained = [calls.get(id(t), t) for t in kept if id(t) not in dropped or id(t) in calls]
+    return trained, {
         "advantage/groups_kept": len(keep_groups),
         "advantage/groups_dropped": len({t.group for t in trajectories}) - len(keep_groups),
         "advantage/abs_mean": float(adv.abs().mean()),
         "advantage/dropped_format_errors": len(malformed),
         "advantage/dropped_unanswered": len(unanswered),
+        "advantage/malformed_calls_trained": len(calls),
         **turn_metrics,
     }
+
+
+def failure_advantage(rewards: Sequence[float], mode: str, eps: float, clip: float | None) -> float:
+    """The advantage a failed rollout (reward 0: an incorrect rollout earns 0) gets at a group's mean and scale, as
+    ``kernels.grouped_advantage`` computes a member's (``mode`` std, mean or loo; then clipped)."""
+    n = len(rewards)
+    if n < 2:
+        return 0.0
+    dev = -statistics.fmean(rewards)
+    a = dev * n / (n - 1) if mode == "loo" else dev if mode == "mean" else dev / (statistics.stdev(rewards) + eps)
+    return max(-clip, min(clip, a)) if clip else a
+
+
+def malformed_call_rollouts(
+    malformed: Sequence[Trajectory], trajectories: Sequence[Trajectory], cfg: AdvantageConfig
+) -> dict[int, Trajectory]:
+    """``advantage.train_malformed_calls``: for each malformed rollout (by ``id``), a copy that trains only its
+    malformed turns' ``TurnRecord.broken`` spans (the token where each broke, else its call; the plans, the other
+    turns and the outcome they reached stay out of the loss), each with the advantage a failure gets in its group
+    (``failure_advantage``): a call that does not parse or fit the tools counts as a failed episode, whatever the
+    episode did after it. Rollouts without spans (message-based policies), and groups where a failure is not
+    below the mean, give none."""
+    rewards: dict[int, list[float]] = {}
+    for t in trajectories:
+        rewards.setdefault(t.group, []).append(t.reward)
+    out = {}
+    for t in malformed:
+        a = failure_advantage(rewards[t.group], cfg.mode, cfg.eps, cfg.clip)
+        spans = [r.broken for r in t.turns if r.broken is not None]
+        if a >= 0 or not spans:
+            continue
+        mask = [0] * len(t.loss_mask)
+        for start, end in spans:
+            mask[start:end] = t.loss_mask[start:end]
+        out[id(t)] = dataclasses.replace(t, loss_mask=mask, advantage=a, turn_advantages=None)
+    return out
 
 
 def turn_advantages(

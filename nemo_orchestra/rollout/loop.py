@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from nemo_orchestra.config import RolloutConfig
+from nemo_orchestra.prompting.call_prefix import break_index
 from nemo_orchestra.prompting.chat import (
     ChatFormat,
     ParsedTurn,
@@ -437,6 +438,15 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
         ep.messages.append(tool_message(format_error_observation(parsed.error)))
     off_schema = any(call_schema_error(call, ep.tools) is not None for call in parsed.calls)
     t.schema_errors += off_schema
+    if chat is not None and (parsed.error is not None or off_schema):
+        k = break_index(chat, turn.token_ids, ep.tools)
+        if k is not None:  # the token that broke the turn
+            record.broken = (record.start + k, record.start + k + 1)
+        else:  # no one token did (a turn cut inside its call): the call, its plan left out
+            record.broken = (
+                record.start + chat.plan_length(turn.text, turn.token_ids),
+                record.start + len(turn.token_ids),
+            )
     for call, spec in zip(parsed.calls, parsed.message.get("tool_calls") or []):
         result = await client.step(ep.episode_id, call.name, call.arguments)
         t.call_latencies_s.append(float(result.get("latency_s", 0.0)))

@@ -144,6 +144,13 @@ def test_prompt_ids_are_the_exported_chat_templates(service, tmp_path, kind):
         )
     for t, (_, tools, _) in zip(trajs, seen):
         assert t.format_errors == 1 and t.stop_reason == "answer"  # the first turn has no call
+        # the malformed turn's span: the one token holding the character where it left every well-formed turn
+        # (text where "<tool_call>" goes); the answering turn has none
+        first, second = t.turns
+        (start, end), plan = first.broken, "<think>\nhm\n</think>\n\n"
+        before, token = chat.decode(t.token_ids[first.start : start]), chat.decode(t.token_ids[start:end])
+        assert end == start + 1 and t.loss_mask[start] and len(before) <= len(plan) < len(before + token)
+        assert plan.startswith(before) and (before + token).startswith(plan) and second.broken is None
         rendered = exported.apply_chat_template(t.messages, tools=tools, tokenize=False)
         assert rendered == chat.decode(t.token_ids) + "\n"
 

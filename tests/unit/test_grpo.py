@@ -3,9 +3,11 @@ import math
 import pytest
 import torch
 
-from nemo_orchestra.grpo.advantages import assign_advantages
+from nemo_orchestra import kernels
+from nemo_orchestra.grpo.advantages import assign_advantages, failure_advantage
 from nemo_orchestra.grpo.loss import policy_loss
 from nemo_orchestra.train.packing import first_fit_decreasing, pack
+from nemo_orchestra.types import TurnRecord
 from tests.helpers import adv_cfg, loss_cfg, task, traj
 
 
@@ -20,6 +22,59 @@ def test_advantages_hand_computed_and_zero_variance_groups_dropped():
     assert trajs[2].advantage == 0.0 and trajs[3].advantage == 0.0
     assert kept == trajs[:2]
     assert m["advantage/groups_dropped"] == 1
+
+
+@pytest.mark.parametrize("mode", ["std", "mean", "loo"])
+@pytest.mark.parametrize("clip", [None, 1.0])
+def test_failure_advantage_is_what_the_kernel_gives_a_failed_member(mode, clip):
+    rewards = [0.0, 0.9, 0.4, 0.75, 0.0, 1.0]
+    adv = kernels.grouped_advantage(
+        torch.tensor(rewards), group_ids=torch.zeros(6, dtype=torch.int64), mode=mode, eps=1e-6, clip=clip
+    )
+    assert failure_advantage(rewards, mode, 1e-6, clip) == pytest.approx(float(adv[0]), rel=1e-5)
+    assert failure_advantage([0.7], mode, 1e-6, clip) == 0.0  # alone: nothing to compare with
+
+
+def _broken(t, *spans):
+    t.turns = [TurnRecord(key="<malformed>", start=s, broken=(s, e)) for s, e in spans]
+
+
+def test_malformed_calls_are_trained_as_failures_and_nothing_else_of_their_rollout():
+    """``train_malformed_calls``: a malformed rollout is trained on its malformed turns' broken spans only (their
+    plans, its other turns: out), with the advantage a failed rollout of its group gets, whatever it ended with."""
+    ids = list(range(12))
+    trajs = [traj(group=0, ids=ids, mask=[0, 0] + [1] * 10) for _ in range(4)]
+    for t, r in zip(trajs, [1.0, 0.8, 0.0, 1.0]):
+        t.reward, t.stop_reason = r, "answer"
+    trajs[1].format_errors = 1  # a broken call, recovered: reward 0.8
+    _broken(trajs[1], (4, 7))
+    trajs[2].schema_errors = 1
+    _broken(trajs[2], (3, 5), (9, 12))
+    kept, m = assign_advantages(trajs, adv_cfg(drop_format_errors=True, train_malformed_calls=True))
+    fail = failure_advantage([1.0, 0.8, 0.0, 1.0], "std", 1e-6, 3.0)
+    assert fail < 0 and fail == pytest.approx(trajs[2].advantage) and trajs[1].advantage > 0
+    assert kept[0] is trajs[0] and kept[3] is trajs[3] and m["advantage/malformed_calls_trained"] == 2
+    assert kept[1].loss_mask == [0] * 4 + [1] * 3 + [0] * 5 and kept[1].token_advantages() == [fail] * 12
+    assert kept[2].loss_mask == [0] * 3 + [1] * 2 + [0] * 4 + [1] * 3 and kept[2].advantage == fail
+    assert trajs[1].loss_mask == [0, 0] + [1] * 10 and trajs[1].advantage > 0  # the rollouts as they came back
+    # per-turn credit: the malformed calls still train as a failure
+    kept, _ = assign_advantages(trajs, adv_cfg(drop_format_errors=True, train_malformed_calls=True, credit="turn"))
+    assert set(kept[2].token_advantages()) == {fail}
+    # off: both dropped, as the paper's filter does
+    kept, m = assign_advantages(trajs, adv_cfg(drop_format_errors=True))
+    assert kept == [trajs[0], trajs[3]] and m["advantage/malformed_calls_trained"] == 0
+    # a malformed rollout without spans (a message-based policy's) is dropped as before
+    for t, r in zip(trajs, [0.0, 0.0, 0.0, 1.0]):
+        t.reward = r
+    trajs[1].turns = []
+    kept, m = assign_advantages(trajs, adv_cfg(drop_format_errors=True, train_malformed_calls=True))
+    assert [k.loss_mask for k in kept[1:2]] == [[0] * 3 + [1] * 2 + [0] * 4 + [1] * 3]
+    assert len(kept) == 3 and kept[0] is trajs[0] and kept[2] is trajs[3]
+    # a group where a failure is not below the mean: nothing of its malformed rollouts is trained
+    for t, r in zip(trajs, [0.0, 0.0, 0.0, 0.0]):
+        t.reward = r
+    kept, m = assign_advantages(trajs, adv_cfg(drop_format_errors=True, train_malformed_calls=True))
+    assert m["advantage/malformed_calls_trained"] == 0 and trajs[2] not in kept
 
 
 def test_min_group_std_filters_low_variance_groups():
