@@ -112,8 +112,9 @@ def _smooth(ys: list[float]) -> list[float]:
 
 
 def plot_curves(out_dir: str) -> str | None:
-    """Reward, accuracy and cost per step, and the expert choice per preference profile, from
-    metrics.jsonl; None without matplotlib."""
+    """Reward, accuracy, cost and format errors per step, the expert choice per preference profile, and the
+    share of rollouts that call expert-large per task kind (category/profile), from metrics.jsonl; None
+    without matplotlib."""
     try:
         import matplotlib
 
@@ -129,10 +130,14 @@ def plot_curves(out_dir: str) -> str | None:
         ("reward/mean", "reward"),
         ("reward/outcome", "accuracy (training rollouts)"),
         ("rollout/cost_mean", "cost per rollout ($)"),
+        ("rollout/format_error_rate", "format errors a turn"),
     ]
     share = "rollout/expert_share/"  # rollout/expert_share/<profile>/<alias>, see trainer.rollout_metrics
     profiles = sorted({k[len(share) :].split("/")[0] for r in rows for k in r if k.startswith(share)})
-    fig, axes = plt.subplots(1, len(panels) + len(profiles), figsize=(4.2 * (len(panels) + len(profiles)), 3.2))
+    large = "rollout/large_rollouts/"  # rollout/large_rollouts/<category>/<profile>, see step_metrics
+    kinds = sorted({k[len(large) :] for r in rows for k in r if k.startswith(large)})
+    n = len(panels) + len(profiles) + bool(kinds)
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.2))
     for ax, (key, label) in zip(axes, panels):
         ax.plot(steps, [r.get(key, float("nan")) for r in rows], marker="o", ms=3, lw=1, alpha=0.5)
         ax.plot(steps, _smooth([r.get(key, float("nan")) for r in rows]), lw=2)
@@ -144,6 +149,21 @@ def plot_curves(out_dir: str) -> str | None:
         ax.set_title(f"expert choice, {name} tasks")
         ax.set_ylim(-0.02, 1.02)
         ax.legend(fontsize=7)
+    if kinds:
+        ax = axes[-1]
+        categories = sorted({k.split("/")[0] for k in kinds})
+        styles = ["-", "--", ":", "-."]
+        for kind in kinds:  # a step without the kind among its rollouts: NaN, skipped by the trailing mean
+            category, _, profile = kind.partition("/")
+            ys = _smooth([r.get(large + kind, float("nan")) for r in rows])
+            color, style = (
+                f"C{categories.index(category)}",
+                styles[profiles.index(profile) % 4 if profile in profiles else 0],
+            )
+            ax.plot(steps, ys, lw=2, color=color, ls=style, label=kind)
+        ax.set_title("rollouts calling expert-large")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=6)
     for ax in axes:
         ax.set_xlabel("GRPO step")
         ax.grid(alpha=0.3)
