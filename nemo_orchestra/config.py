@@ -260,6 +260,9 @@ class LossConfig:
     minibatches: int = MISSING  # optimizer steps per batch of rollouts (each on 1/N of its trajectories)
     copy_lesson_coef: float = MISSING  # copy lessons in each GRPO step, their log-likelihood at this weight; 0: none
     copy_lessons_per_step: int = MISSING  # copy lessons per step and data-parallel rank
+    # each one-token plan's restatement of its task's kind and preference (data.default_tasks.plan_positions), its
+    # log-probability summed over the plans that state them right, at this weight; the action stays GRPO's. 0: none
+    restatement_coef: float = MISSING
 
     def validate(self) -> None:
         _check(self.clip_low > 0 and self.clip_high > 0, "loss.clip_low", "clip ranges must be > 0")
@@ -269,6 +272,7 @@ class LossConfig:
         _check(self.tis_cap is None or self.tis_cap > 0, "loss.tis_cap", "must be null or > 0")
         _check(self.copy_lesson_coef >= 0, "loss.copy_lesson_coef", "must be >= 0")
         _check(self.copy_lessons_per_step >= 0, "loss.copy_lessons_per_step", "must be >= 0")
+        _check(self.restatement_coef >= 0, "loss.restatement_coef", "must be >= 0")
 
 
 @dataclass

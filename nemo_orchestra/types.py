@@ -64,12 +64,16 @@ class Trajectory:
     tool_errors: int = 0  # malformed calls, unknown tools, bad arguments
     format_errors: int = 0  # turns without a valid tool call
     schema_errors: int = 0  # turns whose call parsed but does not fit the offered tools
+    plan_errors: int = 0  # turns whose plan misstates the task's kind or preference (data.default_tasks.misstated_plan)
     retokenized_turns: int = 0  # turns whose generated ids are not the tokenizer's encoding of their text
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation, OpenAI format
     # a task judged per user turn (BFCL): the turn index whose answer ended each user turn, and each user
     # turn's verdict (the service's ``outcome.turn_passed``, unreached turns failed); empty: judged as a whole
     user_turn_ends: list[int] = field(default_factory=list)
     user_turn_passed: list[bool] = field(default_factory=list)
+    # the one-token plans whose restatement is trained (``loss.restatement_coef``): (index in token_ids, the
+    # vocabulary ids of the plans that state its task's kind and preference right)
+    plans: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
     reward: float = 0.0
     advantage: float = 0.0  # the episode's
     turn_advantages: list[float] | None = None  # each turn's (advantage.credit=turn); None: the episode's everywhere
@@ -116,6 +120,11 @@ class PackedBatch:
     # per sequence, the index of the shared-prompt sequence it continues (-1: none; train/packing.py);
     # None: no sequence of the pack has one. Positions then continue from the prompt's.
     prefix_B: list[int] | None = None
+    # one-token plans (``Trajectory.plans``): the pack positions whose target is one, the ids of the plans that
+    # restate their task right (padded with -1), and the weight of their log-probability in the loss
+    plan_rows_P: torch.Tensor | None = None
+    plan_ids_PB: torch.Tensor | None = None
+    plan_coef: float = 0.0
     # set while ``ref_logprobs_T`` is being computed on another thread (train/step.py: ReferenceAhead):
     # calling it returns once they are there
     ref_pending: Callable[[], None] | None = None

@@ -34,10 +34,15 @@ from __future__ import annotations
 import functools
 import random
 import re
+from typing import TYPE_CHECKING
 
 from nemo_orchestra.config import EMBEDDED_CATEGORIES, parse_categories
 from nemo_orchestra.prompting.preferences import PREFERENCES
 from tools_env.task import TaskRecord
+
+if TYPE_CHECKING:
+    from nemo_orchestra.prompting.chat import ChatFormat
+    from nemo_orchestra.types import Trajectory
 
 CATEGORIES = EMBEDDED_CATEGORIES  # data.categories names a subset
 DEFAULT_CATEGORIES = CATEGORIES[:3]  # the default recipe's
@@ -302,6 +307,60 @@ def plan(category: str, name: str | None, tool: str, arguments: dict) -> str:
     if "model" in arguments:
         return f"{head}: {'ask' if tool == 'expert' else tool + ' by'} {arguments['model']}"
     return f"{head}: {tool}"
+
+
+def plan_head(category: str, name: str | None) -> str | None:
+    """What a plan restates from the task it serves, ``"<kind>, <label>"`` (``"puzzle, cheap"``): the kind of
+    ``category`` and the preference profile ``name``'s word; None when the task has no kind or no profile of
+    the default task set (its plans are not read)."""
+    if category not in KINDS or name not in PREFERENCES:
+        return None
+    return f"{KINDS[category]}, {PREFERENCES[name].label}"
+
+
+_STATED_PLAN = re.compile(
+    r"\s*<think>({kinds}), ({labels}): ".format(
+        kinds="|".join(map(re.escape, KINDS.values())),
+        labels="|".join(re.escape(p.label) for p in PREFERENCES.values()),
+    )
+)
+
+
+_PLAN_TOKEN = re.compile(_STATED_PLAN.pattern.replace(r"\s*<think>", "", 1) + r"\S.*")
+
+
+def plan_positions(traj: Trajectory, chat: ChatFormat) -> list[tuple[int, tuple[int, ...]]]:
+    """The turns of ``traj`` whose plan is one token (the embedded tokenizer's ``plan_phrases``): the token's
+    index in ``traj.token_ids`` and the ids of every one-token plan that states the task's kind and preference
+    right (``plan_head``), whatever its action. None for a task without a head, or a turn whose plan is free
+    text or written in several tokens."""
+    head = plan_head(traj.task.category, traj.task.meta.get("preference_name"))
+    if head is None:
+        return []
+    think, ids = chat.encode("<think>"), traj.token_ids
+    out = []
+    for turn in traj.turns:
+        k = None if turn.start is None else turn.start + len(think)
+        if (
+            k is not None
+            and k < len(ids)
+            and ids[turn.start : k] == think
+            and _PLAN_TOKEN.fullmatch(chat.decode([ids[k]]))
+        ):
+            out.append((k, chat.tokens_starting(f"{head}: ")))
+    return out
+
+
+def misstated_plan(category: str, name: str | None, text: str) -> str | None:
+    """The head a turn's plan should have written (``plan_head``) when the turn ``text`` opens with a plan
+    that states another kind or preference than its task's; None when it states them right, when the turn
+    opens with no plan of this grammar (free thinking is not read), or when the task has no head. The plan
+    restates what the prompt says; only its action is the policy's choice."""
+    head = plan_head(category, name)
+    stated = _STATED_PLAN.match(text)
+    if head is None or stated is None or f"{stated.group(1)}, {stated.group(2)}" == head:
+        return None
+    return head
 
 
 def plan_text(category: str, name: str | None, tool: str, arguments: dict) -> str:

@@ -29,6 +29,7 @@ def summarize(trajs: list[Trajectory]) -> dict[str, float]:
         "latency_mean": statistics.fmean(t.latency_s for t in trajs),
         "turns_mean": statistics.fmean(len(t.turns) for t in trajs),
         "format_error_rate": sum(t.format_errors for t in trajs) / max(sum(len(t.turns) for t in trajs), 1),
+        "plan_error_rate": sum(t.plan_errors for t in trajs) / max(sum(len(t.turns) for t in trajs), 1),
         "tool_error_rate": sum(t.tool_errors for t in trajs) / max(sum(len(t.turns) for t in trajs), 1),
     }
     for k, v in sorted(calls.items()):

@@ -80,8 +80,12 @@ def rope_at_positions(m, batch: PackedBatch, device):
 
 
 def loss_rows(batch: PackedBatch, device) -> torch.Tensor:
-    """Positions of the pack whose target is in the loss."""
-    return torch.nonzero(batch.loss_mask_T > 0)[:, 0].to(device)
+    """Positions of the pack whose target is in the loss: its loss mask's, and its one-token plans'."""
+    rows = batch.loss_mask_T > 0
+    if batch.plan_rows_P is not None:
+        rows = rows.clone()
+        rows[batch.plan_rows_P] = True
+    return torch.nonzero(rows)[:, 0].to(device)
 
 
 def _output_layer(m):

@@ -116,3 +116,41 @@ def logprobs_and_entropy(
     ``with_entropy=False`` skips the entropy's pass (it is then zeros)."""
     assert logits_TV.dim() == 2 and target_T.shape == logits_TV.shape[:1], (logits_TV.shape, target_T.shape)
     return _VocabParallelLogprob.apply(logits_TV, target_T, float(temperature), with_entropy)
+
+
+class _VocabParallelSetLogprob(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits_PV, ids_PB, temperature):
+        group, rank = _tp_group()
+        V = logits_PV.shape[1]
+        z = _scaled(logits_PV, temperature)
+        local = ids_PB - rank * V
+        owned = (ids_PB >= 0) & (local >= 0) & (local < V)
+        m = _all_reduce(z.amax(dim=-1), group, dist.ReduceOp.MAX)
+        ez = z.sub(m[:, None]).exp_()
+        in_set = torch.where(owned, ez.gather(-1, local.clamp(0, V - 1)), 0.0).sum(-1)
+        sums = _all_reduce(torch.stack([ez.sum(-1), in_set]), group)
+        ctx.save_for_backward(logits_PV, local, owned, m, sums)
+        ctx.temperature = temperature
+        return torch.log(sums[1]) - torch.log(sums[0])
+
+    @staticmethod
+    def backward(ctx, grad_P):
+        logits_PV, local, owned, m, sums = ctx.saved_tensors
+        V = logits_PV.shape[1]
+        g_P = grad_P.float() / ctx.temperature
+        # d log P(S) / d z_v = p_v (1[v in S] / P(S) - 1), p_v = exp(z_v - m) / sum
+        ez = _scaled(logits_PV, ctx.temperature, writable=True).sub_(m[:, None]).exp_()
+        grad = ez * (-g_P / sums[0])[:, None]
+        scale = torch.where(owned, (g_P / sums[1])[:, None], 0.0)
+        picked = local.clamp(0, V - 1)
+        grad.scatter_add_(-1, picked, scale * ez.gather(-1, picked))
+        return grad.to(logits_PV.dtype), None, None
+
+
+def set_logprobs(logits_PV: torch.Tensor, ids_PB: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log sum_{v in S_p} softmax(logits_p / temperature)_v per row p, the probability of a set of tokens
+    S_p (``ids_PB``, vocabulary ids padded with -1; repeated ids count once each) from this rank's
+    vocabulary slice; fp32 [P], differentiable. For a handful of rows: no chunking."""
+    assert logits_PV.dim() == 2 and ids_PB.dim() == 2 and ids_PB.shape[0] == logits_PV.shape[0]
+    return _VocabParallelSetLogprob.apply(logits_PV, ids_PB, float(temperature))

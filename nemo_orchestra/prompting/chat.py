@@ -360,6 +360,7 @@ class ChatFormat:
         self.reasoning_parser = reasoning_parser
         self.template_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         self.end_of_turn_id = tokenizer.convert_tokens_to_ids(END_OF_TURN)
+        self._starting: dict[str, tuple[int, ...]] = {}
 
     def render(self, messages, tools=None, add_generation_prompt=False) -> str:
         return render_chat(self.template, messages, tools, add_generation_prompt, **self.template_kwargs)
@@ -423,6 +424,13 @@ class ChatFormat:
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def tokens_starting(self, prefix: str) -> tuple[int, ...]:
+        """The ids of the vocabulary entries whose text starts with ``prefix`` (read once per prefix)."""
+        if prefix not in self._starting:
+            texts = self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))], skip_special_tokens=False)
+            self._starting[prefix] = tuple(i for i, t in enumerate(texts) if t.startswith(prefix))
+        return self._starting[prefix]
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from nemo_orchestra.config import RolloutConfig
+from nemo_orchestra.data.default_tasks import misstated_plan
 from nemo_orchestra.prompting.call_prefix import break_index
 from nemo_orchestra.prompting.chat import (
     ChatFormat,
@@ -447,6 +448,7 @@ async def _apply(ep: Episode, turn: Turn, client, chat: ChatFormat | None) -> bo
                 record.start + chat.plan_length(turn.text, turn.token_ids),
                 record.start + len(turn.token_ids),
             )
+    t.plan_errors += misstated_plan(t.task.category, t.task.meta.get("preference_name"), turn.text) is not None
     for call, spec in zip(parsed.calls, parsed.message.get("tool_calls") or []):
         result = await client.step(ep.episode_id, call.name, call.arguments)
         t.call_latencies_s.append(float(result.get("latency_s", 0.0)))

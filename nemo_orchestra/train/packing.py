@@ -57,9 +57,9 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
 
 def shareable_prompt(t: Trajectory) -> int:
     """Tokens of ``t`` that may be shared with another trajectory: up to one before its first generated
-    token (whose logits predict that token), so none of them is a loss target."""
+    token or one-token plan (whose logits predict that token), so none of them is a loss target."""
     first = next((i for i, m in enumerate(t.loss_mask) if m), len(t.token_ids))
-    return max(first - 1, 0)
+    return max(min([first, *(k for k, _ in t.plans)]) - 1, 0)
 
 
 def _units(trajectories: Sequence[Trajectory], capacity: int, share: bool) -> list[_Unit]:
@@ -108,9 +108,14 @@ def _pack_one(
     trajectories: Sequence[Trajectory], units: list[_Unit], pad_to_multiple: int, pad_to_length: int | None = None
 ) -> PackedBatch:
     ids, pos, tgt, mask, adv, gen, les, cu, index, prefix = [], [], [], [], [], [], [], [0], [], []
+    plan_rows, plan_ids = [], []
 
     def segment(t: Trajectory, start: int, end: int, trained: bool, traj: int, of: int) -> None:
         n = end - start
+        for p, ids_ in t.plans if trained else ():  # token p is the target of position p - 1
+            if start <= p - 1 < end:
+                plan_rows.append(len(ids) + p - 1 - start)
+                plan_ids.append(ids_)
         ids.extend(t.token_ids[start:end])
         pos.extend(range(start, end))
         tgt.extend(t.token_ids[start + 1 : end + 1] + [0] * (end == len(t.token_ids)))
@@ -159,6 +164,7 @@ def _pack_one(
         pad -= n
     T = len(ids)
     lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    width = max(map(len, plan_ids), default=0)
     return PackedBatch(
         input_ids_T=torch.tensor(ids, dtype=torch.long),
         position_ids_T=torch.tensor(pos, dtype=torch.long),
@@ -173,6 +179,8 @@ def _pack_one(
         gen_logprobs_T=torch.tensor(gen, dtype=torch.float32),
         lesson_T=torch.tensor(les, dtype=torch.float32),
         prefix_B=prefix if any(p >= 0 for p in prefix) else None,
+        plan_rows_P=torch.tensor(plan_rows, dtype=torch.long) if plan_rows else None,
+        plan_ids_PB=torch.tensor([list(s) + [-1] * (width - len(s)) for s in plan_ids]) if plan_rows else None,
     )
 
 

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from nemo_orchestra.config import LossConfig, ParallelConfig
 from nemo_orchestra.grpo.loss import policy_loss, tis_weights
+from nemo_orchestra.megatron.vocab_parallel import set_logprobs
 from nemo_orchestra.megatron.forward import (
     forward_logprobs,
     loss_rows,
@@ -285,7 +286,19 @@ def _loss_func(batch: PackedBatch, loss_fn, temperature: float, rows, logits):
     lp_T, ent = pack_logprobs(logits, batch, rows, temperature, with_entropy=True)
     loss_sum, n, metrics = loss_fn(lp_T, batch)
     metrics["train/entropy"] = ent.sum() / max(ent.numel(), 1)
+    if batch.plan_coef > 0 and batch.plan_rows_P is not None:
+        plan_lp = restatement_logprobs(logits, batch, rows, temperature)
+        loss_sum = loss_sum - batch.plan_coef * plan_lp.sum()
+        metrics["train/restated_plan_mass"] = plan_lp.detach().exp().mean()
     return loss_sum, n.to(torch.int), metrics
+
+
+def restatement_logprobs(logits_1NV: torch.Tensor, batch: PackedBatch, rows_N: torch.Tensor | None, temperature: float):
+    """The log-probability, at each of the pack's one-token plans, of the plans that restate its task's kind and
+    preference right (``loss.restatement_coef``); from the logits of ``packed_forward(..., rows_N)``."""
+    plan_rows = batch.plan_rows_P.to(logits_1NV.device)
+    at = plan_rows if rows_N is None else torch.searchsorted(rows_N, plan_rows)
+    return set_logprobs(logits_1NV[0][at], batch.plan_ids_PB.to(logits_1NV.device), temperature)
 
 
 def forward_backward(learner: Learner, batches: list[PackedBatch], loss_fn, temperature: float = 1.0) -> list[dict]:

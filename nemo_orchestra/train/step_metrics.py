@@ -36,6 +36,7 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         "rollout/tool_error_rate": sum(t.tool_errors for t in trajs) / max(sum(len(t.turns) for t in trajs), 1),
         "rollout/format_error_rate": sum(t.format_errors for t in trajs) / max(sum(len(t.turns) for t in trajs), 1),
         "rollout/schema_error_rate": sum(t.schema_errors for t in trajs) / max(sum(len(t.turns) for t in trajs), 1),
+        "rollout/plan_error_rate": sum(t.plan_errors for t in trajs) / max(sum(len(t.turns) for t in trajs), 1),
         # turns a server would re-tokenize to other ids (same text): the share served is not token-exact
         "rollout/retokenized_turn_rate": sum(t.retokenized_turns for t in trajs)
         / max(sum(len(t.turns) for t in trajs), 1),

@@ -47,6 +47,7 @@ from nemo_orchestra.train.step_metrics import (
     write_samples,
 )
 from nemo_orchestra.train.warm_start import interleave, step_lessons
+from nemo_orchestra.data.default_tasks import plan_positions
 from nemo_orchestra.train.warm_start import warm_start as run_warm_start
 from nemo_orchestra.types import PackedBatch, TaskRecord, Trajectory
 from tools_env.recovery import restarts as tool_service_restarts
@@ -135,6 +136,7 @@ class Trainer:
         lessons = step_lessons(self.copy_lessons, self.cfg, self.step, self.rollouts.order.dp_rank)
         kept = interleave(kept, lessons)  # lessons in every minibatch of the update
         metrics["train/lessons"] = float(len(lessons))
+        self.mark_plans(kept)
         metrics.update(stale_metrics)
         metrics.update(rollout_metrics(trajs))
         return kept, metrics
@@ -145,6 +147,8 @@ class Trainer:
         batches = [b for mb in minibatches for b in mb]
         if not batches:
             return batches, {"train/step_skipped": 1.0}
+        for b in batches:
+            b.plan_coef = self.cfg.loss.restatement_coef
         metrics: dict = {}
         ahead = self.reference_ahead(batches, waited_s)
         if ahead is None:
@@ -228,8 +232,16 @@ class Trainer:
         return result
 
     # ---- the run ------------------------------------------------------------------------------------------
+    def mark_plans(self, trajs: list[Trajectory]) -> None:
+        """With ``loss.restatement_coef``: the one-token plans of ``trajs`` whose restatement trains
+        (``Trajectory.plans``)."""
+        if self.cfg.loss.restatement_coef > 0:
+            for t in trajs:
+                t.plans = plan_positions(t, self.rollouts.episodes.chat)
+
     def warm_start(self) -> None:
         """The warm start (``train/warm_start.py``); then the engine gets the warm-started weights."""
+        self.mark_plans(self.warm_start_trajectories + self.copy_lessons)
         run_warm_start(self.learner, self.cfg, self.plan, self.warm_start_trajectories, self.copy_lessons, self.rank)
         self.sync_weights(self.step)
 

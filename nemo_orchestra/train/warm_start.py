@@ -94,9 +94,18 @@ def warm_start(
             set_lr(learner.optimizer, cosine_lr(ws.lr, ws.min_lr_ratio, i, ws.steps))
             batch = rng.sample(scripted, min(ws.batch_size, len(scripted)))
             batch += rng.sample(lessons, min(ws.copy_lessons_per_step, len(lessons)))
-            m = train_step(learner, pack_for_step(batch, cfg.parallel, cfg.share_prompts), warm_start_loss_fn)
+            packs = pack_for_step(batch, cfg.parallel, cfg.share_prompts)
+            for b in packs:  # the plans' restatement, as in GRPO's steps
+                b.plan_coef = cfg.loss.restatement_coef
+            m = train_step(learner, packs, warm_start_loss_fn)
             bar.set_postfix(nll=f"{m.get('loss/nll', float('nan')):.3f}")
-        log.info("warm start done: %d steps, nll %.4f", ws.steps, m.get("loss/nll", float("nan")))
+        mass = m.get("train/restated_plan_mass")
+        log.info(
+            "warm start done: %d steps, nll %.4f%s",
+            ws.steps,
+            m.get("loss/nll", float("nan")),
+            "" if mass is None else f", plans' restatement right at p={mass:.3f}",
+        )
         set_lr(learner.optimizer, cfg.optim.lr)
         reset_optimizer_state(learner.optimizer)  # GRPO starts with fresh Adam moments
     learner.reset_reference()

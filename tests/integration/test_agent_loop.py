@@ -12,7 +12,13 @@ import os
 import pytest
 
 from nemo_orchestra.config import load_config
-from nemo_orchestra.data.default_tasks import generate_tasks, plan_phrases
+from nemo_orchestra.data.default_tasks import (
+    generate_tasks,
+    plan_head,
+    plan_phrases,
+    plan_positions,
+    plan_text,
+)
 from nemo_orchestra.evaluation.harness import PolicyRun, run_all
 from nemo_orchestra.prompting.chat import (
     QWEN3_CHAT_TEMPLATE,
@@ -259,3 +265,60 @@ def test_a_call_that_does_not_fit_the_offered_tools_is_a_schema_error(service, c
     assert t.schema_errors == (0 if fits else 1)
     assert (t.tool_errors == 0) == fits  # the service refused the same calls
     assert (call_schema_error(ToolCall(*call), tools) is None) == fits
+
+
+class PlanThenAnswer:
+    """Writes one turn per episode: the plan ``plan_text`` makes for the task's kind under profile
+    ``stated[i]`` (the i-th task's), then a call to answer 42, each as the tokenizer encodes it."""
+
+    def __init__(self, chat: ChatFormat, tasks, stated):
+        self.chat = chat
+        self.by_problem = {t.problem: (t.category, s) for t, s in zip(tasks, stated)}
+
+    def generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids, seeds=None):
+        out = []
+        for p in prompts:
+            text = self.chat.decode(p)
+            category, name = next(v for k, v in self.by_problem.items() if k in text)
+            turn = plan_text(category, name, "answer", {"answer": "42"}) + format_tool_call("answer", {"answer": "42"})
+            ids = self.chat.encode(turn) + [stop_ids[0]]
+            out.append(Generation(ids, [-0.1] * len(ids), True))
+        return out
+
+
+@pytest.mark.parametrize("kind", sorted(TOKENIZERS))
+def test_a_plan_that_misstates_its_task_is_counted(service, kind):
+    """A plan restates the task's kind and the user's preference; one that states another is a plan error
+    (``Trajectory.plan_errors``); a plan stated right and a task without a profile are not. The call after it
+    runs as any other."""
+    chat = ChatFormat(TOKENIZERS[kind]())
+    tasks = [t for t in generate_tasks(8, seed=5) if t.category in ("lookup", "reasoning")][:2]
+    other = {"accuracy_first": "cost_sensitive", "cost_sensitive": "accuracy_first"}
+    stated = [other[tasks[0].meta["preference_name"]], tasks[1].meta["preference_name"], "cost_sensitive"]
+    tasks.append(TaskRecord(problem="What is 12 + 33?", answer="42", category="arithmetic", tools=["answer"]))
+    policy = EnginePolicy(PlanThenAnswer(chat, tasks, stated), chat, max_new_tokens=64, temperature=1.0)
+    client = ToolsEnvClient(service)
+
+    async def go():
+        try:
+            return await run_episodes(tasks, policy, client, limits=LoopLimits(max_turns=3), default_preference={})
+        finally:
+            await client.aclose()
+
+    trajs = asyncio.run(go())
+    assert [t.plan_errors for t in trajs] == [1, 0, 0]
+    assert all(t.format_errors + t.schema_errors == 0 and t.stop_reason == "answer" for t in trajs)
+    assert all(r.broken is None for t in trajs for r in t.turns)
+    # the one-token plans whose restatement trains (loss.restatement_coef): the embedded tokenizer's, at the token
+    # after <think>, with every plan that states its task's kind and preference; Qwen3's BPE writes none in one
+    plans = [plan_positions(t, chat) for t in trajs]
+    if kind != "embedded":
+        assert plans == [[], [], []]
+        return
+    assert [len(p) for p in plans] == [1, 1, 0]
+    for t, [(k, ids)], name in zip(trajs[:2], plans, stated):
+        assert chat.decode([t.token_ids[k]]) == plan_text(t.task.category, name, "answer", {"answer": "42"})[7:-9]
+        right = plan_head(t.task.category, t.task.meta["preference_name"])
+        texts = [chat.decode([i]) for i in ids]  # its eight actions: answer by or ask three experts, two tools
+        assert len(ids) == 8 and all(x.startswith(right + ": ") for x in texts)
+        assert (t.token_ids[k] in ids) == (name == t.task.meta["preference_name"])

@@ -12,7 +12,9 @@ from nemo_orchestra.data.default_tasks import (
     MULTISTEP_RE,
     copy_tasks,
     generate_tasks,
+    misstated_plan,
     plan_phrases,
+    plan_text,
 )
 from tools_env.corpus import build_world
 from tools_env.tools.search import BM25Index
@@ -90,3 +92,25 @@ def test_multi_step_tasks_are_about_the_world_the_search_tool_is_configured_with
         if t.meta["searchable"]:
             years = [int(_YEAR.search(d.text).group(1)) for d in (doc_a, doc_b)]
             assert years[1] - years[0] == int(t.answer)
+
+
+def test_a_plan_is_read_for_the_kind_and_preference_it_restates():
+    """Every plan the warm start writes states its own task right; one written for another kind or profile is
+    misstated (the head it should have written comes back); free thinking, and tasks of no kind or profile, are
+    not read."""
+    from nemo_orchestra.prompting.preferences import PREFERENCES
+
+    calls = [("answer", {"model": "expert-large"}), ("expert", {"model": "expert-small"}), ("calculator", {})]
+    calls += [("search", {"model": "expert-medium"}), ("answer", {})]
+    for category in CATEGORIES:
+        for name in PREFERENCES:
+            for tool, args in calls:
+                for other_cat in CATEGORIES:
+                    for other in PREFERENCES:
+                        text = plan_text(other_cat, other, tool, args) + "<tool_call>"
+                        want = None if (other_cat, other) == (category, name) else plan_text(category, name, "", {})
+                        got = misstated_plan(category, name, text)
+                        assert got == (want and want[len("<think>") : -len(": </think>\n")]), (category, name, text)
+    assert misstated_plan("lookup", "cost_sensitive", "<think>\nThe user wants it cheap: ask.</think>") is None
+    assert misstated_plan("lookup", None, plan_text("lookup", "cost_sensitive", "answer", {})) is None
+    assert misstated_plan("tau2-airline", "cost_sensitive", plan_text("lookup", "accuracy_first", "answer", {})) is None

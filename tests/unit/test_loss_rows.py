@@ -216,3 +216,36 @@ def test_a_pack_without_loss_rows_runs_and_gets_no_gradient(setup):
     lp = scatter_rows(token_logprobs(logits, batch.target_ids_T[rows], 1.0), rows, batch.num_tokens)
     (-(lp * batch.loss_mask_T).sum()).backward()
     assert all(p.grad is None or float(p.grad.abs().max()) == 0 for p in gpt.parameters())
+
+
+def test_one_token_plans_are_rows_and_their_restatement_is_read_where_their_token_is_predicted(setup):
+    """A trajectory's one-token plans (``Trajectory.plans``) become rows of the pack, in its loss or not (a copy
+    lesson's plan is not): the log-probability of each plan's set, read from the rows' logits at the position
+    that predicts the plan token, equals the full forward's log-softmax summed over the set there, in a pack that
+    shares a prompt as in one that does not."""
+    from nemo_orchestra.train.step import restatement_logprobs
+
+    gpt, _ = setup
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, VOCAB, (20,), generator=g).tolist()
+    trajs = []
+    for n, trained_from in ((45, 30), (33, 30)):  # the same prompt up to the first plan: shared when asked
+        ids = prompt + torch.randint(0, VOCAB, (n - 20,), generator=g).tolist()
+        t = traj(ids=ids, mask=[0] * trained_from + [1] * (n - trained_from))
+        t.plans = [(21, (3, 9, 40)), (trained_from + 2, (7,))]  # the first outside the loss mask
+        trajs.append(t)
+    dev = torch.device("cpu")
+    for share in (False, True):
+        (batch,) = pack(trajs, capacity=256, share_prompts=share)
+        assert (batch.prefix_B is not None) == share
+        rows = loss_rows(batch, dev)
+        assert set(batch.plan_rows_P.tolist()) <= set(rows.tolist()) and batch.plan_ids_PB.shape == (4, 3)
+        assert all(batch.loss_mask_T[r] == 0 for r in batch.plan_rows_P[::2])
+        with torch.no_grad():
+            got = restatement_logprobs(packed_forward(gpt, batch, dev, rows), batch, rows, 0.7)
+            full = torch.log_softmax(packed_forward(gpt, batch, dev, None)[0].float() / 0.7, -1)
+        planned = sorted(t.token_ids[k] for t in trajs for k, _ in t.plans)
+        assert sorted(batch.target_ids_T[batch.plan_rows_P].tolist()) == planned  # the rows predict the plans
+        for r, ids, lp in zip(batch.plan_rows_P.tolist(), batch.plan_ids_PB.tolist(), got):
+            want = torch.logsumexp(full[r, [i for i in ids if i >= 0]], -1)
+            torch.testing.assert_close(lp, want, atol=1e-5, rtol=1e-5)

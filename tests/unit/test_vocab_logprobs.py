@@ -47,3 +47,31 @@ def test_without_entropy_same_logprobs():
     lp, _ = logprobs_and_entropy(logits, target, 0.5)
     lp2, ent2 = logprobs_and_entropy(logits, target, 0.5, with_entropy=False)
     assert torch.equal(lp, lp2) and torch.count_nonzero(ent2) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_a_set_of_tokens_probability_equals_log_softmax_with_gradient(dtype, temperature):
+    """``set_logprobs``: log of the summed softmax over each row's set (padded with -1), and its gradient, as
+    ``logsumexp`` over the set minus over the vocabulary computes them."""
+    from nemo_orchestra.megatron.vocab_parallel import set_logprobs
+
+    g = torch.Generator().manual_seed(1)
+    P, V = 6, 50
+    logits = (3 * torch.randn(P, V, generator=g)).to(dtype)
+    sets = [[3, 7, 9], [0], [49, 1, 2, 5], [10, 11], [4], [30, 31, 32, 33]]
+    ids = torch.tensor([s + [-1] * (4 - len(s)) for s in sets])
+    weights = torch.randn(P, generator=g)
+
+    x = logits.clone().requires_grad_(True)
+    lp = set_logprobs(x, ids, temperature)
+    (lp * weights).sum().backward()
+    y = logits.clone().requires_grad_(True)
+    z = y.float() / temperature
+    ref = torch.stack([torch.logsumexp(z[p, s], -1) for p, s in enumerate(sets)]) - torch.logsumexp(z, -1)
+    (ref * weights).sum().backward()
+
+    assert lp.dtype == torch.float32 and x.grad.dtype == dtype
+    torch.testing.assert_close(lp, ref, atol=1e-5, rtol=1e-5)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(x.grad.float(), y.grad.float(), atol=tol, rtol=tol)
