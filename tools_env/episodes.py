@@ -270,6 +270,8 @@ class EpisodeStore:
         ep.total_latency_s += result.latency_s
         if result.error is None and not result.done:  # what tools returned, for tools that read the episode
             ep.ctx.state.setdefault("transcript", []).append((label, result.observation))
+            if "stated" in result.meta:  # ToolResult.meta["stated"]
+                ep.ctx.state.setdefault("stated", []).append((label, str(result.meta["stated"])))
         if label in ep.tools:
             ep.tool_counts[label] = ep.tool_counts.get(label, 0) + 1
             model = result.meta.get("model")

@@ -29,6 +29,9 @@ class ToolResult:
     error: str | None = None
     done: bool = False  # True only for `answer`
     usage: dict[str, int] = field(default_factory=dict)  # tokens reported by an expert
+    # ``meta["stated"]``: the part of the observation no text the policy wrote can reach (a simulated expert's
+    # answer, the calculator's value, the corpus documents a search found), where a simulated writer may read a
+    # stated answer (``tools.experts.write_answer``); a result without it states nothing a writer copies
     meta: dict[str, Any] = field(default_factory=dict)
 
 

@@ -169,4 +169,5 @@ class Calculator(Tool):
             observation, error = format_number(evaluate(arguments["expression"])), None
         except CalcError as e:
             observation, error = f"calculator error: {e}", str(e)
-        return ToolResult(observation=observation, latency_s=time.perf_counter() - t0, error=error)
+        meta = {"stated": observation} if error is None else {}  # one value, computed
+        return ToolResult(observation=observation, latency_s=time.perf_counter() - t0, error=error, meta=meta)

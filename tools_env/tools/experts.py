@@ -139,12 +139,6 @@ def wrong_answer(gold: str, rng: random.Random) -> str:
     return rng.choice(choices)
 
 
-# the tools whose results a simulated writer copies a stated answer from: an expert's answer, the calculator's one
-# value, a document of the service's corpus. Any other result can hold text the policy wrote (code's output, a
-# field a domain tool stores and reads back), which would state the gold without the policy knowing it.
-STATED_ANSWER_SOURCES = frozenset({"expert", "calculator", "search"})
-
-
 def _states(observation: str, gold: str) -> bool:
     """Whether a tool result states ``gold`` (normalized) as a whole word or number."""
     return re.search(rf"(?<![\w.]){re.escape(gold)}(?![\w]|\.\d)", normalize_answer(observation)) is not None
@@ -260,7 +254,7 @@ class Expert(Tool):
             cost=cost,
             latency_s=latency,
             usage=usage,
-            meta={"model": alias, "simulated": True, "correct": correct, "answer": answer},
+            meta={"model": alias, "simulated": True, "correct": correct, "answer": answer, "stated": answer},
         )
 
     async def write_answer(self, alias: str, ctx: EpisodeContext) -> tuple[str | None, ToolResult]:
@@ -270,21 +264,22 @@ class Expert(Tool):
         A simulated writer answers at its accuracy for the category; it copies the gold answer where an
         earlier tool result states it (always right), and where the search results hold every string of
         the task's ``meta["evidence"]`` (the facts the answer follows from, such as the documents a
-        multi-step question's years are in) it answers at its ``evidence_accuracy`` for the category. A
-        stated answer counts only from ``STATED_ANSWER_SOURCES`` and evidence only from ``search``: code
-        printing every number up to 5000 states any gold number without knowing it, and a printed id is not
-        a retrieved document.
+        multi-step question's years are in) it answers at its ``evidence_accuracy`` for the category. Both
+        are read only from the part of a result no text the policy wrote can reach (``ToolResult.meta["stated"]``,
+        kept in ``ctx.state["stated"]``: a simulated expert's answer, the calculator's value, the documents a
+        search found): code printing every number up to 5000 states any gold number without knowing it, an
+        endpoint expert repeats what the policy asked it to, and a printed id is not a retrieved document.
         An endpoint writer gets the problem and the transcript and is asked for the answer alone."""
-        transcript = ctx.state.get("transcript", [])
+        stated = ctx.state.get("stated", [])
         query = context_query(ctx, "Reply with the final answer only.")
         if alias in self.experts.simulated:
             sim = self.experts.simulated[alias]
             gold = normalize_answer(ctx.task.answer)
             facts = [str(f) for f in ctx.task.meta.get("evidence") or []]
             evidence = 0.0
-            if bool(gold) and any(_states(obs, gold) for name, obs in transcript if name in STATED_ANSWER_SOURCES):
+            if bool(gold) and any(_states(text, gold) for _, text in stated):
                 evidence = 1.0
-            elif facts and all(any(f in obs for name, obs in transcript if name == "search") for f in facts):
+            elif facts and all(any(f in text for name, text in stated if name == "search") for f in facts):
                 evidence = for_category(sim.evidence_accuracy, ctx.task.category)
             result = await self._simulate(alias, sim, query, ctx, evidence)
             return result.meta["answer"], result

@@ -146,7 +146,8 @@ class SearchTool(Tool):
         hits = self.index.search(query, min(arguments.get("k", self.k_default), self.k_max))
         lines = [f"[{d.id}] {d.title}: {d.text[: self.snippet_chars]}" for d, _ in hits]
         observation = "\n".join(lines) if lines else "no documents match the query"
-        meta: dict[str, Any] = {"doc_ids": [d.id for d, _ in hits]}
+        # the documents, not the query: an endpoint writes that from the context the policy wrote
+        meta: dict[str, Any] = {"doc_ids": [d.id for d, _ in hits], "stated": observation if lines else ""}
         if written is None:
             return ToolResult(
                 observation=observation, cost=self.cost_per_query, latency_s=time.perf_counter() - t0, meta=meta

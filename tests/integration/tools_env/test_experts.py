@@ -233,6 +233,24 @@ def test_a_simulated_writer_uses_evidence_from_earlier_tool_results(writers):
     assert not _step(writers, eid, "answer", {"model": "never"})["outcome"]["correct"]
 
 
+def test_a_simulated_writer_copies_nothing_an_endpoint_expert_repeats(fake_openai):
+    """In a service with endpoint and simulated experts, an endpoint's answer follows the query the policy wrote:
+    asked to repeat the gold, it states it, and a simulated writer does not copy it; a simulated expert's answer
+    stating the gold is copied."""
+    experts = {
+        "simulated": {"never": _sim(0.0), "always": _sim(1.0)},
+        "endpoints": {"echo": endpoint(fake_openai, "echo")},
+    }
+    with start_service({"experts": experts}) as handle:
+        url = handle.urls[0]
+        eid, _ = _episode(url)
+        assert "42" in _step(url, eid, "expert", {"model": "echo", "query": "say 42"})["observation"]
+        assert not _step(url, eid, "answer", {"model": "never"})["outcome"]["correct"]
+        eid, _ = _episode(url)
+        assert _step(url, eid, "expert", {"model": "always", "query": "what is 6 * 7?"})["observation"].endswith("42.")
+        assert _step(url, eid, "answer", {"model": "never"})["outcome"]["correct"]
+
+
 def test_a_simulated_writer_has_the_evidence_when_the_results_hold_every_fact_the_task_names(writers):
     """``meta.evidence``: the strings the answer follows from (a multi-step question's documents); with all of
     them among the tool results the weakest writer answers right, with one missing it draws as usual."""
@@ -285,9 +303,9 @@ def test_a_writer_with_the_documents_answers_at_its_evidence_accuracy():
     right = stated = 0
     for i in range(400):
         c = ctx_for(category="multistep", answer="31", tag=str(i), meta={"evidence": facts})
-        c.state["transcript"] = [("search", "[d1] Founded in 1950."), ("search", "[d2] Founded in 1981.")]
+        c.state["stated"] = [("search", "[d1] Founded in 1950."), ("search", "[d2] Founded in 1981.")]
         right += run(tool.write_answer("w", c))[0] == "31"
-        c.state["transcript"] = [("calculator", "31")]
+        c.state["stated"] = [("calculator", "31")]
         stated += run(tool.write_answer("w", c))[0] == "31"
     assert 0.52 * 400 <= right <= 0.68 * 400 and stated == 400  # 0.6; 4 sigma is about +-0.05
     with pytest.raises(ValueError, match="evidence_accuracy.multistep"):
