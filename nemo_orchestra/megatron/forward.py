@@ -79,10 +79,11 @@ def rope_at_positions(m, batch: PackedBatch, device):
         handle.remove()
 
 
-def loss_rows(batch: PackedBatch, device) -> torch.Tensor:
-    """Positions of the pack whose target is in the loss: its loss mask's, and its one-token plans'."""
+def loss_rows(batch: PackedBatch, device, plans: bool = False) -> torch.Tensor:
+    """Positions of the pack whose target is in the loss (its loss mask's; with ``plans``, its one-token plans'
+    too, which the plans' restatement reads: ``train/step.py: restatement_logprobs``)."""
     rows = batch.loss_mask_T > 0
-    if batch.plan_rows_P is not None:
+    if plans and batch.plan_rows_P is not None:
         rows = rows.clone()
         rows[batch.plan_rows_P] = True
     return torch.nonzero(rows)[:, 0].to(device)

@@ -285,6 +285,8 @@ def _loss_func(batch: PackedBatch, loss_fn, temperature: float, rows, logits):
     scattered back to the pack's length (0 off the loss), entropy over the rows."""
     lp_T, ent = pack_logprobs(logits, batch, rows, temperature, with_entropy=True)
     loss_sum, n, metrics = loss_fn(lp_T, batch)
+    in_loss = batch.loss_mask_T.to(ent.device) > 0  # a plan's row outside the loss mask: not a loss token
+    ent = ent[in_loss if rows is None else in_loss[rows.to(ent.device)]]
     metrics["train/entropy"] = ent.sum() / max(ent.numel(), 1)
     if batch.plan_coef > 0 and batch.plan_rows_P is not None:
         plan_lp = restatement_logprobs(logits, batch, rows, temperature)
@@ -313,7 +315,7 @@ def forward_backward(learner: Learner, batches: list[PackedBatch], loss_fn, temp
 
     def forward_step(data_iterator, m):
         batch = next(data_iterator)
-        rows = loss_rows(batch, device)
+        rows = loss_rows(batch, device, plans=True)
         return packed_forward(m, batch, device, rows), partial(_loss_func, batch, loss_fn, temperature, rows)
 
     return run_schedule(model, forward_step, batches, forward_only=False)

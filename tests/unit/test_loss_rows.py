@@ -238,8 +238,9 @@ def test_one_token_plans_are_rows_and_their_restatement_is_read_where_their_toke
     for share in (False, True):
         (batch,) = pack(trajs, capacity=256, share_prompts=share)
         assert (batch.prefix_B is not None) == share
-        rows = loss_rows(batch, dev)
-        assert set(batch.plan_rows_P.tolist()) <= set(rows.tolist()) and batch.plan_ids_PB.shape == (4, 3)
+        rows = loss_rows(batch, dev, plans=True)
+        assert set(batch.plan_rows_P.tolist()) <= set(rows.tolist()) and len(loss_rows(batch, dev)) < len(rows)
+        assert batch.plan_ids_PB.shape == (4, 3)
         assert all(batch.loss_mask_T[r] == 0 for r in batch.plan_rows_P[::2])
         with torch.no_grad():
             got = restatement_logprobs(packed_forward(gpt, batch, dev, rows), batch, rows, 0.7)

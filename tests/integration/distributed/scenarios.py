@@ -208,13 +208,14 @@ def full_weights():
     return {k: v.detach().clone() for k, v in model_state(gpt).items()}
 
 
-def reference(full, trajs, loss_cfg):
-    """Per-document loss, metrics, logprobs, entropy and gradients on one plain TP=1 model."""
+def reference(full, trajs, loss_cfg, plan_coef: float = 0.0):
+    """Per-document loss, metrics, logprobs, entropy and gradients on one plain TP=1 model (with ``plan_coef``,
+    the documents' plans' restatement too)."""
     from nemo_orchestra.megatron.forward import packed_forward
     from nemo_orchestra.megatron.model import build_gpt_model
     from nemo_orchestra.megatron.sharding import load_local_state
     from nemo_orchestra.megatron.vocab_parallel import logprobs_and_entropy
-    from nemo_orchestra.train.step import grpo_loss_fn
+    from nemo_orchestra.train.step import grpo_loss_fn, restatement_logprobs
 
     layout(1, 1)
     cfg = config()
@@ -226,6 +227,8 @@ def reference(full, trajs, loss_cfg):
         logits = packed_forward(gpt, b, torch.device("cpu"))
         lp, ent = logprobs_and_entropy(logits[0], b.target_ids_T, 1.0)
         loss_sum, k, metrics = grpo_loss_fn(loss_cfg)(lp, b)
+        if plan_coef and b.plan_rows_P is not None:
+            loss_sum = loss_sum - plan_coef * restatement_logprobs(logits, b, None, 1.0).sum()
         total, n = total + loss_sum, n + float(k)
         lps.append(lp.detach())
         ents.append(ent.detach())
@@ -283,7 +286,9 @@ def compare_lps(ref_lps, ours: dict) -> float:
 
 
 # ---- scenarios -----------------------------------------------------------------------------------------
-def run_parallel(tp, pp, full, trajs, ref, share=None, dist_opt=True, offload=False, extra=(), share_prompts=False):
+def run_parallel(
+    tp, pp, full, trajs, ref, share=None, dist_opt=True, offload=False, extra=(), share_prompts=False, plan_coef=0.0
+):
     """Loss, metrics, grads and logprobs of the trainer's policy under a layout."""
     from nemo_orchestra.megatron.forward import forward_logprobs
     from nemo_orchestra.train.learner import build_learner
@@ -300,6 +305,8 @@ def run_parallel(tp, pp, full, trajs, ref, share=None, dist_opt=True, offload=Fa
     load_into(policy, full)
     mine = share if share is not None else list(range(len(trajs)))
     batches = packed([trajs[i] for i in mine], cfg.parallel, mine, share_prompts)
+    for b in batches:
+        b.plan_coef = plan_coef
     lps = forward_logprobs(policy.model, batches, torch.device("cpu"))
     ref_lps = reference_logprobs(policy, batches)
     losses = forward_backward(policy, batches, grpo_loss_fn(cfg.loss))
@@ -325,6 +332,35 @@ def scenario_tp(full, trajs, ref):
 
     out, policy, _ = run_parallel(2, 1, full, trajs, ref, offload=True)
     out["gather"] = max_diff(full_state_dict(policy.module), full)
+    return out
+
+
+def with_plans(trajs, seed=5):
+    """Copies of ``trajs`` with one-token plans every seventh token, in the loss and out of it, each with a set
+    of one to five vocabulary ids from both halves of the vocabulary (both TP ranks' slices)."""
+    import dataclasses
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for t in trajs:
+        t = dataclasses.replace(t)
+        t.plans = [
+            (k, tuple(torch.randperm(VOCAB, generator=g)[: 1 + k % 5].tolist())) for k in range(4, len(t.token_ids), 7)
+        ]
+        out.append(t)
+    return out
+
+
+def scenario_restatement(full, trajs, ref):
+    """The plans' restatement (``loss.restatement_coef``) at TP=2, through vocabulary-parallel logits, against
+    one rank's per document; ``term``: how far the term moves the gradients (it must, for the check to bite)."""
+    from nemo_orchestra.config import load_config
+
+    planned = with_plans(trajs)
+    ref_planned = reference(full, planned, load_config(TINY).loss, plan_coef=5.0)
+    out, _, _ = run_parallel(2, 1, full, planned, ref_planned, plan_coef=5.0)
+    out["term"] = max_diff(ref_planned["grads"], ref["grads"])
+    out["plans"] = sum(len(t.plans) for t in planned)
     return out
 
 
@@ -526,7 +562,7 @@ def scenario_hf_tp2(folder):
     return {"logprobs_vs_transformers": worst, "export_equals_import": exact}
 
 
-SCENARIOS = ("tp", "pp", "dp", "packed", "shared", "turn", "checkpoint", "hf_tp2")
+SCENARIOS = ("tp", "pp", "dp", "packed", "shared", "turn", "restatement", "checkpoint", "hf_tp2")
 
 
 def run_rank(rank: int, world: int, port: int, out_dir: str, names: list[str]) -> None:

@@ -38,6 +38,14 @@ def test_layout_matches_one_rank(results, name):
     _matches_one_rank(_ok(results, name), GRAD_TOL)
 
 
+def test_plans_restatement_at_tp2_matches_one_rank(results):
+    """The restatement term's log-probability of a set of tokens, read from vocabulary-parallel logits at TP=2,
+    gives one rank's loss and gradients; the term moves them well beyond the tolerance."""
+    r = _ok(results, "restatement")
+    _matches_one_rank(r, GRAD_TOL)
+    assert r["plans"] >= 12 and r["term"] > 100 * GRAD_TOL, r
+
+
 def test_tp_gathers_exact_weights_and_offloaded_reference(results):
     r = _ok(results, "tp")
     assert r["gather"] == 0.0  # shards concatenated back bit for bit (fc1 un-interleaved)
