@@ -332,8 +332,8 @@ _PLAN_TOKEN = re.compile(_STATED_PLAN.pattern.replace(r"\s*<think>", "", 1) + r"
 def plan_positions(traj: Trajectory, chat: ChatFormat) -> list[tuple[int, tuple[int, ...]]]:
     """The turns of ``traj`` whose plan is one token (the embedded tokenizer's ``plan_phrases``): the token's
     index in ``traj.token_ids`` and the ids of every one-token plan that states the task's kind and preference
-    right (``plan_head``), whatever its action. None for a task without a head, or a turn whose plan is free
-    text or written in several tokens."""
+    right (``plan_head``), whatever its action. Nothing for a task without a head, nor for a turn whose plan is
+    free text or written in several tokens."""
     head = plan_head(traj.task.category, traj.task.meta.get("preference_name"))
     if head is None:
         return []

@@ -16,7 +16,6 @@ import torch.distributed as dist
 
 from nemo_orchestra.config import LossConfig, ParallelConfig
 from nemo_orchestra.grpo.loss import policy_loss, tis_weights
-from nemo_orchestra.megatron.vocab_parallel import set_logprobs
 from nemo_orchestra.megatron.forward import (
     forward_logprobs,
     loss_rows,
@@ -25,6 +24,7 @@ from nemo_orchestra.megatron.forward import (
     pp_size,
     run_schedule,
 )
+from nemo_orchestra.megatron.vocab_parallel import set_logprobs
 from nemo_orchestra.train.divergence import (
     all_finite,
     any_rank,

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from nemo_orchestra.config import Config
+from nemo_orchestra.data.default_tasks import plan_positions
 from nemo_orchestra.export.qwen3 import full_state_dict
 from nemo_orchestra.grpo.advantages import assign_advantages
 from nemo_orchestra.megatron.parallel import broadcast_in_model_parallel_group, data_parallel_gather
@@ -47,7 +48,6 @@ from nemo_orchestra.train.step_metrics import (
     write_samples,
 )
 from nemo_orchestra.train.warm_start import interleave, step_lessons
-from nemo_orchestra.data.default_tasks import plan_positions
 from nemo_orchestra.train.warm_start import warm_start as run_warm_start
 from nemo_orchestra.types import PackedBatch, TaskRecord, Trajectory
 from tools_env.recovery import restarts as tool_service_restarts
