@@ -318,15 +318,12 @@ def plan_head(category: str, name: str | None) -> str | None:
     return f"{KINDS[category]}, {PREFERENCES[name].label}"
 
 
-_STATED_PLAN = re.compile(
-    r"\s*<think>({kinds}), ({labels}): ".format(
-        kinds="|".join(map(re.escape, KINDS.values())),
-        labels="|".join(re.escape(p.label) for p in PREFERENCES.values()),
-    )
+_HEAD = "({kinds}), ({labels}): ".format(  # a plan's head as the grammar writes it: "<kind>, <label>: "
+    kinds="|".join(map(re.escape, KINDS.values())),
+    labels="|".join(re.escape(p.label) for p in PREFERENCES.values()),
 )
-
-
-_PLAN_TOKEN = re.compile(_STATED_PLAN.pattern.replace(r"\s*<think>", "", 1) + r"\S.*")
+_STATED_PLAN = re.compile(r"\s*<think>" + _HEAD)  # a turn that opens with a plan
+_PLAN_TOKEN = re.compile(_HEAD + r"\S.*")  # a whole plan, as one token's text
 
 
 def plan_positions(traj: Trajectory, chat: ChatFormat) -> list[tuple[int, tuple[int, ...]]]:

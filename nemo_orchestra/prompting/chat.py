@@ -360,6 +360,7 @@ class ChatFormat:
         self.reasoning_parser = reasoning_parser
         self.template_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         self.end_of_turn_id = tokenizer.convert_tokens_to_ids(END_OF_TURN)
+        self._vocabulary: list[str] | None = None  # each id's text, decoded once (tokens_starting)
         self._starting: dict[str, tuple[int, ...]] = {}
 
     def render(self, messages, tools=None, add_generation_prompt=False) -> str:
@@ -426,10 +427,13 @@ class ChatFormat:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def tokens_starting(self, prefix: str) -> tuple[int, ...]:
-        """The ids of the vocabulary entries whose text starts with ``prefix`` (read once per prefix)."""
+        """The ids of the vocabulary entries whose text starts with ``prefix`` (the vocabulary decoded once,
+        each prefix's ids found once)."""
+        if self._vocabulary is None:
+            ids = [[i] for i in range(len(self.tokenizer))]
+            self._vocabulary = self.tokenizer.batch_decode(ids, skip_special_tokens=False)
         if prefix not in self._starting:
-            texts = self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))], skip_special_tokens=False)
-            self._starting[prefix] = tuple(i for i, t in enumerate(texts) if t.startswith(prefix))
+            self._starting[prefix] = tuple(i for i, t in enumerate(self._vocabulary) if t.startswith(prefix))
         return self._starting[prefix]
 
     def decode(self, ids) -> str:

@@ -72,6 +72,7 @@ class Trainer:
     copy_lessons: list[Trajectory] = field(default_factory=list)  # warm-start copy lessons (data.warm_start)
     rank: int = 0
     step: int = 0  # GRPO steps done: the one count of steps
+    plans_unseen_said: bool = False  # mark_plans warned that no one-token plan was found
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -234,10 +235,18 @@ class Trainer:
     # ---- the run ------------------------------------------------------------------------------------------
     def mark_plans(self, trajs: list[Trajectory]) -> None:
         """With ``loss.restatement_coef``: the one-token plans of ``trajs`` whose restatement trains
-        (``Trajectory.plans``)."""
-        if self.cfg.loss.restatement_coef > 0:
-            for t in trajs:
-                t.plans = plan_positions(t, self.rollouts.episodes.chat)
+        (``Trajectory.plans``). The first batch with none says once that the term trains nothing."""
+        if self.cfg.loss.restatement_coef <= 0:
+            return
+        for t in trajs:
+            t.plans = plan_positions(t, self.rollouts.episodes.chat)
+        if trajs and not any(t.plans for t in trajs) and not self.plans_unseen_said:
+            self.plans_unseen_said = True
+            log.warning(
+                "loss.restatement_coef=%g trains nothing here: no turn opens with a one-token plan of the default "
+                "task set (the embedded tokenizer's, on tasks with a kind and a preference profile); set it to 0",
+                self.cfg.loss.restatement_coef,
+            )
 
     def warm_start(self) -> None:
         """The warm start (``train/warm_start.py``); then the engine gets the warm-started weights."""

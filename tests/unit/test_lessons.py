@@ -54,3 +54,26 @@ def test_config_keys():
     for bad in ("loss.copy_lesson_coef=-1", "loss.copy_lessons_per_step=-2"):
         with pytest.raises(ConfigError, match=bad.split("=")[0]):
             load_config([bad])
+
+
+def test_a_restatement_that_finds_no_one_token_plan_says_so_once(caplog):
+    """``loss.restatement_coef`` on tasks without a plan head (no preference profile; likewise a tokenizer that
+    writes plans in several tokens) trains nothing: the trainer says so once, not every step, and with the
+    coefficient at 0 it reads no plan."""
+    from types import SimpleNamespace
+
+    from nemo_orchestra.train.trainer import Trainer
+
+    cfg = load_config(["loss.restatement_coef=5.0"])
+    me = SimpleNamespace(
+        cfg=cfg, rollouts=SimpleNamespace(episodes=SimpleNamespace(chat=None)), plans_unseen_said=False
+    )
+    trajs = [traj() for _ in range(3)]  # tasks of no kind or profile
+    with caplog.at_level("WARNING", logger="nemo_orchestra.train.trainer"):
+        Trainer.mark_plans(me, trajs)
+        Trainer.mark_plans(me, trajs)
+    said = [r for r in caplog.records if "restatement_coef=5 trains nothing" in r.getMessage()]
+    assert len(said) == 1 and all(t.plans == [] for t in trajs)
+    me = SimpleNamespace(cfg=load_config(["loss.restatement_coef=0"]), plans_unseen_said=False)  # no rollouts read
+    Trainer.mark_plans(me, trajs)
+    assert not me.plans_unseen_said
