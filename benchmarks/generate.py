@@ -8,10 +8,13 @@ its own, as rollouts do. No stop token: every engine decodes the same steps. The
 config's (``key=value`` as for the recipe: the tiny default, or ``model=qwen3_8b model.num_layers=8
 model.params_dtype=bf16``) with its random initial weights; every engine gets the same ones.
 
-Per engine (``--engines``, default ``hf,megatron``; ``megatron_copy`` generates as ``megatron``): ``--warmup`` unmeasured calls (compiles,
-allocator, caches), then ``--calls`` measured ones, and as many calls generating one token each, the
-prefill's time. Reported: ``generate_s`` and ``generated_tokens_per_s`` of the whole call, ``prefill_s``,
-and ``decode_tokens_per_s``, the tokens after each sequence's first over the rest of the call.
+Per engine (``--engines``, default ``hf,megatron``; ``megatron_copy`` generates as ``megatron``; a name
+followed by ``:eager`` runs with ``rollout.cuda_graphs=false``): ``--warmup`` unmeasured calls (compiles,
+allocator, caches, CUDA graph captures), then ``--calls`` measured ones, and as many calls generating one
+token each, the prefill's time. Reported: ``generate_s`` and ``generated_tokens_per_s`` of the whole call,
+``prefill_s``, ``decode_tokens_per_s``, the tokens after each sequence's first over the rest of the call,
+and ``same_tokens``: the share of sequences of the first measured call whose tokens are the first engine's
+(same seeds; engines that compute the same logits to the rounding agree on most).
 
 ``bound``: what the device allows on this workload, from rates measured here in the run's
 precision: the prefill's FLOPs (2 x the layers' parameters per prompt token, the causal attention's
@@ -36,6 +39,16 @@ from typing import Any
 ENGINES = ("hf", "megatron", "megatron_copy")
 DEFAULT_ENGINES = "hf,megatron"  # megatron_copy generates as megatron does (its own copy of the same weights)
 RUNS_AHEAD_AS = {"megatron": "megatron_copy"}  # an engine reading the live weights -> the same on a copy of its own
+EAGER = ":eager"  # after an engine's name: rollout.cuda_graphs=false
+
+
+def engine_args(spec: str, ahead: bool = False) -> list[str]:
+    """The config overrides that run engine ``spec`` (``name`` or ``name:eager``); ``ahead``: the same
+    engine on weights of its own where it reads the policy's (it can then run ahead of training)."""
+    name, eager = spec.removesuffix(EAGER), spec.endswith(EAGER)
+    if ahead:
+        name = RUNS_AHEAD_AS.get(name, name)
+    return [f"rollout.engine={name}", f"rollout.cuda_graphs={'false' if eager else 'true'}"]
 
 
 def add_args(parser: Any) -> None:
@@ -101,21 +114,22 @@ def device_rates(device, params_dtype: str, seconds: float = 1.0) -> dict[str, f
 
 
 def time_calls(engine, prompts, new_tokens, temperature, top_p, warmup, calls, sync) -> dict[str, float]:
-    """Mean wall time of ``calls`` generate calls (after ``warmup``) of ``new_tokens`` and of 1 token."""
+    """Mean wall time of ``calls`` generate calls (after ``warmup``) of ``new_tokens`` and of 1 token; the
+    tokens of the first measured call (``tokens``, one list per sequence)."""
 
-    def call(n: int, k: int) -> tuple[float, int]:
+    def call(n: int, k: int) -> tuple[float, list[list[int]]]:
         seeds = [k * len(prompts) + i for i in range(len(prompts))]
         sync()
         t0 = time.perf_counter()
         gens = engine.generate(prompts, n, temperature, top_p, [], seeds=seeds)
         sync()
-        return time.perf_counter() - t0, sum(len(g.token_ids) for g in gens)
+        return time.perf_counter() - t0, [g.token_ids for g in gens]
 
     for k in range(warmup):
         call(new_tokens, k)
     full = [call(new_tokens, warmup + k) for k in range(calls)]
     first = [call(1, warmup + calls + k)[0] for k in range(calls)]
-    generate_s, tokens = statistics.fmean(t for t, _ in full), full[-1][1]
+    generate_s, tokens = statistics.fmean(t for t, _ in full), sum(len(t) for t in full[-1][1])
     prefill_s = statistics.fmean(first)
     decode = tokens - len(prompts)
     return {
@@ -124,6 +138,7 @@ def time_calls(engine, prompts, new_tokens, temperature, top_p, warmup, calls, s
         "generated_tokens_per_s": tokens / generate_s,
         "prefill_s": prefill_s,
         "decode_tokens_per_s": decode / (generate_s - prefill_s) if generate_s > prefill_s else float("nan"),
+        "tokens": full[0][1],
     }
 
 
@@ -131,9 +146,9 @@ def main(args: Any) -> int:
     from nemo_orchestra.config import ConfigError, load_config
 
     engines = [e for e in args.engines.split(",") if e]
-    unknown = [e for e in engines if e not in ENGINES]
+    unknown = [e for e in engines if e.removesuffix(EAGER) not in ENGINES]
     if unknown or not engines:
-        print(f"error: --engines takes {', '.join(ENGINES)} (got {args.engines!r})", file=sys.stderr)
+        print(f"error: --engines takes {', '.join(ENGINES)}, each may end in {EAGER} (got {args.engines!r})", file=sys.stderr)
         return 2
     if min(args.prompts, args.prompt_tokens, args.new_tokens, args.calls) < 1 or args.warmup < 0:
         print(
@@ -167,43 +182,14 @@ def main(args: Any) -> int:
     dtype = DTYPES[cfg.model.params_dtype]
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     tok = SimpleNamespace(get_vocab=dict, eos_token_id=1, pad_token_id=0)
-    state = full_state_dict(gpt) if any(not capabilities(e).reads_policy_weights for e in engines) else None
-    results = {}
-    for name in engines:
-        print(f"{name}: {args.warmup} warm-up and {args.calls} measured calls of {len(prompts)} sequences", flush=True)
-        ctx = EngineContext(
-            cfg.model, vocab, tok, device, rollout=cfg.rollout, seed=cfg.run.seed, model=gpt, parallel=cfg.parallel
-        )
-        engine = start_engine(name, ctx, state)
-        try:
-            results[name] = time_calls(
-                engine,
-                prompts,
-                args.new_tokens,
-                cfg.rollout.temperature,
-                cfg.rollout.top_p,
-                args.warmup,
-                args.calls,
-                sync,
-            )
-        finally:
-            engine.close()
-            del engine
+    names = [e.removesuffix(EAGER) for e in engines]
+    state = full_state_dict(gpt) if any(not capabilities(e).reads_policy_weights for e in names) else None
     rates = device_rates(device, cfg.model.params_dtype)
     load = workload(gpt, [len(p) for p in prompts], args.new_tokens, torch.finfo(dtype).bits // 8)
     prefill_bound = load["prefill_flops"] / (rates["matmul_tflops"] * 1e12)
     decode_bound = load["decode_bytes"] / (rates["copy_gbs"] * 1e9)
-    bound = {
-        **load,
-        **rates,
-        "prefill_s": prefill_bound,
-        "decode_s": decode_bound,
-        "generate_s": prefill_bound + decode_bound,
-    }
-    for r in results.values():
-        r["share_of_bound"] = bound["generate_s"] / r["generate_s"]
-    destroy_distributed()
-    fastest = max(results, key=lambda name: results[name]["generated_tokens_per_s"])
+    bound = {**load, **rates, "prefill_s": prefill_bound, "decode_s": decode_bound}
+    bound["generate_s"] = prefill_bound + decode_bound
     report = {
         "benchmark": "generate",
         "config": {
@@ -225,18 +211,42 @@ def main(args: Any) -> int:
             "torch": torch.__version__,
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         },
-        "engines": results,
-        "fastest": fastest,
-        # for rollouts ahead (rollout.steps_ahead > 0, an engine holding its own weights): the fastest, or
-        # the same engine on a copy of its own where the fastest reads the live weights
-        "fastest_ahead": RUNS_AHEAD_AS.get(fastest, fastest) if capabilities(fastest).reads_policy_weights else fastest,
+        "engines": {},
         "bound": bound,
     }
+    reference = None  # the first engine's tokens
+    for spec, name in zip(engines, names):
+        print(f"{spec}: {args.warmup} warm-up and {args.calls} measured calls of {len(prompts)} sequences", flush=True)
+        rollout = load_config([*args.overrides, *engine_args(spec)]).rollout
+        ctx = EngineContext(
+            cfg.model, vocab, tok, device, rollout=rollout, seed=cfg.run.seed, model=gpt, parallel=cfg.parallel
+        )
+        engine = start_engine(name, ctx, state)
+        try:
+            r = time_calls(
+                engine, prompts, args.new_tokens, cfg.rollout.temperature, cfg.rollout.top_p, args.warmup, args.calls, sync
+            )
+        finally:
+            engine.close()
+            del engine
+        tokens = r.pop("tokens")
+        reference = tokens if reference is None else reference
+        r["share_of_bound"] = bound["generate_s"] / r["generate_s"]
+        r["same_tokens"] = statistics.fmean(a == b for a, b in zip(tokens, reference))
+        report["engines"][spec] = r
+        # written after each engine, so that a run stopped by a time limit keeps what it measured
+        fastest = max(report["engines"], key=lambda e: report["engines"][e]["generated_tokens_per_s"])
+        report["fastest"], report["fastest_args"] = fastest, engine_args(fastest)
+        # for rollouts ahead (rollout.steps_ahead > 0, an engine holding its own weights): the fastest, or
+        # the same engine on a copy of its own where the fastest reads the live weights
+        report["fastest_ahead_args"] = engine_args(fastest, ahead=True)
+        if args.out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=2)
+    destroy_distributed()
     print(table(report))
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
         print(f"wrote {args.out}")
     return 0
 
@@ -246,17 +256,18 @@ def table(report: dict) -> str:
     rows = [
         f"generate: model={c['model']} ({c['num_layers']} layers, {c['params_dtype']}), device={report['machine']['device']}, "
         f"{c['prompts']} sequences, {c['prompt_tokens']} prompt tokens, {c['new_tokens']} new tokens each",
-        f"{'engine':<14}{'call s':>9}{'tokens/s':>11}{'prefill s':>11}{'decode tok/s':>14}{'of bound':>10}",
+        f"{'engine':<20}{'call s':>9}{'tokens/s':>11}{'prefill s':>11}{'decode tok/s':>14}{'of bound':>10}"
+        f"{'same tokens':>13}",
     ]
     for name, r in report["engines"].items():
         rows.append(
-            f"{name:<14}{r['generate_s']:>9.3f}{r['generated_tokens_per_s']:>11.0f}{r['prefill_s']:>11.3f}"
-            f"{r['decode_tokens_per_s']:>14.0f}{r['share_of_bound']:>10.1%}"
+            f"{name:<20}{r['generate_s']:>9.3f}{r['generated_tokens_per_s']:>11.0f}{r['prefill_s']:>11.3f}"
+            f"{r['decode_tokens_per_s']:>14.0f}{r['share_of_bound']:>10.1%}{r['same_tokens']:>13.1%}"
         )
     rows.append(
         f"bound {b['generate_s']:.3f} s: prefill {b['prefill_flops'] / 1e12:.2f} TFLOP at {b['matmul_tflops']:.1f} TFLOP/s "
         f"({b['prefill_s']:.3f} s), {b['decode_steps']} decode steps reading {b['decode_bytes'] / 1e9:.1f} GB at "
         f"{b['copy_gbs']:.0f} GB/s ({b['decode_s']:.3f} s); fastest: {report['fastest']}, "
-        f"ahead of training: {report['fastest_ahead']}"
+        f"ahead of training: {' '.join(report['fastest_ahead_args'])}"
     )
     return "\n".join(rows)

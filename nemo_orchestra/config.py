@@ -197,6 +197,7 @@ class RolloutConfig:
     gpu_memory_utilization: float = MISSING  # vllm on CUDA: the share of a GPU that training and engine may fill
     kv_cache_gb: Optional[float] = MISSING  # vllm: the engine's KV cache, GiB; null: from the memory plan
     sleep_while_training: bool = MISSING  # vllm on CUDA: weights and KV cache released while training
+    cuda_graphs: bool = MISSING  # megatron engines on CUDA at TP=1: decode steps replayed from CUDA graphs
 
     def validate(self) -> None:
         _check(self.engine in ENGINES, "rollout.engine", f"must be one of {sorted(ENGINES)}")

@@ -73,28 +73,27 @@ TESTS=${TESTS:-"tests/integration/kernels tests/unit/test_attention_backends.py 
     tests/integration/test_megatron_engine.py tests/integration/test_vllm_gpu.py
     tests/integration/distributed/test_fp8.py"}
 SHAPE=("model=qwen3_8b" "model.num_layers=$LAYERS" "model.params_dtype=bf16")
-engine() {  # the engine a GRPO stage runs: ENGINE, or with auto the generate stage's faster one (for async:
-            # that engine on weights of its own, which can run ahead)
+engine() {  # the engine overrides a GRPO stage runs with: ENGINE, or with auto the generate stage's fastest (for
+            # async: that engine on weights of its own, which can run ahead)
     if [ "$ENGINE" = auto ]; then
-        "$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$OUT/generate.json" \
-            "$([ "$1" = async ] && echo fastest_ahead || echo fastest)" 2>/dev/null \
-            || { echo "ENGINE=auto: no $OUT/generate.json from the generate stage; the hf engine" >&2; echo hf; }
+        "$PY" -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]))[sys.argv[2]]))" "$OUT/generate.json" \
+            "$([ "$1" = async ] && echo fastest_ahead_args || echo fastest_args)" 2>/dev/null \
+            || { echo "ENGINE=auto: no $OUT/generate.json from the generate stage; the hf engine" >&2; echo rollout.engine=hf; }
     else
-        echo "$ENGINE"
+        echo "rollout.engine=$ENGINE"
     fi
 }
 failed=0
 for stage in $STAGES; do
     stamp "$stage"
     if [ "$stage" = sync ] || [ "$stage" = async ]; then
-        eng=$(engine "$stage")
-        echo "$stage: rollout.engine=$eng"
-        GRPO=(recipes/benchmark.py grpo "${SHAPE[@]}" "rollout.engine=$eng" "data.prompts_per_step=16"
-            "rollout.group_size=8")
+        read -r -a eng <<< "$(engine "$stage")"
+        echo "$stage: ${eng[*]}"
+        GRPO=(recipes/benchmark.py grpo "${SHAPE[@]}" "${eng[@]}" "data.prompts_per_step=16" "rollout.group_size=8")
     fi
     case $stage in
-        generate) timeout "${GENERATE_S:-120}" "$PY" recipes/benchmark.py generate "${SHAPE[@]}" \
-            --out "$OUT/generate.json" ;;
+        generate) timeout "${GENERATE_S:-150}" "$PY" recipes/benchmark.py generate "${SHAPE[@]}" \
+            --engines "${GENERATE_ENGINES:-megatron,megatron:eager,hf}" --out "$OUT/generate.json" ;;
         sync) timeout "${GRPO_S:-110}" "$PY" "${GRPO[@]}" --steps 3 --warmup 1 --out "$OUT/grpo_sync.json" \
             "run.output_dir=$OUT/run_sync" ;;
         async) timeout "${ASYNC_S:-200}" "$PY" "${GRPO[@]}" --steps "$((ASYNC_K + 1))" --out "$OUT/grpo_async.json" \

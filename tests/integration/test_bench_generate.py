@@ -1,5 +1,6 @@
-"""`recipes/benchmark.py generate`: both in-process engines on the same prompts, every sequence's
-tokens counted, the prefill inside the call, and a bound whose counts are the exported model's."""
+"""`recipes/benchmark.py generate`: the in-process engines on the same prompts, every sequence's
+tokens counted, the prefill inside the call, the tokens compared with the first engine's, and a bound
+whose counts are the exported model's."""
 
 import json
 import os
@@ -16,12 +17,26 @@ SCRIPT = os.path.join(REPO_ROOT, "recipes", "benchmark.py")
 def test_both_engines_measured_on_the_same_workload(tmp_path):
     out = tmp_path / "generate.json"
     args = ["--prompts", "6", "--prompt-tokens", "12", "--new-tokens", "5", "--calls", "1", "--out", str(out)]
+    args += ["--engines", "megatron,hf,megatron:eager"]
     p = subprocess.run([sys.executable, SCRIPT, "generate", *args], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert set(report["engines"]) == {"hf", "megatron"} and report["fastest"] in report["engines"]
-    # the megatron engine reads the policy's weights: ahead of training it runs on a copy of its own
-    assert report["fastest_ahead"] == {"hf": "hf", "megatron": "megatron_copy"}[report["fastest"]]
+    assert list(report["engines"]) == ["megatron", "hf", "megatron:eager"]
+    fastest = report["fastest"]
+    assert report["engines"][fastest]["generated_tokens_per_s"] == max(
+        r["generated_tokens_per_s"] for r in report["engines"].values()
+    )
+    # the overrides that run it; the megatron engine reads the policy's weights: ahead of training it runs on a
+    # copy of its own
+    name, graphs = fastest.removesuffix(":eager"), "false" if fastest.endswith(":eager") else "true"
+    assert report["fastest_args"] == [f"rollout.engine={name}", f"rollout.cuda_graphs={graphs}"]
+    ahead = {"hf": "hf", "megatron": "megatron_copy"}[name]
+    assert report["fastest_ahead_args"] == [f"rollout.engine={ahead}", f"rollout.cuda_graphs={graphs}"]
+    # the same seeds and weights: on a CPU (no graphs) the megatron engine's runs agree, and the hf engine computes
+    # the same logits to the rounding
+    assert report["engines"]["megatron"]["same_tokens"] == 1.0
+    assert report["engines"]["megatron:eager"]["same_tokens"] == 1.0
+    assert report["engines"]["hf"]["same_tokens"] >= 0.5
     bound = report["bound"]
     assert bound["decode_steps"] == 4 and bound["generate_s"] == pytest.approx(bound["prefill_s"] + bound["decode_s"])
     for name, r in report["engines"].items():
@@ -63,4 +78,4 @@ def test_unknown_engine_is_refused():
     p = subprocess.run(
         [sys.executable, SCRIPT, "generate", "--engines", "hf,vllm"], capture_output=True, text=True, timeout=120
     )
-    assert p.returncode == 2 and "--engines takes hf, megatron, megatron_copy (got 'hf,vllm')" in p.stderr
+    assert p.returncode == 2 and "--engines takes hf, megatron, megatron_copy, each may end in :eager (got 'hf,vllm')" in p.stderr

@@ -1,6 +1,7 @@
 """The megatron engine (the trainer's own GPTModel, KV-cached) against an uncached re-forward, the
 trainer's logprobs and the hf engine on the same weights; batching, stops, sampling, weight
-updates, the TP group (2 gloo ranks) and the layouts it refuses."""
+updates, the TP group (2 gloo ranks) and the layouts it refuses. Each runs for every way of decoding
+the device has (``MegatronEngine.decode``: dynamic and static steps; on CUDA also CUDA graphs)."""
 
 import json
 import os
@@ -14,7 +15,13 @@ import torch
 from nemo_orchestra.config import load_config
 from nemo_orchestra.export.qwen3 import full_state_dict
 from nemo_orchestra.rollout.engines import EngineContext, GenerationEngine, capabilities, start_engine
-from nemo_orchestra.rollout.engines.megatron import MegatronCopyEngine, MegatronEngine
+from nemo_orchestra.rollout.engines.megatron import (
+    MegatronCopyEngine,
+    MegatronEngine,
+    decode_attention,
+    padded_length,
+    padded_rows,
+)
 from nemo_orchestra.train.packing import pack
 from nemo_orchestra.train.learner import build_learner, set_lr
 from nemo_orchestra.train.step import warm_start_loss_fn, train_step
@@ -26,6 +33,7 @@ CPU = torch.device("cpu")
 # dots are tf32 (unit roundoff 2^-11), so the difference grows with the logprob: LP_TOL plus LP_RTOL of it
 LP_TOL, LP_RTOL = (1e-3, 1e-3) if torch.cuda.is_available() else (1e-5, 0.0)
 PROMPT_LENGTHS = (5, 17, 30, 1)
+DECODES = ["dynamic", "static"] + (["graphs"] if torch.cuda.is_available() else [])
 
 
 def sharpen(gpt, seed: int = 0) -> None:
@@ -44,24 +52,33 @@ def make_prompts(seed: int = 1) -> list[list[int]]:
     return [torch.randint(2, VOCAB, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
 
 
-def new_policy():
+def new_policy(overrides: tuple[str, ...] = ()):
     from nemo_orchestra.megatron.parallel import init_distributed
 
-    cfg = load_config([])  # the tiny default: 2 layers, 4 heads x 64, a KV group per head
+    cfg = load_config(list(overrides))  # the tiny default: 2 layers, 4 heads x 64, a KV group per head
     info = init_distributed(cfg.parallel, seed=7)
     policy = build_learner(cfg, VOCAB, info.device)
     sharpen(policy.module)
     return cfg, policy
 
 
-@pytest.fixture(scope="module")
-def setup():
+@pytest.fixture(scope="module", params=DECODES)
+def setup(request):
     cfg, policy = new_policy()
     engine = start_engine(
         "megatron",
         EngineContext(cfg.model, VOCAB, None, policy.device, rollout=cfg.rollout, seed=3, model=policy.module),
     )
-    return SimpleNamespace(cfg=cfg, policy=policy, gpt=policy.module, engine=engine, prompts=make_prompts())
+    engine.decode = request.param
+    return SimpleNamespace(
+        cfg=cfg, policy=policy, gpt=policy.module, engine=engine, prompts=make_prompts(), decode=request.param
+    )
+
+
+def decoding_as(engine, s):
+    """``engine``, decoding as the fixture's engine does."""
+    engine.decode = s.decode
+    return engine
 
 
 @torch.no_grad()
@@ -119,7 +136,7 @@ def test_the_copy_engine_generates_with_the_weights_it_was_last_given(setup):
     ctx = EngineContext(
         s.cfg.model, VOCAB, None, s.policy.device, rollout=s.cfg.rollout, seed=3, model=s.gpt, parallel=s.cfg.parallel
     )
-    copy = start_engine("megatron_copy", ctx, full_state_dict(s.gpt))
+    copy = decoding_as(start_engine("megatron_copy", ctx, full_state_dict(s.gpt)), s)
     assert isinstance(copy, GenerationEngine) and copy.model is not s.gpt
     assert not capabilities("megatron_copy").reads_policy_weights
     seeds = [11, 12, 13, 14]
@@ -166,10 +183,12 @@ def test_sampling_is_seeded_nucleus_with_logprobs_at_the_temperature(setup):
     s = setup
     temperature, top_p = 0.7, 0.8
     runs = [
-        MegatronEngine(s.gpt, s.policy.device, seed=11).generate(s.prompts, 10, temperature, top_p, [])
+        decoding_as(MegatronEngine(s.gpt, s.policy.device, seed=11), s).generate(s.prompts, 10, temperature, top_p, [])
         for _ in range(2)
     ]
-    other = MegatronEngine(s.gpt, s.policy.device, seed=12).generate(s.prompts, 10, temperature, top_p, [])
+    other = decoding_as(MegatronEngine(s.gpt, s.policy.device, seed=12), s).generate(
+        s.prompts, 10, temperature, top_p, []
+    )
     assert [g.token_ids for g in runs[0]] == [g.token_ids for g in runs[1]]
     assert [g.token_ids for g in runs[0]] != [g.token_ids for g in other]
     gens = runs[0]
@@ -198,10 +217,14 @@ def test_generation_restores_the_model(setup):
     assert all(p.grad is None for p in s.gpt.parameters())
 
 
-def test_outputs_follow_the_weights_after_an_optimizer_step():
+@pytest.mark.parametrize("decode", DECODES)
+def test_outputs_follow_the_weights_after_an_optimizer_step(decode):
+    """The engine reads the parameters in place: after a step its next call (a replayed CUDA graph too)
+    decodes with the new weights."""
     cfg, policy = new_policy()
     gpt, prompts = policy.module, make_prompts(seed=5)
     engine = MegatronEngine(gpt, policy.device)
+    engine.decode = decode
     old = engine.generate(prompts, 8, 0.0, 1.0, [])
     # one SFT step towards other continuations, at a learning rate that moves the greedy choices
     targets = [[(t + 1) % VOCAB for t in g.token_ids] for g in old]
@@ -214,6 +237,81 @@ def test_outputs_follow_the_weights_after_an_optimizer_step():
         assert g.token_ids == uncached_greedy(gpt, p, 8)
     assert_logprobs(gpt, prompts, new)
     assert [g.token_ids for g in new] != [g.token_ids for g in old]
+
+
+def test_grouped_query_heads_equal_uncached_reference():
+    """Two query heads a key-value head (Qwen3-8B has four): every way of decoding equals a full forward."""
+    cfg, policy = new_policy(("model.num_query_groups=2",))
+    gpt, prompts = policy.module, make_prompts(seed=2)
+    for decode in DECODES:
+        engine = MegatronEngine(gpt, policy.device)
+        engine.decode = decode
+        gens = engine.generate(prompts, 9, 0.0, 1.0, [])
+        for p, g in zip(prompts, gens):
+            assert g.token_ids == uncached_greedy(gpt, p, 9), decode
+        assert_logprobs(gpt, prompts, gens)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention_reads_each_key_value_head_once(dtype):
+    """A group's query heads as one call's query positions equals SDPA with the keys and values repeated
+    per query head; positions after a row's own do not count (stale keys and values there, finite as every
+    key the model writes, change nothing)."""
+    g = torch.Generator().manual_seed(0)
+    N, Hq, Hkv, D, R, L = 5, 8, 2, 16, 7, 40
+    q = torch.randn(N, Hq, D, generator=g).to(dtype)
+    k, v = (torch.randn(R, L, Hkv, D, generator=g).to(dtype) for _ in range(2))
+    pos = torch.tensor([0, 3, 17, 29, 11])
+    length = 32
+    got = decode_attention(q, k, v, pos, length, scale=0.3)
+    ref = []
+    for n in range(N):
+        kn = k[n, : pos[n] + 1].transpose(0, 1).repeat_interleave(Hq // Hkv, 0)  # [Hq, pos+1, D]
+        vn = v[n, : pos[n] + 1].transpose(0, 1).repeat_interleave(Hq // Hkv, 0)
+        attn = torch.softmax((q[n, :, None].float() @ kn.float().transpose(1, 2)) * 0.3, -1)
+        ref.append((attn @ vn.float()).reshape(-1))
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(got.float(), torch.stack(ref), **tol)
+    k[torch.arange(N), pos + 1] = v[torch.arange(N), pos + 1] = 1e4  # the next position of every row
+    torch.testing.assert_close(decode_attention(q, k, v, pos, length, scale=0.3), got, atol=0, rtol=0)
+
+
+def test_padded_shapes():
+    assert [padded_rows(n, 128) for n in (1, 2, 3, 5, 8, 9, 16, 17, 100, 128)] == [1, 2, 4, 8, 8, 16, 16, 32, 112, 128]
+    assert padded_rows(100, 104) == 104 and padded_rows(3, 2) == 2
+    assert [padded_length(n, 1000) for n in (1, 256, 257, 999)] == [256, 256, 512, 1000]
+
+
+def test_static_steps_decode_as_dynamic_ones_from_call_to_call():
+    """Static steps (padded rows and cache length, the cache kept between calls) against dynamic ones:
+    the same tokens, greedy and seeded sampling, with rows stopping at different steps; a smaller call
+    keeps the cache, a larger one makes a larger one."""
+    cfg, policy = new_policy()
+    gpt = policy.module
+    dynamic, static = MegatronEngine(gpt, policy.device, seed=3), MegatronEngine(gpt, policy.device, seed=3)
+    dynamic.decode, static.decode = "dynamic", "static"
+    prompts = make_prompts(seed=4)
+    (probe,) = dynamic.generate(prompts[:1], 16, 0.0, 1.0, [])
+    stops = probe.token_ids[3:12:4]  # the first row stops at its 4th token, the others where they meet one
+    calls = [
+        (prompts, 16, 0.0, 1.0, stops, None),
+        (prompts[1:3], 12, 0.8, 0.9, stops, [5, 6]),  # fewer rows, shorter: the cache is kept
+        (prompts * 3, 300, 0.8, 0.9, stops, list(range(12))),  # more rows, longer: a new one
+        (prompts[2:] + prompts[:1], 20, 0.0, 1.0, [], None),
+    ]
+    caches = []
+    for prompts_, n, temperature, top_p, stop_ids, seeds in calls:
+        a = dynamic.generate(prompts_, n, temperature, top_p, stop_ids, seeds=seeds)
+        b = static.generate(prompts_, n, temperature, top_p, stop_ids, seeds=seeds)
+        assert [g.token_ids for g in a] == [g.token_ids for g in b]
+        assert [g.finished for g in a] == [g.finished for g in b]
+        for x, y in zip(a, b):
+            assert x.logprobs == pytest.approx(y.logprobs, abs=LP_TOL, rel=LP_RTOL)
+        caches.append(static._static.cache)
+    ends = [len(g.token_ids) for g in static.generate(prompts, 16, 0.0, 1.0, stops)]
+    assert len(set(ends)) > 1  # rows left the decode at different steps
+    assert caches[1] is caches[0] and caches[2] is not caches[1] and caches[3] is caches[2]
+    assert caches[0].rows == 4 and caches[2].rows == 16 and caches[2].length >= 30 + 300
 
 
 def test_engine_is_registered_and_needs_the_model(setup):

@@ -21,6 +21,7 @@ from nemo_orchestra.rollout.engines.base import (
     check_seeds,
 )
 from nemo_orchestra.rollout.engines.sampling import row_generators, sample_rows
+from nemo_orchestra.rollout.engines.streams import EngineStream
 
 
 class HFEngine(GenerationEngine):
@@ -43,6 +44,7 @@ class HFEngine(GenerationEngine):
                 model = Qwen3ForCausalLM(hf_config(model_cfg, vocab_size, tokenizer))
         self.model = model.to(device).eval()
         self.device = device
+        self.stream = EngineStream(device)  # its weights are its own: its generate calls overlap training
         self.closed = threading.Event()  # set by close(): a generate call in flight stops at its next token
 
     @classmethod
@@ -64,8 +66,9 @@ class HFEngine(GenerationEngine):
     def load_weights(self, megatron_state: dict[str, torch.Tensor]) -> None:
         if self.model_cfg is None:
             raise ValueError("hf engine: built from an export folder, it takes no trainer weights")
-        hf = megatron_to_hf(megatron_state, self.model_cfg)
-        missing, unexpected = self.model.load_state_dict(hf, strict=False)
+        with self.stream.run(after_trainer=True):
+            hf = megatron_to_hf(megatron_state, self.model_cfg)
+            missing, unexpected = self.model.load_state_dict(hf, strict=False)
         missing = [k for k in missing if not (k == "lm_head.weight" and self.model_cfg.tie_embeddings)]
         assert not missing and not unexpected, f"weight sync mismatch: {missing[:3]} {unexpected[:3]}"
 
@@ -84,6 +87,10 @@ class HFEngine(GenerationEngine):
         if not prompts:
             return []
         check_seeds(seeds, len(prompts), "hf")
+        with self.stream.run(after_trainer=False):
+            return self._generate(prompts, max_new_tokens, temperature, top_p, stop_ids, seeds)
+
+    def _generate(self, prompts, max_new_tokens, temperature, top_p, stop_ids, seeds) -> list[Generation]:
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)

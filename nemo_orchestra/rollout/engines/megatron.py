@@ -55,6 +55,7 @@ from nemo_orchestra.rollout.engines.base import (
     check_seeds,
 )
 from nemo_orchestra.rollout.engines.sampling import row_generators, sample_rows
+from nemo_orchestra.rollout.engines.streams import EngineStream
 
 if TYPE_CHECKING:
     from megatron.core.packed_seq_params import PackedSeqParams
@@ -75,9 +76,10 @@ class _Step:
 
 
 class _KVCache:
-    """Keys and values of every layer for B sequences, [B, L, Hkv, D] each (this rank's heads). Row i
-    is the i-th sequence still decoding: ``keep`` drops the rows of finished ones, once, so that a
-    decode step's attention reads the cache in place."""
+    """Keys and values of every layer, [R, L, Hkv, D] each (this rank's heads), for up to R sequences of up
+    to L tokens. Cache row i is the i-th sequence still decoding: ``keep`` moves the rows of those still
+    decoding to the front, in place, once, so that a decode step's attention reads the cache in place and
+    the buffers never move (a captured decode step keeps their addresses)."""
 
     def __init__(self, num_layers: int, rows: int, length: int):
         self.rows, self.length = rows, length
@@ -88,15 +90,17 @@ class _KVCache:
         if self.layers[layer] is None:  # shapes and dtype from the first keys: the TP shard's KV heads
             shape = (self.rows, self.length, *key_TKD.shape[1:])
             self.layers[layer] = (key_TKD.new_zeros(shape), value_TKD.new_zeros(shape))
-        k_BLKD, v_BLKD = self.layers[layer]
-        k_BLKD[self.step.rows_T, self.step.pos_T] = key_TKD
-        v_BLKD[self.step.rows_T, self.step.pos_T] = value_TKD
-        return k_BLKD, v_BLKD
+        k_RLKD, v_RLKD = self.layers[layer]
+        k_RLKD[self.step.rows_T, self.step.pos_T] = key_TKD
+        v_RLKD[self.step.rows_T, self.step.pos_T] = value_TKD
+        return k_RLKD, v_RLKD
 
     def keep(self, rows_N: torch.Tensor) -> None:
-        """Only the rows ``rows_N`` (in that order) from now on."""
-        self.rows = len(rows_N)
-        self.layers = [None if kv is None else (kv[0][rows_N], kv[1][rows_N]) for kv in self.layers]
+        """Rows ``rows_N`` (in that order) become rows 0 .. N-1."""
+        for kv in self.layers:
+            if kv is not None:
+                kv[0][: len(rows_N)] = kv[0][rows_N]
+                kv[1][: len(rows_N)] = kv[1][rows_N]
 
 
 class _CachedAttention(torch.nn.Module):
@@ -117,26 +121,43 @@ class _CachedAttention(torch.nn.Module):
     ):
         T = query.shape[0]
         step = self.cache.step
-        k_BLKD, v_BLKD = self.cache.write(self.layer, key[:, 0], value[:, 0])
+        k_RLKD, v_RLKD = self.cache.write(self.layer, key[:, 0], value[:, 0])
         if step.prefill is not None:  # the training path: causal attention within each packed prompt
             out = self.inner(
                 query[:, 0], key[:, 0], value[:, 0], None, attn_mask_type=attn_mask_type, packed_seq_params=step.prefill
             )
             return out.reshape(T, 1, -1)
-        # decode: token t (cache row t) attends to keys 0..pos_t of its row, read in place
-        length = step.length
-        k_NHLD, v_NHLD = k_BLKD[:, :length].transpose(1, 2), v_BLKD[:, :length].transpose(1, 2)
-        mask_N11L = (torch.arange(length, device=query.device) <= step.pos_T[:, None])[:, None, None, :]
-        out_NH1D = F.scaled_dot_product_attention(
-            query[:, 0, :, None, :], k_NHLD, v_NHLD, attn_mask=mask_N11L, scale=self.softmax_scale, enable_gqa=True
-        )
-        return out_NH1D.reshape(T, 1, -1)
+        return decode_attention(query[:, 0], k_RLKD, v_RLKD, step.pos_T, step.length, self.softmax_scale)[:, None]
+
+
+def decode_attention(
+    q_NHD: torch.Tensor,
+    k_RLKD: torch.Tensor,
+    v_RLKD: torch.Tensor,
+    pos_N: torch.Tensor,
+    length: int,
+    scale: float | None,
+) -> torch.Tensor:
+    """One decode token per cache row: token n (row n of the cache) attends to the keys at positions
+    0 .. pos_n of its row, read in place up to ``length``; [N, Hq*D].
+
+    Query heads share a key-value head in groups of G = Hq / Hkv (head h reads group h // G, Megatron's and
+    SDPA's order): the G queries of a group are one attention call's G query positions against that group's
+    keys, so no key or value is repeated per query head."""
+    N, Hq, D = q_NHD.shape
+    Hkv = k_RLKD.shape[2]
+    k_NKLD, v_NKLD = k_RLKD[:N, :length].transpose(1, 2), v_RLKD[:N, :length].transpose(1, 2)
+    mask_N11L = (torch.arange(length, device=q_NHD.device) <= pos_N[:, None])[:, None, None, :]
+    out_NKGD = F.scaled_dot_product_attention(
+        q_NHD.view(N, Hkv, Hq // Hkv, D), k_NKLD, v_NKLD, attn_mask=mask_N11L, scale=scale
+    )
+    return out_NKGD.reshape(N, Hq * D)
 
 
 class MegatronEngine(GenerationEngine):
     """Generates with ``model``, the trainer's GPTModel (not a copy), KV-cached; see the module docstring."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, seed: int = 0):
+    def __init__(self, model: torch.nn.Module, device: torch.device, seed: int = 0, cuda_graphs: bool = True):
         config = model.config
         if config.pipeline_model_parallel_size > 1:
             raise ValueError(
@@ -156,6 +177,7 @@ class MegatronEngine(GenerationEngine):
             )
         self.model, self.device = model, device
         self._rope: torch.Tensor | None = None  # the RoPE table of the generate call in flight
+        self.stream = EngineStream(device)
         # set by close(): a generate call in flight stops at its next token (one rank: with TP the ranks
         # decode in lockstep, and the call runs to its end)
         self.closed = threading.Event()
@@ -170,6 +192,11 @@ class MegatronEngine(GenerationEngine):
             self.is_lead = ps.get_tensor_model_parallel_rank() == 0
         else:
             self.is_lead = True
+        # how decode steps run: "dynamic" (a cache per call, each step its own shapes), "static" (the cache
+        # and the step's inputs kept from call to call, steps padded to a few shapes), or "graphs" (static,
+        # each shape captured once as a CUDA graph and replayed: on CUDA at TP=1, with rollout.cuda_graphs)
+        self.decode = "graphs" if cuda_graphs and device.type == "cuda" and self.tp == 1 else "dynamic"
+        self._static: _StaticDecode | None = None
 
     # the trainer pushes no weights into it (Trainer.sync_weights); every TP rank runs its forwards
     capabilities = ENGINES["megatron"].capabilities  # registered in rollout/engine_registry.py
@@ -178,7 +205,7 @@ class MegatronEngine(GenerationEngine):
     def create(cls, ctx: EngineContext, init_state=None) -> "MegatronEngine":
         if ctx.model is None:
             raise ValueError("the megatron engine generates with the policy's own model: pass model")
-        return cls(ctx.model, ctx.device, seed=ctx.seed)
+        return cls(ctx.model, ctx.device, seed=ctx.seed, cuda_graphs=_cuda_graphs(ctx))
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Nothing to load: ``generate`` reads the policy's parameters themselves."""
@@ -259,25 +286,30 @@ class MegatronEngine(GenerationEngine):
         B = len(prompts)
         lengths = [len(p) for p in prompts]
         lengths_B = torch.tensor(lengths, device=dev)
-        cache = _KVCache(len(model.decoder.layers), B, max(lengths) + max_new_tokens)
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
         finished = [False] * B
-        generators = row_generators(seeds, dev) if seeds is not None and temperature > 0 else None
         stop_set = set(stop_ids)
         was_training = model.training
         layers = [layer.self_attention for layer in model.decoder.layers]
         originals = [attention.core_attention for attention in layers]
-        with self._on_device():
+        with self.stream.run(after_trainer=self.capabilities.reads_policy_weights):
+            generators = row_generators(seeds, dev) if seeds is not None and temperature > 0 else None
+            if self.decode == "dynamic":
+                cache = _KVCache(len(layers), B, max(lengths) + max_new_tokens)
+                self._rope = None
+                step_fn = self._decode_step
+            else:
+                self._static = _StaticDecode.fitting(self, self._static, B, max(lengths) + max_new_tokens)
+                cache, step_fn = self._static.cache, self._static
             try:
                 model.eval()
                 for i, attention in enumerate(layers):
                     attention.core_attention = _CachedAttention(originals[i], cache, i)
-                self._rope = None
                 logits_NV = self._prefill(prompts, lengths_B, cache)
                 rows = list(range(B))  # the sequences still decoding, in cache-row order
                 start_N = lengths_B  # where each one's generated tokens start
-                rows_N, longest = torch.arange(B, device=dev), max(lengths)  # their cache rows; longest prompt
+                longest = max(lengths)  # their longest prompt
                 for step in range(max_new_tokens):
                     ids_N, lp_N = self._sample(
                         logits_NV, temperature, top_p, None if generators is None else [generators[r] for r in rows]
@@ -299,16 +331,22 @@ class MegatronEngine(GenerationEngine):
                         keep_N = torch.tensor(live, dtype=torch.long, device=dev)
                         ids_N, start_N = ids_N[keep_N], start_N[keep_N]
                         rows = [rows[i] for i in live]
-                        rows_N, longest = rows_N[: len(rows)], max(lengths[r] for r in rows)
+                        longest = max(lengths[r] for r in rows)
                         cache.keep(keep_N)
                     # token `step` sits after its prompt
-                    cache.step = _Step(rows_N, start_N + step, length=longest + step + 1)
-                    logits_NV = self._forward(ids_N, cache.step.pos_T, length=cache.step.length)
+                    logits_NV = step_fn(cache, ids_N, start_N + step, longest + step + 1)
             finally:
                 for attention, original in zip(layers, originals):
                     attention.core_attention = original
                 model.train(was_training)
         return [Generation(t, lp, f) for t, lp, f in zip(tokens, logprobs, finished)]
+
+    def _decode_step(self, cache: _KVCache, ids_N: torch.Tensor, pos_N: torch.Tensor, length: int) -> torch.Tensor:
+        """One token of each of the N sequences still decoding (cache rows 0 .. N-1) at positions ``pos_N``,
+        all below ``length``: their next-token logits [N, V]."""
+        rows_N = torch.arange(len(ids_N), device=self.device)
+        cache.step = _Step(rows_N, pos_N, length=length)
+        return self._forward(ids_N, pos_N, length=length)
 
     def _prefill(self, prompts: list[list[int]], lengths_B: torch.Tensor, cache: _KVCache) -> torch.Tensor:
         """The prompts packed into one sequence; the logits after each prompt's last token, [B, V]."""
@@ -331,7 +369,8 @@ class MegatronEngine(GenerationEngine):
     ) -> torch.Tensor:
         """GPTModel.forward for tokens at given positions (all below ``length``): full-vocabulary
         logits [N, V] of the tokens ``last_N`` (default: all). The RoPE table is made once a
-        generate call (``self._rope``, reset at its start), and again only for a longer sequence."""
+        generate call (``self._rope``, reset at its start; kept with a static decode's cache), and again
+        only for a longer sequence."""
         m = self.model
         hidden_T1H = m.embedding(input_ids=ids_T[None], position_ids=pos_T[None])
         if self._rope is None or self._rope.shape[0] < length:
@@ -391,7 +430,7 @@ class MegatronCopyEngine(MegatronEngine):
         # its parameters keep requires_grad as the policy's do (generation runs without autograd): with
         # TP, Megatron's parallel linears take another path for frozen weights, and round otherwise
         model = build_gpt_model(ctx.model_cfg, ctx.parallel, ctx.vocab_size, ctx.device, initialize=False)
-        engine = cls(model, ctx.device, seed=ctx.seed)
+        engine = cls(model, ctx.device, seed=ctx.seed, cuda_graphs=_cuda_graphs(ctx))
         if init_state is not None:
             engine.load_weights(init_state)
         return engine
@@ -401,5 +440,88 @@ class MegatronCopyEngine(MegatronEngine):
         this rank's shard of each copied into the engine's model."""
         from nemo_orchestra.megatron.sharding import load_full_state
 
-        with self._on_device():
+        with self.stream.run(after_trainer=True):
             load_full_state(self.model, state.__getitem__, list(state))
+
+
+def _cuda_graphs(ctx: EngineContext) -> bool:
+    return True if ctx.rollout is None else bool(ctx.rollout.cuda_graphs)
+
+
+def padded_rows(n: int, most: int) -> int:
+    """The decode batch a static step runs for ``n`` sequences: 1, 2, 4, 8 or the next multiple of 16,
+    at most ``most`` (a cache's rows)."""
+    return min(most, 1 << (n - 1).bit_length() if n <= 8 else -(-n // 16) * 16)
+
+
+def padded_length(n: int, most: int) -> int:
+    """The cache length a static step's attention reads for ``n`` positions: the next multiple of 256, at
+    most ``most`` (a cache's length)."""
+    return min(most, -(-n // 256) * 256)
+
+
+class _StaticDecode:
+    """Decode steps of fixed shapes on a cache kept from call to call (``MegatronEngine.decode``: "static"
+    or "graphs").
+
+    A step of N sequences at cache length ``length`` runs as ``padded_rows(N)`` rows reading
+    ``padded_length(length)`` positions: the tokens and positions go into buffers of the cache's rows,
+    the rows after N carry token 0 at position 0 (they write keys and values into cache rows no sequence
+    holds, and their logits are not read), and the attention's mask hides every position after a row's
+    own. So a call meets a few shapes, the same from call to call. With ``capture`` (CUDA), each shape's
+    step is captured once as a CUDA graph, on its first use (after one eager run of it on the engine's
+    stream, which warms the kernels and writes the same keys and values the replay does), and replayed
+    from then on: one launch a step instead of the model's hundreds of kernels. The graphs share one
+    memory pool; each one's logits stay allocated, and only one graph runs at a time.
+
+    The cache, the buffers, the RoPE table and the graphs live until a call needs more rows or a longer
+    cache than they hold, then are made again at the larger size: at most the live sequences of a run at
+    its ``rollout.max_context``, what one call may need anyway. The forward reads the model's parameters in
+    place, so a captured step reads the weights of the moment it replays."""
+
+    def __init__(self, engine: "MegatronEngine", rows: int, length: int, capture: bool):
+        dev = engine.device
+        self.engine, self.capture = engine, capture
+        self.cache = _KVCache(len(engine.model.decoder.layers), rows, length)
+        self.ids_R = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.pos_R = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.rows_R = torch.arange(rows, device=dev)
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        m = engine.model  # the RoPE table for the whole cache, kept: a captured step reads it where it is
+        engine._rope = m.rotary_pos_emb(max(m.max_sequence_length, length))
+
+    @classmethod
+    def fitting(cls, engine: "MegatronEngine", held: "_StaticDecode | None", rows: int, length: int) -> "_StaticDecode":
+        """``held`` if it has ``rows`` rows of ``length`` positions, else one that has (and has the rows and
+        length ``held`` had): rows padded as a step pads them, length to a multiple of 256."""
+        if held is not None and held.cache.rows >= rows and held.cache.length >= length:
+            return held
+        if held is not None:
+            rows, length = max(rows, held.cache.rows), max(length, held.cache.length)
+            held.graphs.clear()
+        rows, length = padded_rows(rows, rows + 15), -(-length // 256) * 256
+        return cls(engine, rows, length, capture=engine.decode == "graphs")
+
+    def __call__(self, cache: _KVCache, ids_N: torch.Tensor, pos_N: torch.Tensor, length: int) -> torch.Tensor:
+        """As ``MegatronEngine._decode_step``, on this cache."""
+        n = len(ids_N)
+        rows, length = padded_rows(n, self.cache.rows), padded_length(length, self.cache.length)
+        self.ids_R[:n], self.pos_R[:n] = ids_N, pos_N
+        self.ids_R[n:rows], self.pos_R[n:rows] = 0, 0
+        if not self.capture:
+            return self._step(rows, length)[:n]
+        if (rows, length) not in self.graphs:
+            self._step(rows, length)  # warm-up: writes the keys and values the replay writes again
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: the trainer's thread may allocate and synchronise meanwhile (rollouts ahead)
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                logits = self._step(rows, length)
+            self.graphs[rows, length] = graph, logits
+        graph, logits = self.graphs[rows, length]
+        graph.replay()
+        return logits[:n]
+
+    def _step(self, rows: int, length: int) -> torch.Tensor:
+        self.cache.step = _Step(self.rows_R[:rows], self.pos_R[:rows], length=length)
+        return self.engine._forward(self.ids_R[:rows], self.pos_R[:rows], length=length)
