@@ -148,7 +148,10 @@ def main(args: Any) -> int:
     engines = [e for e in args.engines.split(",") if e]
     unknown = [e for e in engines if e.removesuffix(EAGER) not in ENGINES]
     if unknown or not engines:
-        print(f"error: --engines takes {', '.join(ENGINES)}, each may end in {EAGER} (got {args.engines!r})", file=sys.stderr)
+        print(
+            f"error: --engines takes {', '.join(ENGINES)}, each may end in {EAGER} (got {args.engines!r})",
+            file=sys.stderr,
+        )
         return 2
     if min(args.prompts, args.prompt_tokens, args.new_tokens, args.calls) < 1 or args.warmup < 0:
         print(
@@ -224,7 +227,14 @@ def main(args: Any) -> int:
         engine = start_engine(name, ctx, state)
         try:
             r = time_calls(
-                engine, prompts, args.new_tokens, cfg.rollout.temperature, cfg.rollout.top_p, args.warmup, args.calls, sync
+                engine,
+                prompts,
+                args.new_tokens,
+                cfg.rollout.temperature,
+                cfg.rollout.top_p,
+                args.warmup,
+                args.calls,
+                sync,
             )
         finally:
             engine.close()

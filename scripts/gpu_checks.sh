@@ -70,7 +70,7 @@ fi
 ASYNC_K=${ASYNC_K:-4}
 TESTS=${TESTS:-"tests/integration/kernels tests/unit/test_attention_backends.py tests/unit/test_rope.py
     tests/unit/test_grpo_update.py tests/unit/test_shared_prompts.py tests/unit/test_tiers.py
-    tests/integration/test_megatron_engine.py tests/integration/test_vllm_gpu.py
+    tests/integration/test_megatron_engine.py tests/integration/test_engine_streams.py tests/integration/test_vllm_gpu.py
     tests/integration/distributed/test_fp8.py"}
 SHAPE=("model=qwen3_8b" "model.num_layers=$LAYERS" "model.params_dtype=bf16")
 engine() {  # the engine overrides a GRPO stage runs with: ENGINE, or with auto the generate stage's fastest (for

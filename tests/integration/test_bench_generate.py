@@ -78,4 +78,7 @@ def test_unknown_engine_is_refused():
     p = subprocess.run(
         [sys.executable, SCRIPT, "generate", "--engines", "hf,vllm"], capture_output=True, text=True, timeout=120
     )
-    assert p.returncode == 2 and "--engines takes hf, megatron, megatron_copy, each may end in :eager (got 'hf,vllm')" in p.stderr
+    assert (
+        p.returncode == 2
+        and "--engines takes hf, megatron, megatron_copy, each may end in :eager (got 'hf,vllm')" in p.stderr
+    )

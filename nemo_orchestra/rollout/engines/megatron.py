@@ -472,7 +472,7 @@ class _StaticDecode:
     step is captured once as a CUDA graph, on its first use (after one eager run of it on the engine's
     stream, which warms the kernels and writes the same keys and values the replay does), and replayed
     from then on: one launch a step instead of the model's hundreds of kernels. The graphs share one
-    memory pool; each one's logits stay allocated, and only one graph runs at a time.
+    memory pool (only one runs at a time) and leave their logits in one buffer, read before the next step.
 
     The cache, the buffers, the RoPE table and the graphs live until a call needs more rows or a longer
     cache than they hold, then are made again at the larger size: at most the live sequences of a run at
@@ -486,7 +486,8 @@ class _StaticDecode:
         self.ids_R = torch.zeros(rows, dtype=torch.long, device=dev)
         self.pos_R = torch.zeros(rows, dtype=torch.long, device=dev)
         self.rows_R = torch.arange(rows, device=dev)
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.logits_RV: torch.Tensor | None = None  # where every graph leaves its step's logits
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         m = engine.model  # the RoPE table for the whole cache, kept: a captured step reads it where it is
         engine._rope = m.rotary_pos_emb(max(m.max_sequence_length, length))
@@ -495,13 +496,14 @@ class _StaticDecode:
     def fitting(cls, engine: "MegatronEngine", held: "_StaticDecode | None", rows: int, length: int) -> "_StaticDecode":
         """``held`` if it has ``rows`` rows of ``length`` positions, else one that has (and has the rows and
         length ``held`` had): rows padded as a step pads them, length to a multiple of 256."""
-        if held is not None and held.cache.rows >= rows and held.cache.length >= length:
+        capture = engine.decode == "graphs"
+        if held is not None and held.capture == capture and held.cache.rows >= rows and held.cache.length >= length:
             return held
         if held is not None:
             rows, length = max(rows, held.cache.rows), max(length, held.cache.length)
             held.graphs.clear()
         rows, length = padded_rows(rows, rows + 15), -(-length // 256) * 256
-        return cls(engine, rows, length, capture=engine.decode == "graphs")
+        return cls(engine, rows, length, capture=capture)
 
     def __call__(self, cache: _KVCache, ids_N: torch.Tensor, pos_N: torch.Tensor, length: int) -> torch.Tensor:
         """As ``MegatronEngine._decode_step``, on this cache."""
@@ -512,15 +514,16 @@ class _StaticDecode:
         if not self.capture:
             return self._step(rows, length)[:n]
         if (rows, length) not in self.graphs:
-            self._step(rows, length)  # warm-up: writes the keys and values the replay writes again
+            logits_NV = self._step(rows, length)  # warm-up: writes the keys and values the replay writes again
+            if self.logits_RV is None:
+                self.logits_RV = logits_NV.new_empty((self.cache.rows, logits_NV.shape[1]))
             graph = torch.cuda.CUDAGraph()
             # thread_local: the trainer's thread may allocate and synchronise meanwhile (rollouts ahead)
             with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                logits = self._step(rows, length)
-            self.graphs[rows, length] = graph, logits
-        graph, logits = self.graphs[rows, length]
-        graph.replay()
-        return logits[:n]
+                self.logits_RV[:rows].copy_(self._step(rows, length))
+            self.graphs[rows, length] = graph
+        self.graphs[rows, length].replay()
+        return self.logits_RV[:n]
 
     def _step(self, rows: int, length: int) -> torch.Tensor:
         self.cache.step = _Step(self.rows_R[:rows], self.pos_R[:rows], length=length)

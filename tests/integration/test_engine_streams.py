@@ -1,0 +1,105 @@
+"""On CUDA: the in-process engines' own stream and its ordering against the trainer's (``engines/streams.py``),
+and the megatron engine's decode steps replayed from CUDA graphs against the same steps run eagerly."""
+
+import threading
+
+import pytest
+import torch
+
+from nemo_orchestra.export.qwen3 import full_state_dict
+from nemo_orchestra.rollout.engines import EngineContext, start_engine
+from nemo_orchestra.rollout.engines.megatron import MegatronEngine
+from nemo_orchestra.rollout.engines.streams import EngineStream
+from tests.integration.test_megatron_engine import LP_RTOL, LP_TOL, VOCAB, make_prompts, new_policy
+
+pytestmark = pytest.mark.gpu
+SLEEP_CYCLES = 200_000_000  # ~0.1 s of the trainer's stream busy on any current GPU
+
+
+def on_thread(fn):
+    """``fn()`` on a thread of its own, as the engine thread runs engine calls."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join()
+    return out[0]
+
+
+def test_a_load_runs_after_the_trainers_work_and_before_its_next():
+    dev = torch.device("cuda", torch.cuda.current_device())
+    stream = EngineStream(dev)
+    src, dst = torch.zeros(1 << 20, device=dev), torch.zeros(1 << 20, device=dev)
+
+    def load(after_trainer: bool):
+        with stream.run(after_trainer=after_trainer):
+            assert torch.cuda.current_stream(dev) == stream.stream != torch.cuda.default_stream(dev)
+            dst.copy_(src)
+
+    torch.cuda._sleep(SLEEP_CYCLES)  # the trainer's queue: busy, then the new weights
+    src.fill_(1.0)
+    on_thread(lambda: load(True))
+    src.fill_(2.0)  # the trainer's next step: after the load's copy
+    torch.cuda.synchronize()
+    assert bool((dst == 1.0).all())
+    # the control: unordered, the copy runs while the trainer's stream is still asleep, before its fill
+    torch.cuda._sleep(SLEEP_CYCLES)
+    src.fill_(3.0)
+    on_thread(lambda: load(False))
+    stream.stream.synchronize()
+    copied = dst.clone()
+    torch.cuda.synchronize()
+    assert bool((copied == 2.0).all())
+
+
+def test_generate_and_load_run_on_the_engines_stream():
+    cfg, policy = new_policy()
+    gpt = policy.module
+    tok = type("Tok", (), {"get_vocab": dict, "eos_token_id": 1, "pad_token_id": 0})()
+    ctx = EngineContext(
+        cfg.model, VOCAB, tok, policy.device, rollout=cfg.rollout, seed=3, model=gpt, parallel=cfg.parallel
+    )
+    state = full_state_dict(gpt)
+    for name in ("megatron", "megatron_copy", "hf"):
+        engine = start_engine(name, ctx, state)
+        seen = []
+        model = getattr(engine.model, "decoder", engine.model)  # the megatron engines run the model's pieces
+        hook = model.register_forward_pre_hook(lambda *_: seen.append(torch.cuda.current_stream()))
+        try:
+            if hasattr(engine, "decode"):
+                engine.decode = "dynamic"  # every step's forward runs in Python (a replayed graph has no hooks)
+            on_thread(lambda: engine.generate(make_prompts(), 4, 0.0, 1.0, []))
+        finally:
+            hook.remove()
+        assert seen and all(s == engine.stream.stream for s in seen), name
+        assert engine.stream.stream != torch.cuda.default_stream(policy.device)
+
+
+def test_graphs_replay_the_static_steps_and_read_the_weights_in_place():
+    cfg, policy = new_policy()
+    gpt = policy.module
+    static, graphs = MegatronEngine(gpt, policy.device, seed=3), MegatronEngine(gpt, policy.device, seed=3)
+    static.decode = "static"
+    assert graphs.decode == "graphs"  # the default on CUDA at TP=1
+    prompts = make_prompts(seed=6)
+    (probe,) = static.generate(prompts[:1], 12, 0.0, 1.0, [])
+    stops = probe.token_ids[2:9:3]  # rows leave at different steps: smaller shapes
+    calls = [(prompts, 12, 0.0, 1.0, stops, None), (prompts, 12, 0.9, 0.8, stops, [1, 2, 3, 4])]
+    for round in range(2):
+        for call in calls:
+            a, b = (on_thread(lambda e=e: e.generate(*call[:5], seeds=call[5])) for e in (static, graphs))
+            assert [g.token_ids for g in a] == [g.token_ids for g in b]
+            for x, y in zip(a, b):
+                assert x.logprobs == pytest.approx(y.logprobs, abs=LP_TOL, rel=LP_RTOL)
+        if round == 0:
+            captured = dict(graphs._static.graphs)
+    assert len(captured) > 1 and graphs._static.graphs == captured  # the second round captured nothing new
+    with torch.no_grad():
+        for p in gpt.parameters():
+            p.mul_(-1.0)
+    try:  # the replayed steps read the parameters where they are
+        a, b = (on_thread(lambda e=e: e.generate(prompts, 12, 0.0, 1.0, [])) for e in (static, graphs))
+        assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    finally:
+        with torch.no_grad():
+            for p in gpt.parameters():
+                p.mul_(-1.0)
