@@ -70,6 +70,8 @@ def setup(request):
         EngineContext(cfg.model, VOCAB, None, policy.device, rollout=cfg.rollout, seed=3, model=policy.module),
     )
     engine.decode = request.param
+    if request.param == "static":  # and the tokens copied to the host every 4 steps (CUDA's way)
+        engine.sync_every = 4
     return SimpleNamespace(
         cfg=cfg, policy=policy, gpt=policy.module, engine=engine, prompts=make_prompts(), decode=request.param
     )
@@ -77,7 +79,7 @@ def setup(request):
 
 def decoding_as(engine, s):
     """``engine``, decoding as the fixture's engine does."""
-    engine.decode = s.decode
+    engine.decode, engine.sync_every = s.decode, s.engine.sync_every
     return engine
 
 
@@ -282,14 +284,17 @@ def test_padded_shapes():
     assert [padded_length(n, 1000) for n in (1, 256, 257, 999)] == [256, 256, 512, 1000]
 
 
-def test_static_steps_decode_as_dynamic_ones_from_call_to_call():
-    """Static steps (padded rows and cache length, the cache kept between calls) against dynamic ones:
-    the same tokens, greedy and seeded sampling, with rows stopping at different steps; a smaller call
-    keeps the cache, a larger one makes a larger one."""
+@pytest.mark.parametrize("decode, sync_every", [("static", 1), ("static", 5), ("dynamic", 3)])
+def test_static_steps_and_blocks_decode_as_dynamic_steps_one_by_one(decode, sync_every):
+    """Static steps (padded rows and cache length, the cache kept between calls) and tokens copied to the
+    host in blocks of steps, against dynamic steps copied one by one: the same tokens, greedy and seeded
+    sampling, with rows stopping at different steps (inside a block too); a static engine's smaller call keeps
+    the cache, a larger one makes a larger one."""
     cfg, policy = new_policy()
     gpt = policy.module
     dynamic, static = MegatronEngine(gpt, policy.device, seed=3), MegatronEngine(gpt, policy.device, seed=3)
-    dynamic.decode, static.decode = "dynamic", "static"
+    dynamic.decode, dynamic.sync_every = "dynamic", 1
+    static.decode, static.sync_every = decode, sync_every
     prompts = make_prompts(seed=4)
     (probe,) = dynamic.generate(prompts[:1], 16, 0.0, 1.0, [])
     stops = probe.token_ids[3:12:4]  # the first row stops at its 4th token, the others where they meet one
@@ -307,11 +312,13 @@ def test_static_steps_decode_as_dynamic_ones_from_call_to_call():
         assert [g.finished for g in a] == [g.finished for g in b]
         for x, y in zip(a, b):
             assert x.logprobs == pytest.approx(y.logprobs, abs=LP_TOL, rel=LP_RTOL)
-        caches.append(static._static.cache)
+        caches.append(static._static.cache if decode == "static" else None)
     ends = [len(g.token_ids) for g in static.generate(prompts, 16, 0.0, 1.0, stops)]
     assert len(set(ends)) > 1  # rows left the decode at different steps
-    assert caches[1] is caches[0] and caches[2] is not caches[1] and caches[3] is caches[2]
-    assert caches[0].rows == 4 and caches[2].rows == 16 and caches[2].length >= 30 + 300
+    assert sync_every == 1 or any(n % sync_every for n in ends)  # and inside a block
+    if decode == "static":
+        assert caches[1] is caches[0] and caches[2] is not caches[1] and caches[3] is caches[2]
+        assert caches[0].rows == 4 and caches[2].rows == 16 and caches[2].length >= 30 + 300
 
 
 def test_engine_is_registered_and_needs_the_model(setup):

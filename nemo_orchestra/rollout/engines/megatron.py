@@ -75,6 +75,33 @@ class _Step:
     length: int = 0
 
 
+def _append_block(
+    block: list[tuple[torch.Tensor, torch.Tensor]],
+    rows: list[int],
+    tokens: list[list[int]],
+    logprobs: list[list[float]],
+    finished: list[bool],
+    stop_set: set[int],
+) -> list[int]:
+    """The tokens and logprobs of a block of steps (each [N] for the sequences ``rows``), copied to the host
+    at once, appended to each sequence's up to and including its first stop token (a stopped sequence's
+    later tokens in the block are dropped); returns the indices into ``rows`` of those still decoding."""
+    ids_KN, lps_KN = (torch.stack(x) for x in zip(*block))
+    ids_KN, lps_KN = torch.stack([ids_KN.to(lps_KN.dtype), lps_KN]).tolist()
+    live = []
+    for i, r in enumerate(rows):
+        for ids_N, lps_N in zip(ids_KN, lps_KN):
+            t = int(ids_N[i])
+            tokens[r].append(t)
+            logprobs[r].append(lps_N[i])
+            if t in stop_set:
+                finished[r] = True
+                break
+        else:
+            live.append(i)
+    return live
+
+
 class _KVCache:
     """Keys and values of every layer, [R, L, Hkv, D] each (this rank's heads), for up to R sequences of up
     to L tokens. Cache row i is the i-th sequence still decoding: ``keep`` moves the rows of those still
@@ -196,6 +223,11 @@ class MegatronEngine(GenerationEngine):
         # and the step's inputs kept from call to call, steps padded to a few shapes), or "graphs" (static,
         # each shape captured once as a CUDA graph and replayed: on CUDA at TP=1, with rollout.cuda_graphs)
         self.decode = "graphs" if cuda_graphs and device.type == "cuda" and self.tp == 1 else "dynamic"
+        # steps between two copies of the sampled tokens to the host (where stops are seen and finished
+        # sequences leave): on CUDA the host queues the next steps meanwhile instead of waiting for each; a
+        # sequence that stopped within a block decodes to the block's end, its extra tokens dropped. On a
+        # CPU every step: the copy costs nothing there, the extra steps would.
+        self.sync_every = 8 if device.type == "cuda" else 1
         self._static: _StaticDecode | None = None
 
     # the trainer pushes no weights into it (Trainer.sync_weights); every TP rank runs its forwards
@@ -310,31 +342,25 @@ class MegatronEngine(GenerationEngine):
                 rows = list(range(B))  # the sequences still decoding, in cache-row order
                 start_N = lengths_B  # where each one's generated tokens start
                 longest = max(lengths)  # their longest prompt
-                for step in range(max_new_tokens):
+                block: list[tuple[torch.Tensor, torch.Tensor]] = []  # tokens sampled since the last host copy
+                for n in range(1, max_new_tokens + 1):  # n: the tokens each row has once this one is sampled
                     ids_N, lp_N = self._sample(
                         logits_NV, temperature, top_p, None if generators is None else [generators[r] for r in rows]
                     )
-                    # one copy to the host per step: the tokens and their logprobs together
-                    ids, lps = torch.stack([ids_N.to(lp_N.dtype), lp_N]).tolist()
-                    live = []
-                    for i, (r, t, lp) in enumerate(zip(rows, ids, lps)):
-                        t = int(t)
-                        tokens[r].append(t)
-                        logprobs[r].append(lp)
-                        if t in stop_set:
-                            finished[r] = True
-                        else:
-                            live.append(i)
-                    if not live or step == max_new_tokens - 1 or (self.tp == 1 and self.closed.is_set()):
-                        break
-                    if len(live) < len(rows):
-                        keep_N = torch.tensor(live, dtype=torch.long, device=dev)
-                        ids_N, start_N = ids_N[keep_N], start_N[keep_N]
-                        rows = [rows[i] for i in live]
-                        longest = max(lengths[r] for r in rows)
-                        cache.keep(keep_N)
-                    # token `step` sits after its prompt
-                    logits_NV = step_fn(cache, ids_N, start_N + step, longest + step + 1)
+                    block.append((ids_N, lp_N))
+                    if len(block) == self.sync_every or n == max_new_tokens:
+                        live = _append_block(block, rows, tokens, logprobs, finished, stop_set)
+                        block = []
+                        if not live or n == max_new_tokens or (self.tp == 1 and self.closed.is_set()):
+                            break
+                        if len(live) < len(rows):
+                            keep_N = torch.tensor(live, dtype=torch.long, device=dev)
+                            ids_N, start_N = ids_N[keep_N], start_N[keep_N]
+                            rows = [rows[i] for i in live]
+                            longest = max(lengths[r] for r in rows)
+                            cache.keep(keep_N)
+                    # token n - 1 sits after its prompt
+                    logits_NV = step_fn(cache, ids_N, start_N + n - 1, longest + n)
             finally:
                 for attention, original in zip(layers, originals):
                     attention.core_attention = original
