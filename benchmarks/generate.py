@@ -217,35 +217,43 @@ def main(args: Any) -> int:
         "engines": {},
         "bound": bound,
     }
-    reference = None  # the first engine's tokens
+    reference = None  # the first measured engine's tokens
+    failed: list[str] = []
     for spec, name in zip(engines, names):
         print(f"{spec}: {args.warmup} warm-up and {args.calls} measured calls of {len(prompts)} sequences", flush=True)
         rollout = load_config([*args.overrides, *engine_args(spec)]).rollout
         ctx = EngineContext(
             cfg.model, vocab, tok, device, rollout=rollout, seed=cfg.run.seed, model=gpt, parallel=cfg.parallel
         )
-        engine = start_engine(name, ctx, state)
         try:
-            r = time_calls(
-                engine,
-                prompts,
-                args.new_tokens,
-                cfg.rollout.temperature,
-                cfg.rollout.top_p,
-                args.warmup,
-                args.calls,
-                sync,
-            )
-        finally:
-            engine.close()
-            del engine
+            engine = start_engine(name, ctx, state)
+            try:
+                r = time_calls(
+                    engine,
+                    prompts,
+                    args.new_tokens,
+                    cfg.rollout.temperature,
+                    cfg.rollout.top_p,
+                    args.warmup,
+                    args.calls,
+                    sync,
+                )
+            finally:
+                engine.close()
+                del engine
+        except Exception as e:  # one engine's failure: the others are still measured, and the exit status says it
+            print(f"{spec}: failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
+            report["engines"][spec] = {"error": f"{type(e).__name__}: {e}"}
+            failed.append(spec)
+            continue
         tokens = r.pop("tokens")
         reference = tokens if reference is None else reference
         r["share_of_bound"] = bound["generate_s"] / r["generate_s"]
         r["same_tokens"] = statistics.fmean(a == b for a, b in zip(tokens, reference))
         report["engines"][spec] = r
         # written after each engine, so that a run stopped by a time limit keeps what it measured
-        fastest = max(report["engines"], key=lambda e: report["engines"][e]["generated_tokens_per_s"])
+        measured = {e: r for e, r in report["engines"].items() if "error" not in r}
+        fastest = max(measured, key=lambda e: measured[e]["generated_tokens_per_s"])
         report["fastest"], report["fastest_args"] = fastest, engine_args(fastest)
         # for rollouts ahead (rollout.steps_ahead > 0, an engine holding its own weights): the fastest, or
         # the same engine on a copy of its own where the fastest reads the live weights
@@ -258,6 +266,9 @@ def main(args: Any) -> int:
     print(table(report))
     if args.out:
         print(f"wrote {args.out}")
+    if failed:
+        print(f"error: {', '.join(failed)} failed (above); the others were measured", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -270,6 +281,9 @@ def table(report: dict) -> str:
         f"{'same tokens':>13}",
     ]
     for name, r in report["engines"].items():
+        if "error" in r:
+            rows.append(f"{name:<20}failed: {r['error'].splitlines()[0][:100]}")
+            continue
         rows.append(
             f"{name:<20}{r['generate_s']:>9.3f}{r['generated_tokens_per_s']:>11.0f}{r['prefill_s']:>11.3f}"
             f"{r['decode_tokens_per_s']:>14.0f}{r['share_of_bound']:>10.1%}{r['same_tokens']:>13.1%}"
@@ -277,7 +291,7 @@ def table(report: dict) -> str:
     rows.append(
         f"bound {b['generate_s']:.3f} s: prefill {b['prefill_flops'] / 1e12:.2f} TFLOP at {b['matmul_tflops']:.1f} TFLOP/s "
         f"({b['prefill_s']:.3f} s), {b['decode_steps']} decode steps reading {b['decode_bytes'] / 1e9:.1f} GB at "
-        f"{b['copy_gbs']:.0f} GB/s ({b['decode_s']:.3f} s); fastest: {report['fastest']}, "
-        f"ahead of training: {' '.join(report['fastest_ahead_args'])}"
+        f"{b['copy_gbs']:.0f} GB/s ({b['decode_s']:.3f} s); fastest: {report.get('fastest', 'none')}, "
+        f"ahead of training: {' '.join(report.get('fastest_ahead_args', ['none']))}"
     )
     return "\n".join(rows)

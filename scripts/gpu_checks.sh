@@ -5,25 +5,26 @@
 #   STAGES="sync async" LAYERS=4 bash scripts/gpu_checks.sh
 #
 # Stages, in the order of STAGES (default "generate sync async tests kbench": the rollout figures first):
-#   generate     recipes/benchmark.py generate at the Qwen3-8B shape with LAYERS layers, bf16: the hf and
-#                megatron engines on the same 128 sequences of ~390 prompt tokens, 144 new tokens each (the
-#                GRPO step's generation): generated tokens/s per engine, prefill and decode, against the
-#                device's bound (prefill FLOPs over its measured matmul rate, decode bytes over its measured
-#                copy bandwidth).
+#   generate     recipes/benchmark.py generate at the Qwen3-8B shape with LAYERS layers, bf16: GENERATE_ENGINES
+#                (default megatron with CUDA graphs, megatron:eager without, hf) on the same 128 sequences of
+#                ~390 prompt tokens, 144 new tokens each (the GRPO step's generation): generated tokens/s per
+#                engine, prefill and decode, against the device's bound (prefill FLOPs over its measured matmul
+#                rate, decode bytes over its measured copy bandwidth), and the share of sequences whose tokens
+#                are the first engine's. An engine that fails is named; the others are still measured.
 #   sync, async  recipes/benchmark.py grpo at the Qwen3-8B shape with LAYERS layers (default 8), bf16,
 #                16 prompts x 8 rollouts: tokens/s/GPU and MFU against the device's dense bf16 peak. sync: 1
 #                warm-up and 3 measured steps; async: rollout.steps_ahead=ASYNC_K (default 4) with
 #                loss.tis_cap=2.0, in steady state (the benchmark's K+1 warm-up steps, one period of K+1 measured).
-#                ENGINE picks rollout.engine: auto (the default) is the generate stage's faster engine (hf
-#                when that stage did not run), for async the same on weights of its own where it reads the
-#                policy's (megatron -> megatron_copy); vllm needs the vllm package.
+#                ENGINE picks rollout.engine: auto (the default) is the generate stage's fastest engine with
+#                its rollout.cuda_graphs (hf when that stage did not run), for async the same on weights of its
+#                own where it reads the policy's (megatron -> megatron_copy); vllm needs the vllm package.
 #   kbench       nemo_orchestra/kernels/bench.py: the Triton varlen attention (TFLOP/s, against flash-attn when
 #                installed and PyTorch SDPA per sequence) and the grouped advantage (GB/s against a copy).
 #   tests        the kernel tests on the device (compiled Triton, not the interpreter), the `gpu`-marked
 #                tests, and the model-level tests that take the Triton attention backend on CUDA, in
 #                TEST_WORKERS (default 4) pytest-xdist processes: Triton's compiles are CPU work. TESTS (paths or
 #                node ids) replaces that selection.
-# Time limits per stage, in seconds: GENERATE_S (default 120), GRPO_S (110, sync), ASYNC_S (200), TESTS_S (100),
+# Time limits per stage, in seconds: GENERATE_S (default 140), GRPO_S (110, sync), ASYNC_S (190), TESTS_S (100),
 # KBENCH_S (40).
 # With the prologue they add up to under 600 s, one call's limit on the lent machine, so the whole script is one
 # call (timeout_s=600); docs/results/*_nvidia-h200_gpu-checks.md give each stage's time there.
@@ -92,11 +93,11 @@ for stage in $STAGES; do
         GRPO=(recipes/benchmark.py grpo "${SHAPE[@]}" "${eng[@]}" "data.prompts_per_step=16" "rollout.group_size=8")
     fi
     case $stage in
-        generate) timeout "${GENERATE_S:-150}" "$PY" recipes/benchmark.py generate "${SHAPE[@]}" \
+        generate) timeout "${GENERATE_S:-140}" "$PY" recipes/benchmark.py generate "${SHAPE[@]}" \
             --engines "${GENERATE_ENGINES:-megatron,megatron:eager,hf}" --out "$OUT/generate.json" ;;
         sync) timeout "${GRPO_S:-110}" "$PY" "${GRPO[@]}" --steps 3 --warmup 1 --out "$OUT/grpo_sync.json" \
             "run.output_dir=$OUT/run_sync" ;;
-        async) timeout "${ASYNC_S:-200}" "$PY" "${GRPO[@]}" --steps "$((ASYNC_K + 1))" --out "$OUT/grpo_async.json" \
+        async) timeout "${ASYNC_S:-190}" "$PY" "${GRPO[@]}" --steps "$((ASYNC_K + 1))" --out "$OUT/grpo_async.json" \
             "run.output_dir=$OUT/run_async" "rollout.steps_ahead=$ASYNC_K" loss.tis_cap=2.0 ;;
         kbench) timeout "${KBENCH_S:-40}" "$PY" -m nemo_orchestra.kernels.bench --out "$OUT/kernel_bench.json" ;;
         tests) timeout "${TESTS_S:-100}" "$PY" -m pytest -o addopts="" -q -p no:cacheprovider -rfEs \

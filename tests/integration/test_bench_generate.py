@@ -74,6 +74,44 @@ def test_the_bound_counts_what_the_exported_model_holds():
     assert got["decode_bytes"] == (layers + output) * 4 * (new - 1) + kv
 
 
+# the benchmark with an engine that cannot start without CUDA graphs (a stand-in for a capture that fails)
+FAILING_ENGINE = """
+import sys
+import nemo_orchestra.rollout.engines as engines
+from benchmarks import generate
+start = engines.start_engine
+def failing(name, ctx, state=None):
+    if not ctx.rollout.cuda_graphs:
+        raise RuntimeError("operation not permitted when stream is capturing\\nmore")
+    return start(name, ctx, state)
+engines.start_engine = failing
+sys.exit(generate.main(generate_args(sys.argv[1:])))
+"""
+
+
+def test_an_engine_that_fails_leaves_the_others_measured(tmp_path):
+    """A failing engine is named with its error; the others are measured and the fastest is among them;
+    the exit status says something failed."""
+    out = tmp_path / "generate.json"
+    args = ["--engines", "megatron:eager,megatron", "--prompts", "3", "--prompt-tokens", "8", "--new-tokens", "3"]
+    driver = "import argparse\nfrom benchmarks.generate import add_args\n"
+    driver += "def generate_args(a):\n    p = argparse.ArgumentParser()\n    add_args(p)\n    return p.parse_args(a)\n"
+    p = subprocess.run(
+        [sys.executable, "-c", driver + FAILING_ENGINE, *args, "--calls", "1", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO_ROOT,
+    )
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-3000:]
+    report = json.loads(out.read_text())
+    error = "RuntimeError: operation not permitted when stream is capturing\nmore"
+    assert report["engines"]["megatron:eager"] == {"error": error}
+    assert report["fastest"] == "megatron" and report["engines"]["megatron"]["same_tokens"] == 1.0
+    assert "megatron:eager: failed: RuntimeError: operation not permitted when stream is capturing\n" in p.stdout
+    assert "error: megatron:eager failed (above); the others were measured" in p.stderr
+
+
 def test_unknown_engine_is_refused():
     p = subprocess.run(
         [sys.executable, SCRIPT, "generate", "--engines", "hf,vllm"], capture_output=True, text=True, timeout=120
