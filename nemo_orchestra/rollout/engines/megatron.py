@@ -10,19 +10,26 @@ Megatron's ``StaticInferenceContext`` is not used: it keeps one sequence offset 
 batch, so prompts of different lengths would need left padding, RoPE positions shifted by the
 padding and a key-padding mask, and our packed core attention (``megatron/attention.py``) takes
 no mask and runs each batch row as one causal sequence of the query's own length (a decode query
-of length 1 against longer cached keys does not fit it). The cache here is our own, and small:
+of length 1 against longer cached keys does not fit it). Its dynamic-batching engine (paged cache, CUDA
+graphs of its own) requires flash-attn >= 2.7.3 or FlashAttention-3 for every attention call (an assert in
+``megatron/core/transformer/attention.py``, megatron-core 0.16.1), which a machine with PyTorch alone lacks. The
+cache here is our own, and small:
 
 - prefill: the prompts packed into one sequence (THD) and run through the model's own core
   attention with ``cu_seqlens``, as in training (same kernels, same RoPE positions, no padding);
-  every layer's keys and values go into the cache, [B, L, Hkv, D] per layer;
+  every layer's keys and values go into the cache, [R, L, Hkv, D] per layer (R >= B rows);
 - decode: one token per unfinished sequence, at its own position (RoPE from per-token
   positions), attending to its row of the cache up to that position (SDPA with a length mask).
 
+On CUDA at TP = 1 (``rollout.cuda_graphs``) the decode steps are static and replayed from CUDA graphs
+(``_StaticDecode``), and the sampled tokens reach the host every ``sync_every`` steps, not every step. The
+engine's work runs on a CUDA stream of its own (``engines/streams.py``).
+
 Each layer's core attention is swapped for a cache-aware one for the duration of a ``generate``
 call, and the forward runs the model's pieces (embedding -> decoder -> output layer) so that RoPE
-can take per-token positions. Nothing is padded and rows attend only to themselves, so a prompt's
-generation does not depend on its batch (up to the rounding of batched matrix multiplies);
-finished rows leave the decode batch.
+can take per-token positions. Prompts are not padded, and every row (a static step's padding rows too)
+attends only to its own cache row, so a prompt's generation does not depend on its batch (up to the
+rounding of batched matrix multiplies); finished rows leave the decode batch.
 
 Shapes (legend): B sequences, T tokens of one forward, N tokens whose next-token logits are
 wanted, L cache length, Hq/Hkv query/key-value heads (this rank's), D head dim, V vocabulary.
