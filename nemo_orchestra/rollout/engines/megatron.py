@@ -12,7 +12,7 @@ padding and a key-padding mask, and our packed core attention (``megatron/attent
 no mask and runs each batch row as one causal sequence of the query's own length (a decode query
 of length 1 against longer cached keys does not fit it). Its dynamic-batching engine (paged cache, CUDA
 graphs of its own) requires flash-attn >= 2.7.3 or FlashAttention-3 for every attention call (an assert in
-``megatron/core/transformer/attention.py``, megatron-core 0.16.1), which a machine with PyTorch alone lacks. The
+megatron-core 0.16.1's ``Attention.forward``), which a machine with PyTorch alone lacks. The
 cache here is our own, and small:
 
 - prefill: the prompts packed into one sequence (THD) and run through the model's own core
