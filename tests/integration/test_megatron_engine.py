@@ -6,6 +6,7 @@ the device has (``MegatronEngine.decode``: dynamic and static steps; on CUDA als
 import json
 import os
 import tempfile
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -304,8 +305,9 @@ def test_static_steps_and_blocks_decode_as_dynamic_steps_one_by_one(decode, sync
         (prompts * 3, 300, 0.8, 0.9, stops, list(range(12))),  # more rows, longer: a new one
         (prompts[2:] + prompts[:1], 20, 0.0, 1.0, [], None),
     ]
-    caches = []
+    caches, released = [], []
     for prompts_, n, temperature, top_p, stop_ids, seeds in calls:
+        held = weakref.ref(static._static) if static._static is not None else None
         a = dynamic.generate(prompts_, n, temperature, top_p, stop_ids, seeds=seeds)
         b = static.generate(prompts_, n, temperature, top_p, stop_ids, seeds=seeds)
         assert [g.token_ids for g in a] == [g.token_ids for g in b]
@@ -313,12 +315,17 @@ def test_static_steps_and_blocks_decode_as_dynamic_steps_one_by_one(decode, sync
         for x, y in zip(a, b):
             assert x.logprobs == pytest.approx(y.logprobs, abs=LP_TOL, rel=LP_RTOL)
         caches.append(static._static.cache if decode == "static" else None)
+        released.append(held is not None and held() is None)
     ends = [len(g.token_ids) for g in static.generate(prompts, 16, 0.0, 1.0, stops)]
     assert len(set(ends)) > 1  # rows left the decode at different steps
     assert sync_every == 1 or any(n % sync_every for n in ends)  # and inside a block
     if decode == "static":
         assert caches[1] is caches[0] and caches[2] is not caches[1] and caches[3] is caches[2]
         assert caches[0].rows == 4 and caches[2].rows == 16 and caches[2].length >= 30 + 300
+        assert released == [False, False, True, False]  # the smaller cache went when the larger one came
+        held = weakref.ref(static._static)
+        static.close()
+        assert held() is None
 
 
 def test_engine_is_registered_and_needs_the_model(setup):

@@ -293,6 +293,7 @@ class MegatronEngine(GenerationEngine):
 
     def close(self) -> None:
         self.closed.set()
+        self._static = None  # its cache and graphs, once a call in flight (which holds them) ends
 
     def _broadcast_request(self, request):
         if self.tp == 1:
@@ -339,8 +340,8 @@ class MegatronEngine(GenerationEngine):
                 self._rope = None
                 step_fn = self._decode_step
             else:
-                self._static = _StaticDecode.fitting(self, self._static, B, max(lengths) + max_new_tokens)
-                cache, step_fn = self._static.cache, self._static
+                step_fn = _StaticDecode.for_call(self, B, max(lengths) + max_new_tokens)
+                cache = step_fn.cache
             try:
                 model.eval()
                 for i, attention in enumerate(layers):
@@ -526,17 +527,19 @@ class _StaticDecode:
         engine._rope = m.rotary_pos_emb(max(m.max_sequence_length, length))
 
     @classmethod
-    def fitting(cls, engine: "MegatronEngine", held: "_StaticDecode | None", rows: int, length: int) -> "_StaticDecode":
-        """``held`` if it has ``rows`` rows of ``length`` positions, else one that has (and has the rows and
-        length ``held`` had): rows padded as a step pads them, length to a multiple of 256."""
-        capture = engine.decode == "graphs"
+    def for_call(cls, engine: "MegatronEngine", rows: int, length: int) -> "_StaticDecode":
+        """The engine's (``engine._static``) if it has ``rows`` rows of ``length`` positions, else a new one
+        that has, and has the rows and length the old one had (rows padded as a step pads them, length to a
+        multiple of 256), made once the old one is released, so that the two are never held at once."""
+        held, capture = engine._static, engine.decode == "graphs"
         if held is not None and held.capture == capture and held.cache.rows >= rows and held.cache.length >= length:
             return held
         if held is not None:
             rows, length = max(rows, held.cache.rows), max(length, held.cache.length)
-            held.graphs.clear()
+            engine._static = held = None
         rows, length = padded_rows(rows, rows + 15), -(-length // 256) * 256
-        return cls(engine, rows, length, capture=capture)
+        engine._static = cls(engine, rows, length, capture=capture)
+        return engine._static
 
     def __call__(self, cache: _KVCache, ids_N: torch.Tensor, pos_N: torch.Tensor, length: int) -> torch.Tensor:
         """As ``MegatronEngine._decode_step``, on this cache."""
