@@ -1,7 +1,7 @@
 """On CUDA: the in-process engines' own stream and its ordering against the trainer's (``engines/streams.py``),
 and the megatron engine's decode steps replayed from CUDA graphs against the same steps run eagerly."""
 
-import threading
+import concurrent.futures
 
 import pytest
 import torch
@@ -17,12 +17,9 @@ SLEEP_CYCLES = 200_000_000  # ~0.1 s of the trainer's stream busy on any current
 
 
 def on_thread(fn):
-    """``fn()`` on a thread of its own, as the engine thread runs engine calls."""
-    out = []
-    t = threading.Thread(target=lambda: out.append(fn()))
-    t.start()
-    t.join()
-    return out[0]
+    """``fn()`` on a thread of its own, as the engine thread runs engine calls (its exception raised here)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn).result()
 
 
 def test_a_load_runs_after_the_trainers_work_and_before_its_next():
@@ -83,7 +80,11 @@ def test_graphs_replay_the_static_steps_and_read_the_weights_in_place():
     prompts = make_prompts(seed=6)
     (probe,) = static.generate(prompts[:1], 12, 0.0, 1.0, [])
     stops = probe.token_ids[2:9:3]  # rows leave at different steps: smaller shapes
-    calls = [(prompts, 12, 0.0, 1.0, stops, None), (prompts, 12, 0.9, 0.8, stops, [1, 2, 3, 4])]
+    calls = [
+        (prompts, 12, 0.0, 1.0, stops, None),
+        (prompts, 12, 0.9, 0.8, stops, [1, 2, 3, 4]),
+        (prompts[1:2], 12, 0.0, 1.0, [], None),  # one row: another captured shape whatever the stops do
+    ]
     for round in range(2):
         for call in calls:
             a, b = (on_thread(lambda e=e: e.generate(*call[:5], seeds=call[5])) for e in (static, graphs))
