@@ -279,6 +279,25 @@ def test_decode_attention_reads_each_key_value_head_once(dtype):
     torch.testing.assert_close(decode_attention(q, k, v, pos, length, scale=0.3), got, atol=0, rtol=0)
 
 
+def test_the_cache_keeps_the_live_rows_in_front_in_place():
+    """``_KVCache.keep``: the live rows move to the front, in order, in the same buffers; rows already in place are
+    not written (a prefix of live rows copies nothing)."""
+    from nemo_orchestra.rollout.engines.megatron import _KVCache
+
+    cache = _KVCache(2, rows=5, length=3)
+    rows = torch.arange(5.0)[:, None, None, None].expand(5, 3, 1, 2)
+    cache.layers = [(rows.clone(), rows.clone()), None]
+    k = cache.layers[0][0]
+    pointer = k.data_ptr()
+    cache.keep([0, 2, 4])
+    assert k[:3, 0, 0, 0].tolist() == [0.0, 2.0, 4.0] and k.data_ptr() == pointer
+    k[3:] = -1.0  # rows no sequence holds
+    cache.keep([0, 1])  # already in front: nothing moves
+    assert k[:, 0, 0, 0].tolist() == [0.0, 2.0, 4.0, -1.0, -1.0]
+    cache.keep([1, 2])
+    assert k[:2, 0, 0, 0].tolist() == [2.0, 4.0] and torch.equal(cache.layers[0][1][:2], k[:2])
+
+
 def test_padded_shapes():
     assert [padded_rows(n, 128) for n in (1, 2, 3, 5, 8, 9, 16, 17, 100, 128)] == [1, 2, 4, 8, 8, 16, 16, 32, 112, 128]
     assert padded_rows(100, 104) == 104 and padded_rows(3, 2) == 2

@@ -45,7 +45,7 @@ construction.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -66,6 +66,8 @@ from nemo_orchestra.rollout.engines.streams import EngineStream
 
 if TYPE_CHECKING:
     from megatron.core.packed_seq_params import PackedSeqParams
+
+log = logging.getLogger(__name__)
 
 _ALTERNATIVES = "use rollout.engine=vllm or rollout.engine=hf"
 
@@ -129,12 +131,16 @@ class _KVCache:
         v_RLKD[self.step.rows_T, self.step.pos_T] = value_TKD
         return k_RLKD, v_RLKD
 
-    def keep(self, rows_N: torch.Tensor) -> None:
-        """Rows ``rows_N`` (in that order) become rows 0 .. N-1."""
+    def keep(self, live: list[int]) -> None:
+        """Rows ``live`` (ascending) become rows 0 .. N-1: only those from the first that moves are copied."""
+        first = next((i for i, r in enumerate(live) if r != i), len(live))
+        if first == len(live):
+            return
         for kv in self.layers:
             if kv is not None:
-                kv[0][: len(rows_N)] = kv[0][rows_N]
-                kv[1][: len(rows_N)] = kv[1][rows_N]
+                src = torch.tensor(live[first:], dtype=torch.long, device=kv[0].device)
+                kv[0][first : len(live)] = kv[0][src]
+                kv[1][first : len(live)] = kv[1][src]
 
 
 class _CachedAttention(torch.nn.Module):
@@ -230,6 +236,8 @@ class MegatronEngine(GenerationEngine):
         # and the step's inputs kept from call to call, steps padded to a few shapes), or "graphs" (static,
         # each shape captured once as a CUDA graph and replayed: on CUDA at TP=1, with rollout.cuda_graphs)
         self.decode = "graphs" if cuda_graphs and device.type == "cuda" and self.tp == 1 else "dynamic"
+        if cuda_graphs and device.type == "cuda" and self.tp > 1 and self.is_lead:
+            log.info("rollout.cuda_graphs: the megatron engine decodes eagerly at TP=%d (graphs need TP=1)", self.tp)
         # steps between two copies of the sampled tokens to the host (where stops are seen and finished
         # sequences leave): on CUDA the host queues the next steps meanwhile instead of waiting for each; a
         # sequence that stopped within a block decodes to the block's end, its extra tokens dropped. On a
@@ -299,13 +307,9 @@ class MegatronEngine(GenerationEngine):
         if self.tp == 1:
             return request
         box = [request]
-        with self._on_device():
+        with self.stream.run(after_trainer=False):  # on this rank's device, from whichever thread calls
             dist.broadcast_object_list(box, src=self.tp_src, group=self.tp_group)
         return box[0]
-
-    def _on_device(self):
-        # the rollout calls generate from its own thread, whose current CUDA device is not this rank's
-        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
     # ---- generation ----------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -366,7 +370,7 @@ class MegatronEngine(GenerationEngine):
                             ids_N, start_N = ids_N[keep_N], start_N[keep_N]
                             rows = [rows[i] for i in live]
                             longest = max(lengths[r] for r in rows)
-                            cache.keep(keep_N)
+                            cache.keep(live)
                     # token n - 1 sits after its prompt
                     logits_NV = step_fn(cache, ids_N, start_N + n - 1, longest + n)
             finally:
@@ -537,7 +541,7 @@ class _StaticDecode:
         if held is not None:
             rows, length = max(rows, held.cache.rows), max(length, held.cache.length)
             engine._static = held = None
-        rows, length = padded_rows(rows, rows + 15), -(-length // 256) * 256
+        rows, length = padded_rows(rows, rows + 15), padded_length(length, length + 255)
         engine._static = cls(engine, rows, length, capture=capture)
         return engine._static
 
