@@ -13,8 +13,10 @@ followed by ``:eager`` runs with ``rollout.cuda_graphs=false``): ``--warmup`` un
 allocator, caches, CUDA graph captures), then ``--calls`` measured ones, and as many calls generating one
 token each, the prefill's time. Reported: ``generate_s`` and ``generated_tokens_per_s`` of the whole call,
 ``prefill_s``, ``decode_tokens_per_s``, the tokens after each sequence's first over the rest of the call,
-and ``same_tokens``: the share of sequences of the first measured call whose tokens are the first engine's
-(same seeds; engines that compute the same logits to the rounding agree on most).
+``same_tokens``: the share of sequences of the first measured call whose tokens are the first engine's
+(same seeds; engines that compute the same logits to the rounding agree on most), and ``graphs_captured``
+(``graphs_captured_measured``, ``capture_s``): the decode shapes the engine captured as CUDA graphs, all told
+and in the measured calls (none: the warm-up met every shape), and the seconds the captures took.
 
 ``bound``: what the device allows on this workload, from rates measured here in the run's
 precision: the prefill's FLOPs (2 x the layers' parameters per prompt token, the causal attention's
@@ -127,8 +129,10 @@ def time_calls(engine, prompts, new_tokens, temperature, top_p, warmup, calls, s
 
     for k in range(warmup):
         call(new_tokens, k)
+    warm = graphs_captured(engine)
     full = [call(new_tokens, warmup + k) for k in range(calls)]
     first = [call(1, warmup + calls + k)[0] for k in range(calls)]
+    captured = graphs_captured(engine)
     generate_s, tokens = statistics.fmean(t for t, _ in full), sum(len(t) for t in full[-1][1])
     prefill_s = statistics.fmean(first)
     decode = tokens - len(prompts)
@@ -138,8 +142,18 @@ def time_calls(engine, prompts, new_tokens, temperature, top_p, warmup, calls, s
         "generated_tokens_per_s": tokens / generate_s,
         "prefill_s": prefill_s,
         "decode_tokens_per_s": decode / (generate_s - prefill_s) if generate_s > prefill_s else float("nan"),
+        # decode shapes captured as CUDA graphs (engines that capture them), all told and in the measured calls
+        "graphs_captured": captured[0],
+        "graphs_captured_measured": captured[0] - warm[0],
+        "capture_s": captured[1],
         "tokens": full[0][1],
     }
+
+
+def graphs_captured(engine) -> tuple[int, float]:
+    """The decode shapes ``engine`` captured as CUDA graphs so far and the seconds that took (0 for an engine
+    that captures none)."""
+    return getattr(engine, "graphs_captured", 0), getattr(engine, "capture_s", 0.0)
 
 
 def main(args: Any) -> int:
@@ -278,7 +292,7 @@ def table(report: dict) -> str:
         f"generate: model={c['model']} ({c['num_layers']} layers, {c['params_dtype']}), device={report['machine']['device']}, "
         f"{c['prompts']} sequences, {c['prompt_tokens']} prompt tokens, {c['new_tokens']} new tokens each",
         f"{'engine':<20}{'call s':>9}{'tokens/s':>11}{'prefill s':>11}{'decode tok/s':>14}{'of bound':>10}"
-        f"{'same tokens':>13}",
+        f"{'same tokens':>13}{'graphs':>8}",
     ]
     for name, r in report["engines"].items():
         if "error" in r:
@@ -287,6 +301,7 @@ def table(report: dict) -> str:
         rows.append(
             f"{name:<20}{r['generate_s']:>9.3f}{r['generated_tokens_per_s']:>11.0f}{r['prefill_s']:>11.3f}"
             f"{r['decode_tokens_per_s']:>14.0f}{r['share_of_bound']:>10.1%}{r['same_tokens']:>13.1%}"
+            f"{r.get('graphs_captured', 0):>8}"
         )
     rows.append(
         f"bound {b['generate_s']:.3f} s: prefill {b['prefill_flops'] / 1e12:.2f} TFLOP at {b['matmul_tflops']:.1f} TFLOP/s "

@@ -39,7 +39,10 @@ were started and finished (``rollouts_started_s``, ``rollouts_finished_s``, on t
 before the step when they ran ahead). ``engine_idle_share``: the share of the measured window (the first
 measured step's start to the last one's end) in which no generate call of the engine was running;
 ``engine_calls_per_step`` and ``sequences_per_engine_call``: the engine's generate calls that started in
-the window, per measured step, and their mean batch (whichever steps' rollouts made them).
+the window, per measured step, and their mean batch (whichever steps' rollouts made them). The megatron
+engines on CUDA capture each decode shape as a CUDA graph when they first meet it: each timeline entry has
+the shapes captured during its step (``graphs_captured``, ``capture_s``), and the summary those of the
+measured steps (``graphs_captured_measured``, ``capture_s_measured``; a line says so when there were any).
 
 The warm start is off unless asked for (``warm_start.steps=N``): an untrained policy writes whole
 turns until ``rollout.max_new_tokens_per_turn``, the longest generation the config allows.
@@ -156,12 +159,14 @@ def run_steps(
     timeline: list[dict] = []
     first = window_start = window_end = None
     for i in range(warmup + steps):
+        captured = graphs_captured(trainer)
         start = clock()
         first = start if first is None else first
         m = trainer.grpo_step()
         end = clock()
         trainer.step += 1
         tag = "warmup" if i < warmup else "measured"
+        new_graphs, capture_s = (b - a for a, b in zip(captured, graphs_captured(trainer)))
         timeline.append(
             {
                 "step": i,
@@ -171,12 +176,15 @@ def run_steps(
                 "rollout_wait_s": m.get("time/rollout_wait_s", 0.0),
                 "rollouts_started_s": start - first + m.get("time/rollouts_started_s", 0.0),
                 "rollouts_finished_s": start - first + m.get("time/rollouts_finished_s", 0.0),
+                "graphs_captured": new_graphs,
+                "capture_s": capture_s,
             }
         )
         if log is not None:
             log(
                 f"step {i + 1}/{warmup + steps} ({tag}): {m['time/step_s']:.2f} s, "
                 f"{m['perf/tokens_per_s']:.0f} tokens/s"
+                + (f", {new_graphs} decode shapes captured as CUDA graphs ({capture_s:.2f} s)" if new_graphs else "")
             )
         if i >= warmup:
             window_start = start if window_start is None else window_start
@@ -187,10 +195,19 @@ def run_steps(
     calls, sequences = trainer.generation.calls.started_in(window_start, window_end) or (0, 0)
     return measured, {
         "timeline": timeline,
+        "graphs_captured_measured": sum(t["graphs_captured"] for t in timeline if t["phase"] == "measured"),
+        "capture_s_measured": sum(t["capture_s"] for t in timeline if t["phase"] == "measured"),
         "engine_idle_share": idle,
         "engine_calls_per_step": calls / steps if calls else float("nan"),
         "sequences_per_engine_call": sequences / calls if calls else float("nan"),
     }
+
+
+def graphs_captured(trainer: Any) -> tuple[int, float]:
+    """The decode shapes the trainer's generation engine has captured as CUDA graphs so far, and the seconds
+    that took (the megatron engines on CUDA; 0 for the others, and before the engine starts)."""
+    engine = getattr(trainer.generation, "engine", None)
+    return getattr(engine, "graphs_captured", 0), getattr(engine, "capture_s", 0.0)
 
 
 def summarize(steps: list[dict]) -> dict[str, float]:
@@ -325,8 +342,19 @@ def measure(args: Any, cfg) -> int:
     if not info.is_main:
         return 0
     summary = summarize(measured)
-    for key in ("engine_idle_share", "engine_calls_per_step", "sequences_per_engine_call"):
+    for key in (
+        "engine_idle_share",
+        "engine_calls_per_step",
+        "sequences_per_engine_call",
+        "graphs_captured_measured",
+        "capture_s_measured",
+    ):
         summary[key] = run[key]
+    if run["graphs_captured_measured"]:
+        print(
+            f"note: {run['graphs_captured_measured']} decode shapes were first met, and captured as CUDA graphs "
+            f"({run['capture_s_measured']:.2f} s), in the measured steps: a longer --warmup measures past them"
+        )
     from nemo_orchestra.train.flops import peak_tflops
 
     summary["peak_tflops"] = peak_tflops(cfg.perf.peak_tflops) or float("nan")

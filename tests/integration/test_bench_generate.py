@@ -45,6 +45,7 @@ def test_both_engines_measured_on_the_same_workload(tmp_path):
         assert r["generated_tokens_per_s"] == pytest.approx(r["generated_tokens"] / r["generate_s"])
         assert r["share_of_bound"] == pytest.approx(bound["generate_s"] / r["generate_s"])
         assert f"\n{name} " in p.stdout
+        assert r["graphs_captured"] == r["graphs_captured_measured"] == 0, name  # no CUDA graphs on a CPU
     assert 6 * 6 <= report["config"]["prompt_tokens"] <= 6 * 18  # lengths within half the mean either way
 
 

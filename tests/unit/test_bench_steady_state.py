@@ -151,3 +151,31 @@ def test_engine_busy_time_is_the_union_of_its_calls_within_the_window():
             now[0] = end
     assert kept.busy_s(0, 10) is None and kept.busy_s(3, 10) == 2.0  # the first call is no longer kept
     assert kept.started_in(0, 10) is None and kept.started_in(3, 10) == (2, 0)
+
+
+def test_graphs_captured_in_the_measured_steps_are_reported():
+    """A decode shape first met in a measured step (the megatron engine captures it as a CUDA graph then) is
+    that step's, in the timeline and in the measured steps' sum."""
+    captures = {0: (3, 0.3), 1: (1, 0.1), 3: (2, 0.25)}  # step -> (shapes, seconds) the engine captures in it
+
+    class Trainer:
+        step = 0
+
+        def __init__(self):
+            self.generation = SimpleNamespace(calls=GenerateCalls(), engine=None)
+
+        def grpo_step(self):
+            if self.step == 1:  # the engine starts at the first weight sync
+                self.generation.engine = SimpleNamespace(graphs_captured=3, capture_s=0.3)
+            engine = self.generation.engine
+            if engine is not None and self.step in captures and self.step > 0:
+                n, s = captures[self.step]
+                engine.graphs_captured, engine.capture_s = engine.graphs_captured + n, engine.capture_s + s
+            return {"time/step_s": 0.01, "perf/tokens_per_s": 1.0, "perf/generated_tokens": 1}
+
+    lines = []
+    _, run = run_steps(Trainer(), 2, 3, lines.append)
+    assert [e["graphs_captured"] for e in run["timeline"]] == [0, 4, 0, 2, 0]
+    assert [e["capture_s"] for e in run["timeline"]] == pytest.approx([0, 0.4, 0, 0.25, 0])
+    assert run["graphs_captured_measured"] == 2 and run["capture_s_measured"] == pytest.approx(0.25)
+    assert "2 decode shapes captured as CUDA graphs (0.25 s)" in lines[3] and "captured" not in lines[2]

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -244,6 +245,9 @@ class MegatronEngine(GenerationEngine):
         # CPU every step: the copy costs nothing there, the extra steps would.
         self.sync_every = 8 if device.type == "cuda" else 1
         self._static: _StaticDecode | None = None
+        # decode shapes captured as CUDA graphs so far, and the host seconds their warm-up runs and captures
+        # took: a run past its head start captures none (the benchmarks report those in measured steps)
+        self.graphs_captured, self.capture_s = 0, 0.0
 
     # the trainer pushes no weights into it (Trainer.sync_weights); every TP rank runs its forwards
     capabilities = ENGINES["megatron"].capabilities  # registered in rollout/engine_registry.py
@@ -554,6 +558,7 @@ class _StaticDecode:
         if not self.capture:
             return self._step(rows, length)[:n]
         if (rows, length) not in self.graphs:
+            t0 = time.perf_counter()
             logits_NV = self._step(rows, length)  # warm-up: writes the keys and values the replay writes again
             if self.logits_RV is None:
                 self.logits_RV = logits_NV.new_empty((self.cache.rows, logits_NV.shape[1]))
@@ -562,6 +567,8 @@ class _StaticDecode:
             with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 self.logits_RV[:rows].copy_(self._step(rows, length))
             self.graphs[rows, length] = graph
+            self.engine.graphs_captured += 1
+            self.engine.capture_s += time.perf_counter() - t0
         self.graphs[rows, length].replay()
         return self.logits_RV[:n]
 
