@@ -16,7 +16,10 @@ token each, the prefill's time. Reported: ``generate_s`` and ``generated_tokens_
 ``same_tokens``: the share of sequences of the first measured call whose tokens are the first engine's
 (same seeds; engines that compute the same logits to the rounding agree on most), and ``graphs_captured``
 (``graphs_captured_measured``, ``capture_s``): the decode shapes the engine captured as CUDA graphs, all told
-and in the measured calls (none: the warm-up met every shape), and the seconds the captures took.
+and in the measured calls (none: the warm-up met every shape), and the seconds the captures took. With
+``--profile``, the engines it names make one more call under ``torch.profiler``: ``profile`` has the ops that
+took the most device time (CPU time on a CPU) and ``busy_share``, their time over the call's (well below 1 on
+a GPU: the device waited for the host).
 
 ``bound``: what the device allows on this workload, from rates measured here in the run's
 precision: the prefill's FLOPs (2 x the layers' parameters per prompt token, the causal attention's
@@ -60,6 +63,12 @@ def add_args(parser: Any) -> None:
     parser.add_argument("--new-tokens", type=int, default=144, help="tokens each sequence generates")
     parser.add_argument("--calls", type=int, default=2, help="measured generate calls per engine")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured generate calls per engine first")
+    parser.add_argument(
+        "--profile",
+        default="",
+        help="comma-separated engines (as in --engines) whose one more call runs under torch.profiler: the ops "
+        "that took the most device time (CPU time on a CPU) and the device's busy share of the call",
+    )
     parser.add_argument("--out", default=None, help="write the JSON report here")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value, as for the recipe")
 
@@ -150,6 +159,40 @@ def time_calls(engine, prompts, new_tokens, temperature, top_p, warmup, calls, s
     }
 
 
+def profile_call(engine, prompts, new_tokens, temperature, top_p, device, sync, top: int = 12) -> dict[str, Any]:
+    """One more generate call of ``new_tokens`` under ``torch.profiler``: its wall time, the device time of
+    its ops (self time summed; on a CPU their CPU time) and that over the wall time (``busy_share``: well
+    below 1 on a GPU, the device waits for the host), and the ``top`` ops by that time."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    seeds = list(range(len(prompts)))
+    sync()
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        engine.generate(prompts, new_tokens, temperature, top_p, [], seeds=seeds)
+        sync()
+        wall_s = time.perf_counter() - t0
+
+    # on a GPU the kernels (and copies) as the device ran them: an op's own device time is its kernels' again;
+    # on a CPU every op's own CPU time (an op's children are not its own)
+    events = prof.key_averages()
+    if cuda:
+        ops = [(e.key, e.count, e.self_device_time_total) for e in events if e.device_type == DeviceType.CUDA]
+    else:
+        ops = [(e.key, e.count, e.self_cpu_time_total) for e in events]
+    busy_s = sum(us for _, _, us in ops) / 1e6
+    ops.sort(key=lambda op: -op[2])
+    return {
+        "wall_s": wall_s,
+        "device_s": busy_s,
+        "busy_share": busy_s / wall_s,
+        "top": [{"name": name, "calls": n, "self_ms": us / 1e3} for name, n, us in ops[:top] if us > 0],
+    }
+
+
 def graphs_captured(engine) -> tuple[int, float]:
     """The decode shapes ``engine`` captured as CUDA graphs so far and the seconds that took (0 for an engine
     that captures none)."""
@@ -166,6 +209,10 @@ def main(args: Any) -> int:
             f"error: --engines takes {', '.join(ENGINES)}, each may end in {EAGER} (got {args.engines!r})",
             file=sys.stderr,
         )
+        return 2
+    profiled = [e for e in args.profile.split(",") if e]
+    if any(e not in engines for e in profiled):
+        print(f"error: --profile takes engines of --engines ({args.engines}), got {args.profile!r}", file=sys.stderr)
         return 2
     if min(args.prompts, args.prompt_tokens, args.new_tokens, args.calls) < 1 or args.warmup < 0:
         print(
@@ -252,6 +299,11 @@ def main(args: Any) -> int:
                     args.calls,
                     sync,
                 )
+                if spec in profiled:
+                    print(f"{spec}: one more call under torch.profiler", flush=True)
+                    r["profile"] = profile_call(
+                        engine, prompts, args.new_tokens, cfg.rollout.temperature, cfg.rollout.top_p, device, sync
+                    )
             finally:
                 engine.close()
                 del engine
@@ -303,6 +355,14 @@ def table(report: dict) -> str:
             f"{r['decode_tokens_per_s']:>14.0f}{r['share_of_bound']:>10.1%}{r['same_tokens']:>13.1%}"
             f"{r.get('graphs_captured', 0):>8}"
         )
+    for name, r in report["engines"].items():
+        if "profile" in r:
+            prof = r["profile"]
+            rows.append(
+                f"{name} under the profiler: call {prof['wall_s']:.3f} s, ops {prof['device_s']:.3f} s "
+                f"({prof['busy_share']:.0%} of the call); most time:"
+            )
+            rows += [f"  {op['self_ms']:>10.1f} ms {op['calls']:>7}x  {op['name'][:90]}" for op in prof["top"][:8]]
     rows.append(
         f"bound {b['generate_s']:.3f} s: prefill {b['prefill_flops'] / 1e12:.2f} TFLOP at {b['matmul_tflops']:.1f} TFLOP/s "
         f"({b['prefill_s']:.3f} s), {b['decode_steps']} decode steps reading {b['decode_bytes'] / 1e9:.1f} GB at "

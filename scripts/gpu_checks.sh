@@ -11,6 +11,8 @@
 #                engine, prefill and decode, against the device's bound (prefill FLOPs over its measured matmul
 #                rate, decode bytes over its measured copy bandwidth), and the share of sequences whose tokens
 #                are the first engine's. An engine that fails is named; the others are still measured.
+#                GENERATE_PROFILE (default the first engine; empty: none) makes one more call under
+#                torch.profiler: the kernels that took the device's time, and its busy share of the call.
 #   sync, async  recipes/benchmark.py grpo at the Qwen3-8B shape with GRPO_LAYERS layers, bf16 (default LAYERS, 8;
 #                6 on a GPU of less than 100 GiB: the 8-layer step peaked at 86.5 GB, 93.6 GB at K=4, on an H200),
 #                16 prompts x 8 rollouts: tokens/s/GPU and MFU against the device's dense bf16 peak. sync: 1
@@ -78,6 +80,8 @@ if [ -z "${GRPO_LAYERS:-}" ]; then
 fi
 
 ASYNC_K=${ASYNC_K:-4}
+GENERATE_ENGINES=${GENERATE_ENGINES:-megatron,megatron:eager,hf}
+GENERATE_PROFILE=${GENERATE_PROFILE-${GENERATE_ENGINES%%,*}}
 TESTS=${TESTS:-"tests/integration/kernels tests/unit/test_attention_backends.py tests/unit/test_rope.py
     tests/unit/test_grpo_update.py tests/unit/test_shared_prompts.py tests/unit/test_tiers.py
     tests/integration/test_megatron_engine.py tests/integration/test_engine_streams.py tests/integration/test_vllm_gpu.py
@@ -104,7 +108,7 @@ for stage in $STAGES; do
     fi
     case $stage in
         generate) timeout "${GENERATE_S:-140}" "$PY" recipes/benchmark.py generate "${SHAPE[@]}" \
-            --engines "${GENERATE_ENGINES:-megatron,megatron:eager,hf}" --out "$OUT/generate.json" ;;
+            --engines "$GENERATE_ENGINES" --profile "$GENERATE_PROFILE" --out "$OUT/generate.json" ;;
         sync) timeout "${GRPO_S:-110}" "$PY" "${GRPO[@]}" --steps 3 --warmup 1 --out "$OUT/grpo_sync.json" \
             "run.output_dir=$OUT/run_sync" ;;
         async) timeout "${ASYNC_S:-190}" "$PY" "${GRPO[@]}" --steps "$((ASYNC_K + 1))" --out "$OUT/grpo_async.json" \

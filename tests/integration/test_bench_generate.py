@@ -17,7 +17,7 @@ SCRIPT = os.path.join(REPO_ROOT, "recipes", "benchmark.py")
 def test_both_engines_measured_on_the_same_workload(tmp_path):
     out = tmp_path / "generate.json"
     args = ["--prompts", "6", "--prompt-tokens", "12", "--new-tokens", "5", "--calls", "1", "--out", str(out)]
-    args += ["--engines", "megatron,hf,megatron:eager"]
+    args += ["--engines", "megatron,hf,megatron:eager", "--profile", "megatron"]
     p = subprocess.run([sys.executable, SCRIPT, "generate", *args], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -46,6 +46,15 @@ def test_both_engines_measured_on_the_same_workload(tmp_path):
         assert r["share_of_bound"] == pytest.approx(bound["generate_s"] / r["generate_s"])
         assert f"\n{name} " in p.stdout
         assert r["graphs_captured"] == r["graphs_captured_measured"] == 0, name  # no CUDA graphs on a CPU
+        assert ("profile" in r) == (name == "megatron")
+    # the profiled call: its ops' own CPU time (a CPU's) within the call's, the matrix multiplies among the most
+    prof = report["engines"]["megatron"]["profile"]
+    assert 0 < prof["device_s"] <= prof["wall_s"] and prof["busy_share"] == pytest.approx(
+        prof["device_s"] / prof["wall_s"]
+    )
+    assert any(op["name"] in ("aten::mm", "aten::addmm", "aten::bmm") for op in prof["top"])
+    assert sorted((op["self_ms"] for op in prof["top"]), reverse=True) == [op["self_ms"] for op in prof["top"]]
+    assert "megatron under the profiler" in p.stdout
     assert 6 * 6 <= report["config"]["prompt_tokens"] <= 6 * 18  # lengths within half the mean either way
 
 
@@ -113,7 +122,7 @@ def test_an_engine_that_fails_leaves_the_others_measured(tmp_path):
     assert "error: megatron:eager failed (above); the others were measured" in p.stderr
 
 
-def test_unknown_engine_is_refused():
+def test_unknown_engine_or_profiled_engine_is_refused():
     p = subprocess.run(
         [sys.executable, SCRIPT, "generate", "--engines", "hf,vllm"], capture_output=True, text=True, timeout=120
     )
@@ -121,3 +130,10 @@ def test_unknown_engine_is_refused():
         p.returncode == 2
         and "--engines takes hf, megatron, megatron_copy, each may end in :eager (got 'hf,vllm')" in p.stderr
     )
+    p = subprocess.run(
+        [sys.executable, SCRIPT, "generate", "--engines", "megatron", "--profile", "hf"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2 and "--profile takes engines of --engines (megatron), got 'hf'" in p.stderr
