@@ -299,11 +299,15 @@ def main(args: Any) -> int:
                     args.calls,
                     sync,
                 )
-                if spec in profiled:
+                if spec in profiled:  # a profiler that fails loses the profile, not the engine's figures
                     print(f"{spec}: one more call under torch.profiler", flush=True)
-                    r["profile"] = profile_call(
-                        engine, prompts, args.new_tokens, cfg.rollout.temperature, cfg.rollout.top_p, device, sync
-                    )
+                    try:
+                        r["profile"] = profile_call(
+                            engine, prompts, args.new_tokens, cfg.rollout.temperature, cfg.rollout.top_p, device, sync
+                        )
+                    except Exception as e:
+                        print(f"{spec}: the profiled call failed: {type(e).__name__}: {e}", flush=True)
+                        r["profile"] = {"error": f"{type(e).__name__}: {e}"}
             finally:
                 engine.close()
                 del engine
@@ -356,7 +360,7 @@ def table(report: dict) -> str:
             f"{r.get('graphs_captured', 0):>8}"
         )
     for name, r in report["engines"].items():
-        if "profile" in r:
+        if "profile" in r and "error" not in r["profile"]:
             prof = r["profile"]
             rows.append(
                 f"{name} under the profiler: call {prof['wall_s']:.3f} s, ops {prof['device_s']:.3f} s "

@@ -84,7 +84,8 @@ def test_the_bound_counts_what_the_exported_model_holds():
     assert got["decode_bytes"] == (layers + output) * 4 * (new - 1) + kv
 
 
-# the benchmark with an engine that cannot start without CUDA graphs (a stand-in for a capture that fails)
+# the benchmark with an engine that cannot start without CUDA graphs (a stand-in for a capture that fails), and a
+# profiler that fails
 FAILING_ENGINE = """
 import sys
 import nemo_orchestra.rollout.engines as engines
@@ -95,15 +96,19 @@ def failing(name, ctx, state=None):
         raise RuntimeError("operation not permitted when stream is capturing\\nmore")
     return start(name, ctx, state)
 engines.start_engine = failing
+def failing_profile(*args, **kwargs):
+    raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+generate.profile_call = failing_profile
 sys.exit(generate.main(generate_args(sys.argv[1:])))
 """
 
 
 def test_an_engine_that_fails_leaves_the_others_measured(tmp_path):
     """A failing engine is named with its error; the others are measured and the fastest is among them;
-    the exit status says something failed."""
+    the exit status says something failed. A profiled call that fails loses the profile only."""
     out = tmp_path / "generate.json"
     args = ["--engines", "megatron:eager,megatron", "--prompts", "3", "--prompt-tokens", "8", "--new-tokens", "3"]
+    args += ["--profile", "megatron"]
     driver = "import argparse\nfrom benchmarks.generate import add_args\n"
     driver += "def generate_args(a):\n    p = argparse.ArgumentParser()\n    add_args(p)\n    return p.parse_args(a)\n"
     p = subprocess.run(
@@ -118,6 +123,8 @@ def test_an_engine_that_fails_leaves_the_others_measured(tmp_path):
     error = "RuntimeError: operation not permitted when stream is capturing\nmore"
     assert report["engines"]["megatron:eager"] == {"error": error}
     assert report["fastest"] == "megatron" and report["engines"]["megatron"]["same_tokens"] == 1.0
+    assert report["engines"]["megatron"]["profile"] == {"error": "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"}
+    assert "megatron: the profiled call failed: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED" in p.stdout
     assert "megatron:eager: failed: RuntimeError: operation not permitted when stream is capturing\n" in p.stdout
     assert "error: megatron:eager failed (above); the others were measured" in p.stderr
 
