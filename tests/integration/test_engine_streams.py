@@ -2,6 +2,7 @@
 and the megatron engine's decode steps replayed from CUDA graphs against the same steps run eagerly."""
 
 import concurrent.futures
+import threading
 
 import pytest
 import torch
@@ -106,3 +107,52 @@ def test_graphs_replay_the_static_steps_and_read_the_weights_in_place():
         with torch.no_grad():
             for p in gpt.parameters():
                 p.mul_(-1.0)
+
+
+def test_graphs_are_captured_while_the_trainers_thread_works(monkeypatch):
+    """With rollouts ahead the engine thread meets new decode shapes, and captures them, while the trainer's
+    thread runs its step: kernels on the default stream, allocations and frees, host reads of results. Each
+    capture here is held open until a whole trainer iteration has run inside it. The captures (thread-local)
+    and the trainer's work both go through, and the replayed steps make the eager steps' tokens."""
+    cfg, policy = new_policy()
+    gpt, dev = policy.module, policy.device
+    static, graphs = MegatronEngine(gpt, dev, seed=3), MegatronEngine(gpt, dev, seed=3)
+    static.decode = "static"
+    prompts = make_prompts(seed=8)
+    done, capturing, overlapped = threading.Event(), threading.Event(), threading.Event()
+    begin = torch.cuda.CUDAGraph.capture_begin
+
+    def capture_begin(self, *args, **kwargs):
+        begin(self, *args, **kwargs)
+        overlapped.clear()
+        capturing.set()
+        try:
+            assert overlapped.wait(30), "no iteration of the trainer's thread ran within the capture"
+        finally:
+            capturing.clear()
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", capture_begin)
+
+    def trainer() -> int:
+        steps, a = 0, torch.randn(512, 512, device=dev)
+        while not done.is_set():
+            within = capturing.is_set()
+            b = a @ a
+            scratch = torch.empty((1 + steps % 7) << 18, device=dev)  # allocation sizes the pool does not hold
+            scratch.fill_(float(b[0, 0]))  # a read on the host: waits for the trainer's stream
+            del scratch
+            steps += 1
+            if within:
+                overlapped.set()
+        return steps
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        working = pool.submit(trainer)
+        try:
+            got = pool.submit(lambda: graphs.generate(prompts, 12, 0.0, 1.0, [])).result()
+        finally:
+            done.set()
+        assert working.result() > 0
+    assert graphs.graphs_captured > 0
+    want = on_thread(lambda: static.generate(prompts, 12, 0.0, 1.0, []))
+    assert [g.token_ids for g in got] == [g.token_ids for g in want]
