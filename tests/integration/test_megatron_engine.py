@@ -20,6 +20,7 @@ from nemo_orchestra.rollout.engines.megatron import (
     MegatronCopyEngine,
     MegatronEngine,
     decode_attention,
+    decode_mask,
     padded_length,
     padded_rows,
 )
@@ -266,7 +267,7 @@ def test_decode_attention_reads_each_key_value_head_once(dtype):
     k, v = (torch.randn(R, L, Hkv, D, generator=g).to(dtype) for _ in range(2))
     pos = torch.tensor([0, 3, 17, 29, 11])
     length = 32
-    got = decode_attention(q, k, v, pos, length, scale=0.3)
+    got = decode_attention(q, k, v, decode_mask(pos, length), scale=0.3)
     ref = []
     for n in range(N):
         kn = k[n, : pos[n] + 1].transpose(0, 1).repeat_interleave(Hq // Hkv, 0)  # [Hq, pos+1, D]
@@ -276,7 +277,7 @@ def test_decode_attention_reads_each_key_value_head_once(dtype):
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(got.float(), torch.stack(ref), **tol)
     k[torch.arange(N), pos + 1] = v[torch.arange(N), pos + 1] = 1e4  # the next position of every row
-    torch.testing.assert_close(decode_attention(q, k, v, pos, length, scale=0.3), got, atol=0, rtol=0)
+    torch.testing.assert_close(decode_attention(q, k, v, decode_mask(pos, length), scale=0.3), got, atol=0, rtol=0)
 
 
 def test_the_cache_keeps_the_live_rows_in_front_in_place():

@@ -77,12 +77,18 @@ _ALTERNATIVES = "use rollout.engine=vllm or rollout.engine=hf"
 class _Step:
     """The tokens of one forward: cache row and position of each; packed lengths for a prefill; for a
     decode step, the cache length its attention reads (the largest position + 1, known on the host,
-    so that no layer waits for the device to say it)."""
+    so that no layer waits for the device to say it) and the mask of the positions each row attends to
+    (made once a step, for every layer)."""
 
     rows_T: torch.Tensor
     pos_T: torch.Tensor
     prefill: PackedSeqParams | None = None  # the prompts' packed lengths (None: a decode step)
     length: int = 0
+    mask_N11L: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.prefill is None:
+            self.mask_N11L = decode_mask(self.pos_T, self.length)
 
 
 def _append_block(
@@ -168,27 +174,26 @@ class _CachedAttention(torch.nn.Module):
                 query[:, 0], key[:, 0], value[:, 0], None, attn_mask_type=attn_mask_type, packed_seq_params=step.prefill
             )
             return out.reshape(T, 1, -1)
-        return decode_attention(query[:, 0], k_RLKD, v_RLKD, step.pos_T, step.length, self.softmax_scale)[:, None]
+        return decode_attention(query[:, 0], k_RLKD, v_RLKD, step.mask_N11L, self.softmax_scale)[:, None]
+
+
+def decode_mask(pos_N: torch.Tensor, length: int) -> torch.Tensor:
+    """Which of the first ``length`` cache positions row n attends to: 0 .. pos_n; [N, 1, 1, L]."""
+    return (torch.arange(length, device=pos_N.device) <= pos_N[:, None])[:, None, None, :]
 
 
 def decode_attention(
-    q_NHD: torch.Tensor,
-    k_RLKD: torch.Tensor,
-    v_RLKD: torch.Tensor,
-    pos_N: torch.Tensor,
-    length: int,
-    scale: float | None,
+    q_NHD: torch.Tensor, k_RLKD: torch.Tensor, v_RLKD: torch.Tensor, mask_N11L: torch.Tensor, scale: float | None
 ) -> torch.Tensor:
-    """One decode token per cache row: token n (row n of the cache) attends to the keys at positions
-    0 .. pos_n of its row, read in place up to ``length``; [N, Hq*D].
+    """One decode token per cache row: token n (row n of the cache) attends to the positions of its row
+    that ``mask_N11L`` (``decode_mask``) keeps, read in place up to the mask's length; [N, Hq*D].
 
     Query heads share a key-value head in groups of G = Hq / Hkv (head h reads group h // G, Megatron's and
     SDPA's order): the G queries of a group are one attention call's G query positions against that group's
     keys, so no key or value is repeated per query head."""
     N, Hq, D = q_NHD.shape
-    Hkv = k_RLKD.shape[2]
+    Hkv, length = k_RLKD.shape[2], mask_N11L.shape[-1]
     k_NKLD, v_NKLD = k_RLKD[:N, :length].transpose(1, 2), v_RLKD[:N, :length].transpose(1, 2)
-    mask_N11L = (torch.arange(length, device=q_NHD.device) <= pos_N[:, None])[:, None, None, :]
     out_NKGD = F.scaled_dot_product_attention(
         q_NHD.view(N, Hkv, Hq // Hkv, D), k_NKLD, v_NKLD, attn_mask=mask_N11L, scale=scale
     )
