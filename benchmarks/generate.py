@@ -193,6 +193,21 @@ def profile_call(engine, prompts, new_tokens, temperature, top_p, device, sync, 
     }
 
 
+def measure_engine(engine, spec: str, profiled: bool, prompts, args: Any, rollout, device, sync) -> dict[str, Any]:
+    """``time_calls`` for engine ``spec`` at ``rollout``'s sampling, and with ``profiled`` its profiled call
+    (a profiler that fails loses the profile, not the engine's figures)."""
+    sample = (rollout.temperature, rollout.top_p)
+    r = time_calls(engine, prompts, args.new_tokens, *sample, args.warmup, args.calls, sync)
+    if profiled:
+        print(f"{spec}: one more call under torch.profiler", flush=True)
+        try:
+            r["profile"] = profile_call(engine, prompts, args.new_tokens, *sample, device, sync)
+        except Exception as e:
+            print(f"{spec}: the profiled call failed: {type(e).__name__}: {e}", flush=True)
+            r["profile"] = {"error": f"{type(e).__name__}: {e}"}
+    return r
+
+
 def graphs_captured(engine) -> tuple[int, float]:
     """The decode shapes ``engine`` captured as CUDA graphs so far and the seconds that took (0 for an engine
     that captures none)."""
@@ -289,25 +304,7 @@ def main(args: Any) -> int:
         try:
             engine = start_engine(name, ctx, state)
             try:
-                r = time_calls(
-                    engine,
-                    prompts,
-                    args.new_tokens,
-                    cfg.rollout.temperature,
-                    cfg.rollout.top_p,
-                    args.warmup,
-                    args.calls,
-                    sync,
-                )
-                if spec in profiled:  # a profiler that fails loses the profile, not the engine's figures
-                    print(f"{spec}: one more call under torch.profiler", flush=True)
-                    try:
-                        r["profile"] = profile_call(
-                            engine, prompts, args.new_tokens, cfg.rollout.temperature, cfg.rollout.top_p, device, sync
-                        )
-                    except Exception as e:
-                        print(f"{spec}: the profiled call failed: {type(e).__name__}: {e}", flush=True)
-                        r["profile"] = {"error": f"{type(e).__name__}: {e}"}
+                r = measure_engine(engine, spec, spec in profiled, prompts, args, cfg.rollout, device, sync)
             finally:
                 engine.close()
                 del engine

@@ -70,6 +70,8 @@ import time
 from contextlib import ExitStack
 from typing import Any, Callable
 
+from benchmarks.generate import graphs_captured as engine_graphs_captured
+
 # on the trainer's critical path; generation and environment are the rollouts' own (they overlap
 # training when rollouts run ahead)
 PHASES = (
@@ -204,10 +206,8 @@ def run_steps(
 
 
 def graphs_captured(trainer: Any) -> tuple[int, float]:
-    """The decode shapes the trainer's generation engine has captured as CUDA graphs so far, and the seconds
-    that took (the megatron engines on CUDA; 0 for the others, and before the engine starts)."""
-    engine = getattr(trainer.generation, "engine", None)
-    return getattr(engine, "graphs_captured", 0), getattr(engine, "capture_s", 0.0)
+    """``benchmarks.generate.graphs_captured`` of the trainer's generation engine (0 before it starts)."""
+    return engine_graphs_captured(getattr(trainer.generation, "engine", None))
 
 
 def summarize(steps: list[dict]) -> dict[str, float]:
